@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: Apache-2.0
+// DPDK backend of io::Port: EAL brought up once per process on a dedicated thread, ports opened
+// by device string (vdev or PCI address) through hot-plug.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "datapath/io/port.h"
+
+namespace metaroce::io {
+
+struct DpdkPortConfig {
+  std::string devargs;        // "net_memif0,role=server,socket=/run/x.sock" or "0000:03:00.0"
+  uint32_t mtu = 9000;        // link MTU (IP packet bytes); frames up to mtu + 14
+  uint16_t rx_descriptors = 1024;
+  uint16_t tx_descriptors = 1024;
+};
+
+// Opens (or re-attaches to, within one process) the DPDK port. Returns nullptr and a one-line
+// reason in *err when EAL or the device refuses.
+std::unique_ptr<Port> open_dpdk_port(const DpdkPortConfig& cfg, std::string* err);
+
+}  // namespace metaroce::io

@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+// Reading and writing the link record shared by `metaroce` and the provider.
+#include "datapath/nic/link_config.h"
+
+#include <arpa/inet.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace metaroce::nic {
+namespace {
+
+template <typename T>
+bool parse_uint(const std::string& s, T& out, int base = 10) {
+  if (s.empty()) return false;
+  const char* first = s.data();
+  const char* last = s.data() + s.size();
+  if (base == 16 && s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) first += 2;
+  auto [p, ec] = std::from_chars(first, last, out, base);
+  return ec == std::errc() && p == last;
+}
+
+}  // namespace
+
+std::optional<uint32_t> parse_ipv4(const std::string& text) {
+  in_addr a{};
+  if (inet_pton(AF_INET, text.c_str(), &a) != 1) return std::nullopt;
+  return ntohl(a.s_addr);
+}
+
+std::string format_ipv4(uint32_t ip) {
+  in_addr a{htonl(ip)};
+  char buf[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &a, buf, sizeof(buf));
+  return buf;
+}
+
+void ipv4_to_gid(uint32_t ip, uint8_t gid[16]) {
+  std::memset(gid, 0, 16);
+  gid[10] = 0xff;
+  gid[11] = 0xff;
+  gid[12] = static_cast<uint8_t>(ip >> 24);
+  gid[13] = static_cast<uint8_t>(ip >> 16);
+  gid[14] = static_cast<uint8_t>(ip >> 8);
+  gid[15] = static_cast<uint8_t>(ip);
+}
+
+std::optional<uint32_t> gid_to_ipv4(const uint8_t gid[16]) {
+  for (int i = 0; i < 10; ++i)
+    if (gid[i] != 0) return std::nullopt;
+  if (gid[10] != 0xff || gid[11] != 0xff) return std::nullopt;
+  return (uint32_t{gid[12]} << 24) | (uint32_t{gid[13]} << 16) | (uint32_t{gid[14]} << 8) |
+         uint32_t{gid[15]};
+}
+
+std::optional<LinkConfig> LinkConfig::load(const std::string& path, std::string* err) {
+  std::ifstream in(path);
+  if (!in) {
+    if (err) *err = path + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  LinkConfig c;
+  std::string line;
+  int lineno = 0;
+  auto fail = [&](const std::string& why) {
+    if (err) *err = path + ":" + std::to_string(lineno) + ": " + why;
+    return std::nullopt;
+  };
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.empty() || line[0] == '#') continue;
+    auto eq = line.find('=');
+    if (eq == std::string::npos) return fail("expected key=value");
+    std::string key = line.substr(0, eq), val = line.substr(eq + 1);
+    bool ok = true;
+    if (key == "name") {
+      c.name = val;
+    } else if (key == "devargs") {
+      c.devargs = val;
+    } else if (key == "ip") {
+      auto ip = parse_ipv4(val);
+      ok = ip.has_value();
+      if (ok) c.ip = *ip;
+    } else if (key == "prefix") {
+      ok = parse_uint(val, c.prefix) && c.prefix >= 1 && c.prefix <= 32;
+    } else if (key == "mtu") {
+      ok = parse_uint(val, c.mtu);
+    } else if (key == "udp_port") {
+      ok = parse_uint(val, c.udp_port);
+    } else if (key == "paths") {
+      ok = parse_uint(val, c.paths) && c.paths >= 1 && c.paths <= 256;
+    } else if (key == "node_guid") {
+      ok = parse_uint(val, c.node_guid, 16);
+    } else if (key == "uverbs") {
+      c.uverbs = val;
+    }  // unknown keys are ignored so older providers read newer files
+    if (!ok) return fail("bad value for " + key + ": '" + val + "'");
+  }
+  if (c.name.empty() || c.devargs.empty() || c.ip == 0) return fail("name, devargs and ip are required");
+  return c;
+}
+
+bool LinkConfig::save(const std::string& path, std::string* err) const {
+  std::ostringstream o;
+  o << "# MetaRoCE link, written by `metaroce link add`\n"
+    << "name=" << name << "\n"
+    << "devargs=" << devargs << "\n"
+    << "ip=" << format_ipv4(ip) << "\n"
+    << "prefix=" << unsigned{prefix} << "\n"
+    << "mtu=" << mtu << "\n"
+    << "udp_port=" << udp_port << "\n"
+    << "paths=" << paths << "\n"
+    << "node_guid=0x" << std::hex << node_guid << std::dec << "\n"
+    << "uverbs=" << uverbs << "\n";
+  std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) {
+    if (err) *err = tmp + ": " + std::strerror(errno);
+    return false;
+  }
+  std::string s = o.str();
+  bool ok = std::fwrite(s.data(), 1, s.size(), f) == s.size();
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    if (err) *err = path + ": " + std::strerror(errno);
+    std::remove(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace metaroce::nic

@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+// A MetaRoCE link as `metaroce link add` records it and the provider reads it back: one
+// `key=value` per line in <sysfs tree>/class/infiniband/<name>/metaroce.conf.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace metaroce::nic {
+
+inline constexpr uint16_t kDefaultUdpPort = 4793;  // docs/spec/ §2: configurable
+inline constexpr uint32_t kDefaultMtu = 9000;      // link MTU (IP packet bytes)
+inline constexpr uint16_t kDefaultPaths = 8;
+inline constexpr uint32_t kGidTableLen = 16;     // gids/0 is the link's address, 1..15 are zero
+inline constexpr uint32_t kUverbsAbi = 1;        // class/infiniband_verbs/uverbsN/abi_version
+inline constexpr const char* kConfigFile = "metaroce.conf";  // inside class/infiniband/<name>/
+
+struct LinkConfig {
+  std::string name;             // ibdev name, e.g. "mr0"
+  std::string devargs;          // DPDK device string (vdev like "net_memif0,role=server,...")
+  uint32_t ip = 0;              // IPv4, host byte order
+  uint8_t prefix = 24;
+  uint32_t mtu = kDefaultMtu;   // link MTU in bytes (576..9600)
+  uint16_t udp_port = kDefaultUdpPort;
+  uint16_t paths = kDefaultPaths;  // paths per connection (1..256)
+  uint64_t node_guid = 0;       // derived from the IP unless given
+  std::string uverbs;           // e.g. "uverbs0": the entry under class/infiniband_verbs
+
+  // Parses the file at path; on failure returns nullopt and a one-line reason in *err.
+  static std::optional<LinkConfig> load(const std::string& path, std::string* err);
+  // Writes the file atomically (temp file + rename). Returns false and *err on failure.
+  bool save(const std::string& path, std::string* err) const;
+};
+
+// Address helpers shared by the CLI and the provider.
+std::optional<uint32_t> parse_ipv4(const std::string& text);  // "a.b.c.d" -> host order
+std::string format_ipv4(uint32_t ip);
+// IPv4-mapped IPv6 GID (::ffff:a.b.c.d) as 16 network-order bytes.
+void ipv4_to_gid(uint32_t ip, uint8_t gid[16]);
+// The IPv4 inside an IPv4-mapped GID, or nullopt when the GID is not IPv4-mapped.
+std::optional<uint32_t> gid_to_ipv4(const uint8_t gid[16]);
+
+}  // namespace metaroce::nic

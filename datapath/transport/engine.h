@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: Apache-2.0
+// The transport engine's public face: a deterministic state machine that the software NIC drives
+// with packets, a clock and a transmit sink, and that calls back into the NIC to place data and to
+// report message completions. No DPDK, no verbs, no real clock in here (docs/spec/ §4-§7).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+namespace metaroce::transport {
+
+// Time is nanoseconds since an arbitrary epoch chosen by whoever drives the engine.
+using Time = std::chrono::nanoseconds;
+
+// Outcome of handing one data segment to the NIC; anything but kOk is reported to the sender
+// as a NAK for the message (spec §6.4).
+enum class Syndrome : uint8_t {
+  kOk = 0,
+  kRnr = 1,            // no receive posted yet: sender retries after a back-off
+  kRemoteAccess = 2,   // bad rkey, missing access right
+  kRemoteBounds = 3,   // address/length outside the memory region
+  kRemoteInvalid = 4,  // unknown stream (QP), QP not ready, malformed request
+  kRemoteOp = 5,       // responder failed to carry out the operation
+  kRetryExceeded = 6,  // local only: the peer never acknowledged
+};
+
+// Message kinds the transport carries. The NIC gives them meaning; the transport only needs to
+// know which carry payload from the sender (all but kReadReq) and their lengths.
+enum class Op : uint8_t {
+  kWrite = 1,
+  kWriteImm = 2,
+  kSend = 3,
+  kSendImm = 4,
+  kReadReq = 5,   // carries no payload; length = bytes requested
+  kReadResp = 6,  // payload flows responder -> requester
+};
+
+// A message the NIC asks the transport to deliver reliably to one peer.
+struct MessageDesc {
+  uint32_t peer_ip = 0;      // IPv4, host byte order
+  uint32_t dst_stream = 0;   // stream at the receiver (its QP number)
+  uint32_t src_stream = 0;   // stream at the sender (our QP number)
+  uint32_t msn = 0;          // message sequence number within src_stream -> dst_stream
+  uint32_t rsn = 0;          // receive sequence number: index of the posted receive consumed
+                             // (kSend, kSendImm, kWriteImm); 0 otherwise
+  Op op = Op::kWrite;
+  uint32_t length = 0;       // payload bytes (kReadReq: bytes requested)
+  uint64_t remote_addr = 0;  // kWrite*, kReadReq: remote virtual address of byte 0
+  uint32_t rkey = 0;         // kWrite*, kReadReq
+  uint32_t imm = 0;          // kWriteImm, kSendImm: immediate data, network byte order as verbs
+  uint64_t cookie = 0;       // the NIC's handle, returned in Host callbacks
+};
+
+// One arriving data packet, after duplicate filtering, handed to the NIC for placement.
+struct Segment {
+  uint32_t peer_ip = 0;
+  Op op = Op::kWrite;
+  uint32_t dst_stream = 0;
+  uint32_t src_stream = 0;
+  uint32_t msn = 0;
+  uint32_t rsn = 0;
+  uint32_t offset = 0;        // of this packet's payload within the message
+  uint32_t total_length = 0;  // of the whole message
+  uint64_t remote_addr = 0;   // kWrite*: address of this packet's first byte; kReadReq: base
+  uint32_t rkey = 0;
+  uint32_t imm = 0;
+  std::span<const uint8_t> payload;
+};
+
+// Implemented by the software NIC.
+class Host {
+ public:
+  virtual ~Host() = default;
+  // Copy bytes [offset, offset + out.size()) of the message named by cookie into out.
+  virtual void gather(uint64_t cookie, uint32_t offset, std::span<uint8_t> out) = 0;
+  // Place an arriving segment. Must be idempotent for a segment seen twice.
+  virtual Syndrome deliver(const Segment& seg) = 0;
+  // Every packet of the message was acknowledged by the peer.
+  virtual void message_acked(uint64_t cookie) = 0;
+  // The peer NAKed the message, or retries ran out (kRetryExceeded). Called at most once per
+  // message, and then message_acked is never called for it.
+  virtual void message_failed(uint64_t cookie, Syndrome why) = 0;
+};
+
+// Where the engine writes outgoing packets. begin() returns room for the UDP payload (the NIC
+// puts Ethernet/IP/UDP in front); commit() sends it. begin() may return an empty span when the
+// link has no buffers: the engine then stops for this poll and tries again later.
+class TxSink {
+ public:
+  virtual ~TxSink() = default;
+  virtual std::span<uint8_t> begin(uint32_t max_len) = 0;
+  virtual void commit(uint32_t peer_ip, uint16_t udp_src_port, uint8_t plane, uint32_t len) = 0;
+};
+
+struct EngineConfig {
+  uint32_t local_ip = 0;            // host byte order
+  uint16_t num_paths = 8;           // paths per connection, 1..256
+  uint8_t num_planes = 1;           // device ports; path p uses plane p % num_planes
+  uint32_t mtu_payload = 4096;      // max payload bytes per data packet
+  uint32_t max_packet = 4096 + 128; // max UDP payload the sink accepts
+  Time rto_initial = std::chrono::microseconds(1000);
+  Time rto_min = std::chrono::microseconds(200);
+  Time rto_max = std::chrono::milliseconds(100);
+  uint32_t max_retries = 7;         // RTO expiries of one packet before kRetryExceeded
+  uint64_t seed = 1;                // randomness: connection ids, tokens, entropy
+};
+
+// Counters for `metaroce stat` and tests (per engine; per-path detail via path_stats()).
+struct EngineStats {
+  uint64_t tx_packets = 0, tx_bytes = 0, rx_packets = 0, rx_bytes = 0;
+  uint64_t retransmits = 0, timeouts = 0, acks_sent = 0, acks_received = 0;
+  uint64_t duplicates = 0, naks_sent = 0, naks_received = 0;
+  uint64_t drop_malformed = 0, drop_version = 0, drop_unknown_conn = 0, drop_token = 0,
+           drop_out_of_window = 0, drop_rnr = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  static std::unique_ptr<Engine> create(const EngineConfig& cfg, Host& host);
+
+  // Queue a message; packets go out from poll_tx as windows allow. Messages to one peer leave
+  // in submission order (their packets may arrive in any order).
+  virtual void submit(const MessageDesc& msg) = 0;
+  // One received UDP payload from peer_ip (IPv4 host order); ecn_ce: the IP header was CE-marked.
+  virtual void on_packet(Time now, uint32_t peer_ip, uint16_t udp_src_port, bool ecn_ce,
+                         std::span<const uint8_t> udp_payload) = 0;
+  // Fire due timers (retransmission, tail probes, ACK delay).
+  virtual void on_timer(Time now) = 0;
+  // Emit ACKs, retransmissions and new packets. Returns the number of packets emitted.
+  virtual uint32_t poll_tx(Time now, TxSink& sink) = 0;
+  // The earliest time on_timer has work to do; Time::max() when none.
+  virtual Time next_deadline() const = 0;
+  // True when nothing is waiting to go out or be acknowledged.
+  virtual bool idle() const = 0;
+  // Forget everything queued for or from one stream (QP destroyed or reset). Queued messages of
+  // the stream are dropped without callbacks.
+  virtual void drop_stream(uint32_t src_stream) = 0;
+  virtual const EngineStats& stats() const = 0;
+};
+
+}  // namespace metaroce::transport
