@@ -1,0 +1,103 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# End-to-end check of the `metaroce` binary: links in a temporary run dir, discovered by the real
+# libibverbs (ibv_devices). Usage: cli_test.sh PATH/TO/metaroce. Needs root (device nodes).
+set -euo pipefail
+
+M=${1:?usage: $0 PATH/TO/metaroce}
+M=$(readlink -f "$M")
+RUN=$(mktemp -d /tmp/metaroce-cli-it-XXXXXX)
+export METAROCE_RUNDIR=$RUN
+trap 'rm -rf "$RUN"' EXIT
+SYS=$RUN/sys
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+pass() { echo "ok: $*"; }
+[ "$(id -u)" = 0 ] || { echo "SKIP: needs root to create /dev/infiniband nodes"; exit 77; }
+
+# expect STATUS CMD... : runs CMD, checks its exit status and, on failure, a single stderr line.
+expect() {
+  local want=$1; shift
+  local got=0 err
+  err=$("$@" 2>&1 >/dev/null) || got=$?
+  [ "$got" = "$want" ] || fail "'$*' exited $got, expected $want (stderr: $err)"
+  if [ "$want" != 0 ]; then
+    [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] || fail "'$*' printed more than one error line: $err"
+    [[ $err == "metaroce: "* ]] || fail "'$*' error does not start with 'metaroce: ': $err"
+  fi
+}
+
+expect 0 "$M" --version
+expect 0 "$M" --help
+expect 2 "$M" frobnicate
+expect 2 "$M" link add mr0 --ip 10.0.0.1/24
+
+expect 0 "$M" link add mr0 --dpdk net_memif0,role=server --ip 10.77.0.1/24
+expect 0 "$M" link add mr1 --dpdk net_memif0,role=client --ip 10.77.0.2/24 --mtu 4200 --paths 16
+pass "two links added"
+
+uv=$(cat "$SYS/class/infiniband/mr0/metaroce.conf" | sed -n 's/^uverbs=//p')
+[ -n "$uv" ] || fail "record of mr0 names no uverbs entry"
+[ "$(cat "$SYS/class/infiniband_verbs/$uv/ibdev")" = mr0 ] || fail "$uv/ibdev is not mr0"
+[ "$(cat "$SYS/class/infiniband_verbs/abi_version")" = 6 ] || fail "class abi_version is not 6"
+[ "$(cat "$SYS/class/infiniband/mr0/ports/1/gids/0")" = 0000:0000:0000:0000:0000:ffff:0a4d:0001 ] ||
+  fail "GID 0 of mr0 is not ::ffff:10.77.0.1"
+[ "$(cat "$SYS/class/infiniband/mr0/ports/1/gid_attrs/types/0")" = "RoCE v2" ] || fail "GID type"
+[ -c "/dev/infiniband/$uv" ] || fail "/dev/infiniband/$uv is not a character device"
+[ "$(stat -c '%t:%T %a' "/dev/infiniband/$uv")" = "1:7 666" ] || fail "/dev/infiniband/$uv is not 1:7 0666"
+pass "sysfs tree and device node of mr0"
+
+json=$("$M" link show --json)
+n=$(printf '%s' "$json" | /usr/bin/python3 -c 'import json,sys; print(len(json.load(sys.stdin)))') ||
+  fail "link show --json is not JSON: $json"
+[ "$n" = 2 ] || fail "link show --json lists $n links, expected 2"
+"$M" link show | grep -q '^mr1 .*10\.77\.0\.2/24.*4200' || fail "table does not show mr1"
+pass "link show (table and JSON)"
+
+before=$(cd "$SYS" && find . | sort | xargs -d '\n' md5sum 2>/dev/null || true)
+expect 1 "$M" link add mr0 --dpdk net_memif1 --ip 10.77.0.9/24
+expect 1 "$M" link add mr2 --dpdk net_memif1 --ip 10.77.0.1/24
+expect 1 "$M" link add mr2 --dpdk net_memif1 --ip 10.77.0.9/24 --mtu 100000
+expect 1 "$M" link add mr2 --dpdk 'net_memif1,role' --ip 10.77.0.9/24
+expect 1 "$M" link add mr2 --dpdk net_nosuchdriver0 --ip 10.77.0.9/24
+expect 1 "$M" link del nosuch
+after=$(cd "$SYS" && find . | sort | xargs -d '\n' md5sum 2>/dev/null || true)
+[ "$before" = "$after" ] || fail "a rejected command changed the run dir"
+pass "bad input rejected, nothing changed"
+
+if command -v setpriv >/dev/null; then
+  got=0; err=$(setpriv --reuid=65534 --regid=65534 --clear-groups "$M" link add mr3 --dpdk net_memif3 \
+    --ip 10.77.0.3/24 2>&1) || got=$?
+  [ "$got" = 1 ] && [[ $err == *"permission denied"*"(run as root)"* ]] ||
+    fail "non-root add: status $got, '$err'"
+  pass "non-root add refused: $err"
+fi
+
+# libibverbs finds the devices from the generated tree (it needs a provider to list them; without
+# one it warns by name).
+warn=$(SYSFS_PATH=$SYS IBV_SHOW_WARNINGS=1 ibv_devices 2>&1 >/dev/null || true)
+eval "$("$M" env)"
+[ "$SYSFS_PATH" = "$SYS" ] || fail "metaroce env sets SYSFS_PATH=$SYSFS_PATH"
+if [ -n "${RDMAV_DRIVERS:-}" ] && [ -e "$RDMAV_DRIVERS-rdmav34.so" ]; then
+  ibv_devices | grep -qw mr0 || fail "ibv_devices with our provider does not list mr0"
+  pass "ibv_devices lists mr0 through the MetaRoCE provider"
+else
+  [[ $warn == *"driver found for mr0"* ]] || fail "libibverbs did not discover mr0: $warn"
+  pass "libibverbs discovers mr0 (no MetaRoCE provider built: '$warn')"
+fi
+unset RDMAV_DRIVERS
+# A stock provider that matches by name proves the tree is complete enough to be listed.
+if [ -e /etc/libibverbs.d/rxe.driver ]; then
+  expect 0 "$M" link add rxe_probe --dpdk net_memif4 --ip 10.77.0.4/24
+  SYSFS_PATH=$SYS ibv_devices | grep -qw rxe_probe || fail "ibv_devices does not list rxe_probe"
+  pass "ibv_devices lists a generated device (stock librxe matched it by name)"
+  expect 0 "$M" link del rxe_probe
+fi
+
+expect 0 "$M" link del mr0
+expect 0 "$M" link del mr1
+[ ! -e "$SYS/class/infiniband/mr0" ] && [ ! -e "$SYS/class/infiniband_verbs/$uv" ] ||
+  fail "link del left parts of mr0"
+[ "$("$M" link show --json | tr -d ' \n')" = "[]" ] || fail "links remain after del"
+pass "link del"
+echo "PASS: cli_test.sh"

@@ -1,0 +1,577 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests of the `metaroce` command library against a temporary run dir and device dir.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "datapath/nic/link_config.h"
+#include "util/cli.h"
+
+namespace metaroce::util {
+namespace {
+
+namespace fs = std::filesystem;
+
+// --- a small JSON reader, enough to prove `link show --json` is well-formed ----------------
+
+struct Json {
+  enum Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = kNull;
+  std::string str;
+  double num = 0;
+  std::vector<Json> items;
+  std::map<std::string, Json> fields;
+};
+
+class JsonReader {
+ public:
+  explicit JsonReader(const std::string& s) : s_(s) {}
+  // Whole-text parse: one value and nothing but whitespace after it.
+  bool read(Json* out) {
+    if (!value(out)) return false;
+    ws();
+    return i_ == s_.size();
+  }
+
+ private:
+  void ws() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool lit(const char* w) {
+    size_t n = std::strlen(w);
+    if (s_.compare(i_, n, w) != 0) return false;
+    i_ += n;
+    return true;
+  }
+  bool string(std::string* out) {
+    if (i_ >= s_.size() || s_[i_] != '"') return false;
+    ++i_;
+    while (i_ < s_.size() && s_[i_] != '"') {
+      char c = s_[i_++];
+      if (static_cast<unsigned char>(c) < 0x20) return false;
+      if (c == '\\') {
+        if (i_ >= s_.size()) return false;
+        char e = s_[i_++];
+        if (e == 'u') {
+          if (i_ + 4 > s_.size()) return false;
+          c = static_cast<char>(std::stoi(s_.substr(i_, 4), nullptr, 16));
+          i_ += 4;
+        } else if (e == 'n') {
+          c = '\n';
+        } else if (e == '"' || e == '\\' || e == '/') {
+          c = e;
+        } else {
+          return false;
+        }
+      }
+      *out += c;
+    }
+    if (i_ >= s_.size()) return false;
+    ++i_;
+    return true;
+  }
+  bool value(Json* out) {
+    ws();
+    if (i_ >= s_.size()) return false;
+    char c = s_[i_];
+    if (c == '"') {
+      out->kind = Json::kString;
+      return string(&out->str);
+    }
+    if (c == '[') {
+      out->kind = Json::kArray;
+      ++i_;
+      ws();
+      if (i_ < s_.size() && s_[i_] == ']') return ++i_, true;
+      for (;;) {
+        out->items.emplace_back();
+        if (!value(&out->items.back())) return false;
+        ws();
+        if (i_ < s_.size() && s_[i_] == ',') {
+          ++i_;
+          continue;
+        }
+        return i_ < s_.size() && s_[i_++] == ']';
+      }
+    }
+    if (c == '{') {
+      out->kind = Json::kObject;
+      ++i_;
+      ws();
+      if (i_ < s_.size() && s_[i_] == '}') return ++i_, true;
+      for (;;) {
+        ws();
+        std::string key;
+        if (!string(&key)) return false;
+        ws();
+        if (i_ >= s_.size() || s_[i_++] != ':') return false;
+        if (!value(&out->fields[key])) return false;
+        ws();
+        if (i_ < s_.size() && s_[i_] == ',') {
+          ++i_;
+          continue;
+        }
+        return i_ < s_.size() && s_[i_++] == '}';
+      }
+    }
+    if (lit("true") || lit("false")) return out->kind = Json::kBool, true;
+    if (lit("null")) return true;
+    size_t used = 0;
+    try {
+      out->num = std::stod(s_.substr(i_), &used);
+    } catch (...) {
+      return false;
+    }
+    out->kind = Json::kNumber;
+    i_ += used;
+    return used > 0;
+  }
+
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+// --- fixture ------------------------------------------------------------------------------
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/metaroce-cli-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    ctx_.rundir = root_ + "/run";
+    ctx_.dev_dir = root_ + "/dev/infiniband";  // never the real /dev: tests plant fake nodes
+    ctx_.is_root = ::geteuid() == 0;
+    ctx_.build_root = root_ + "/build";
+    ctx_.exe_dir = root_ + "/bin";
+    ctx_.out = &out_;
+    ctx_.err = &err_;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+
+  int run(std::vector<std::string> args) {
+    out_.str("");
+    err_.str("");
+    return util::run(args, ctx_);
+  }
+  int add(const std::string& name, const std::string& ip, std::vector<std::string> extra = {}) {
+    std::vector<std::string> a = {"link", "add", name, "--dpdk", "net_memif0,role=server", "--ip", ip};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run(a);
+  }
+  // Link creation needs mknod; without root only the refusal can be tested.
+  bool can_mknod() const { return ::geteuid() == 0; }
+
+  // Every entry under dir: files with their content, directories and device nodes marked.
+  static std::map<std::string, std::string> snapshot(const std::string& dir) {
+    std::map<std::string, std::string> m;
+    std::error_code ec;
+    if (!fs::exists(dir, ec)) return m;
+    for (auto it = fs::recursive_directory_iterator(dir, ec); it != fs::end(it); it.increment(ec)) {
+      std::string rel = fs::relative(it->path(), dir).string();
+      struct stat st {};
+      ::lstat(it->path().c_str(), &st);
+      if (S_ISDIR(st.st_mode)) {
+        m[rel] = "<dir>";
+      } else if (S_ISCHR(st.st_mode)) {
+        m[rel] = "<chr " + std::to_string(major(st.st_rdev)) + ":" + std::to_string(minor(st.st_rdev)) +
+                 " " + std::to_string(st.st_mode & 07777) + ">";
+      } else {
+        std::ifstream f(it->path());
+        std::stringstream ss;
+        ss << f.rdbuf();
+        m[rel] = ss.str();
+      }
+    }
+    return m;
+  }
+  std::map<std::string, std::string> state() const {
+    auto m = snapshot(ctx_.sysfs());
+    for (auto& [k, v] : snapshot(ctx_.dev_dir)) m["dev/" + k] = v;
+    return m;
+  }
+  void make_node(const std::string& entry, unsigned maj, unsigned min) {
+    fs::create_directories(ctx_.dev_dir);
+    ASSERT_EQ(::mknod((ctx_.dev_dir + "/" + entry).c_str(), S_IFCHR | 0600, makedev(maj, min)), 0);
+  }
+  std::string uverbs_of(const std::string& name) {
+    std::string err;
+    auto c = nic::LinkConfig::load(ctx_.sysfs() + "/class/infiniband/" + name + "/metaroce.conf", &err);
+    return c ? c->uverbs : "<" + err + ">";
+  }
+  // The single stderr line every failure must produce.
+  void expect_one_error_line() {
+    std::string e = err_.str();
+    EXPECT_EQ(e.rfind("metaroce: ", 0), 0u) << e;
+    EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 1) << e;
+  }
+
+  std::string root_;
+  Context ctx_;
+  std::ostringstream out_, err_;
+};
+
+TEST_F(CliTest, AddCreatesExactlyTheSysfsTreeAndNode) {
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  ASSERT_EQ(add("mr0", "10.0.0.1/24"), kExitOk) << err_.str();
+  EXPECT_EQ(err_.str(), "");
+
+  std::map<std::string, std::string> want = {
+      {"class", "<dir>"},
+      {"class/infiniband_verbs", "<dir>"},
+      {"class/infiniband_verbs/abi_version", "6\n"},
+      {"class/infiniband_verbs/uverbs0", "<dir>"},
+      {"class/infiniband_verbs/uverbs0/ibdev", "mr0\n"},
+      {"class/infiniband_verbs/uverbs0/dev", "1:7\n"},
+      {"class/infiniband_verbs/uverbs0/abi_version", std::to_string(nic::kUverbsAbi) + "\n"},
+      {"class/infiniband", "<dir>"},
+      {"class/infiniband/mr0", "<dir>"},
+      {"class/infiniband/mr0/node_type", "1: CA\n"},
+      {"class/infiniband/mr0/node_guid", "0200:0aff:fe00:0001\n"},
+      {"class/infiniband/mr0/ports", "<dir>"},
+      {"class/infiniband/mr0/ports/1", "<dir>"},
+      {"class/infiniband/mr0/ports/1/state", "4: ACTIVE\n"},
+      {"class/infiniband/mr0/ports/1/link_layer", "Ethernet\n"},
+      {"class/infiniband/mr0/ports/1/pkeys", "<dir>"},
+      {"class/infiniband/mr0/ports/1/pkeys/0", "0xffff\n"},
+      {"class/infiniband/mr0/ports/1/gids", "<dir>"},
+      {"class/infiniband/mr0/ports/1/gid_attrs", "<dir>"},
+      {"class/infiniband/mr0/ports/1/gid_attrs/types", "<dir>"},
+  };
+  for (uint32_t i = 0; i < nic::kGidTableLen; ++i) {
+    want["class/infiniband/mr0/ports/1/gids/" + std::to_string(i)] =
+        i == 0 ? "0000:0000:0000:0000:0000:ffff:0a00:0001\n" : "0000:0000:0000:0000:0000:0000:0000:0000\n";
+    want["class/infiniband/mr0/ports/1/gid_attrs/types/" + std::to_string(i)] = "RoCE v2\n";
+  }
+  auto got = snapshot(ctx_.sysfs());
+  ASSERT_TRUE(got.count("class/infiniband/mr0/metaroce.conf"));
+  got.erase("class/infiniband/mr0/metaroce.conf");  // checked field by field below
+  EXPECT_EQ(got, want);
+
+  std::string err;
+  auto c = nic::LinkConfig::load(ctx_.sysfs() + "/class/infiniband/mr0/metaroce.conf", &err);
+  ASSERT_TRUE(c) << err;
+  EXPECT_EQ(c->name, "mr0");
+  EXPECT_EQ(c->devargs, "net_memif0,role=server");
+  EXPECT_EQ(nic::format_ipv4(c->ip), "10.0.0.1");
+  EXPECT_EQ(c->prefix, 24);
+  EXPECT_EQ(c->mtu, nic::kDefaultMtu);
+  EXPECT_EQ(c->paths, nic::kDefaultPaths);
+  EXPECT_EQ(c->udp_port, nic::kDefaultUdpPort);
+  EXPECT_EQ(c->node_guid, 0x02000afffe000001ull);
+  EXPECT_EQ(c->uverbs, "uverbs0");
+
+  EXPECT_EQ(snapshot(ctx_.dev_dir), (std::map<std::string, std::string>{{"uverbs0", "<chr 1:7 438>"}}));
+  // No staging or trash left beside the tree.
+  for (const auto& e : fs::directory_iterator(ctx_.rundir))
+    EXPECT_TRUE(e.path().filename() == "sys" || e.path().filename() == ".lock") << e.path();
+}
+
+TEST_F(CliTest, AddRecordsEveryOptionInBothSpellings) {
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  ASSERT_EQ(run({"link", "add", "--mtu=4200", "mr1", "--paths", "256", "--udp-port=5000", "--ip",
+                 "192.168.7.9/16", "--dpdk=net_af_packet0,iface=lo"}),
+            kExitOk)
+      << err_.str();
+  std::string err;
+  auto c = nic::LinkConfig::load(ctx_.sysfs() + "/class/infiniband/mr1/metaroce.conf", &err);
+  ASSERT_TRUE(c) << err;
+  EXPECT_EQ(c->mtu, 4200u);
+  EXPECT_EQ(c->paths, 256);
+  EXPECT_EQ(c->udp_port, 5000);
+  EXPECT_EQ(c->prefix, 16);
+  EXPECT_EQ(c->devargs, "net_af_packet0,iface=lo");
+}
+
+TEST_F(CliTest, ShowPrintsTableAndParsableJson) {
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  ASSERT_EQ(run({"link", "show", "--json"}), kExitOk);
+  Json empty;
+  ASSERT_TRUE(JsonReader(out_.str()).read(&empty)) << out_.str();
+  EXPECT_EQ(empty.kind, Json::kArray);
+  EXPECT_TRUE(empty.items.empty());
+
+  ASSERT_EQ(add("mr1", "10.0.0.2/24", {"--mtu", "4200"}), kExitOk) << err_.str();
+  ASSERT_EQ(run({"link", "add", "mr0", "--dpdk", "net_memif1,role=client,socket=/tmp/a\"b", "--ip",
+                 "10.0.0.1/24"}),
+            kExitOk)
+      << err_.str();
+
+  ASSERT_EQ(run({"link", "show"}), kExitOk);
+  std::string table = out_.str();
+  EXPECT_EQ(table.rfind("NAME", 0), 0u) << table;
+  auto mr0_at = table.find("\nmr0 "), mr1_at = table.find("\nmr1 ");
+  ASSERT_NE(mr0_at, std::string::npos) << table;
+  ASSERT_NE(mr1_at, std::string::npos) << table;
+  EXPECT_LT(mr0_at, mr1_at) << "sorted by name";
+  EXPECT_NE(table.find("10.0.0.2/24"), std::string::npos);
+  EXPECT_NE(table.find("4200"), std::string::npos);
+
+  ASSERT_EQ(run({"link", "show", "--json"}), kExitOk);
+  Json all;
+  ASSERT_TRUE(JsonReader(out_.str()).read(&all)) << out_.str();
+  ASSERT_EQ(all.kind, Json::kArray);
+  ASSERT_EQ(all.items.size(), 2u);
+  const Json& mr0 = all.items[0];
+  ASSERT_EQ(mr0.kind, Json::kObject);
+  EXPECT_EQ(mr0.fields.at("name").str, "mr0");
+  EXPECT_EQ(mr0.fields.at("devargs").str, "net_memif1,role=client,socket=/tmp/a\"b");
+  EXPECT_EQ(mr0.fields.at("ip").str, "10.0.0.1");
+  EXPECT_EQ(mr0.fields.at("prefix").num, 24);
+  EXPECT_EQ(mr0.fields.at("uverbs").str, "uverbs1");
+  EXPECT_EQ(mr0.fields.at("node_guid").str, "0200:0aff:fe00:0001");
+  EXPECT_EQ(all.items[1].fields.at("mtu").num, 4200);
+  EXPECT_EQ(all.items[1].fields.at("paths").num, nic::kDefaultPaths);
+  EXPECT_EQ(all.items[1].fields.at("udp_port").num, nic::kDefaultUdpPort);
+
+  ASSERT_EQ(run({"link", "show", "mr1", "--json"}), kExitOk);
+  Json one;
+  ASSERT_TRUE(JsonReader(out_.str()).read(&one)) << out_.str();
+  ASSERT_EQ(one.items.size(), 1u);
+  EXPECT_EQ(one.items[0].fields.at("name").str, "mr1");
+
+  EXPECT_EQ(run({"link", "show", "mr9"}), kExitError);
+  expect_one_error_line();
+}
+
+TEST_F(CliTest, DelRemovesTreeAndRecordButKeepsNode) {
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  ASSERT_EQ(add("mr0", "10.0.0.1/24"), kExitOk) << err_.str();
+  ASSERT_EQ(add("mr1", "10.0.0.2/24"), kExitOk) << err_.str();
+  ASSERT_EQ(run({"link", "del", "mr1"}), kExitOk) << err_.str();
+  ASSERT_EQ(run({"link", "del", "mr0"}), kExitOk) << err_.str();
+  auto after = snapshot(ctx_.sysfs());
+  // Only the shared skeleton stays.
+  EXPECT_EQ(after, (std::map<std::string, std::string>{{"class", "<dir>"},
+                                                       {"class/infiniband", "<dir>"},
+                                                       {"class/infiniband_verbs", "<dir>"},
+                                                       {"class/infiniband_verbs/abi_version", "6\n"}}));
+  EXPECT_EQ(snapshot(ctx_.dev_dir).size(), 2u) << "device nodes are shared and stay";
+  EXPECT_EQ(run({"link", "del", "mr0"}), kExitError);
+  expect_one_error_line();
+  EXPECT_NE(err_.str().find("no link named mr0"), std::string::npos);
+  // Round trip: the same name and address can be added again, and get the lowest number back.
+  ASSERT_EQ(add("mr0", "10.0.0.1/24"), kExitOk) << err_.str();
+  EXPECT_EQ(uverbs_of("mr0"), "uverbs0");
+}
+
+TEST_F(CliTest, NumberingSkipsForeignNodesAndReusesFreedOnes) {
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  make_node("uverbs0", 231, 192);  // what a real RDMA NIC's node looks like
+  fs::create_directories(ctx_.dev_dir);
+  std::ofstream(ctx_.dev_dir + "/uverbs1") << "not a device\n";
+  make_node("uverbs3", 1, 7);  // left over from another run dir: ours, reusable
+  ASSERT_EQ(add("a", "10.0.0.1/24"), kExitOk) << err_.str();
+  ASSERT_EQ(add("b", "10.0.0.2/24"), kExitOk) << err_.str();
+  ASSERT_EQ(add("c", "10.0.0.3/24"), kExitOk) << err_.str();
+  EXPECT_EQ(uverbs_of("a"), "uverbs2");
+  EXPECT_EQ(uverbs_of("b"), "uverbs3");
+  EXPECT_EQ(uverbs_of("c"), "uverbs4");
+  ASSERT_EQ(run({"link", "del", "b"}), kExitOk) << err_.str();
+  ASSERT_EQ(add("d", "10.0.0.4/24"), kExitOk) << err_.str();
+  EXPECT_EQ(uverbs_of("d"), "uverbs3");
+  auto dev = snapshot(ctx_.dev_dir);
+  EXPECT_EQ(dev["uverbs0"], "<chr 231:192 384>") << "a real node is never touched";
+  EXPECT_EQ(dev["uverbs1"], "not a device\n");
+  EXPECT_EQ(dev["uverbs2"], "<chr 1:7 438>");
+  EXPECT_EQ(dev["uverbs4"], "<chr 1:7 438>");
+}
+
+struct BadCase {
+  std::vector<std::string> args;
+  int status;
+  const char* says;  // a fragment the error line must contain
+};
+
+TEST_F(CliTest, RejectsEveryBadInputWithoutChangingAnything) {
+  if (can_mknod()) {
+    ASSERT_EQ(add("mr0", "10.0.0.1/24"), kExitOk) << err_.str();
+  }
+  const std::string ok_dev = "net_memif9";
+  auto a = [&](std::string name, std::string ip, std::string dev = "net_memif9",
+               std::vector<std::string> extra = {}) {
+    std::vector<std::string> v = {"link", "add", name, "--dpdk", dev, "--ip", ip};
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  std::vector<BadCase> cases = {
+      {a("", "10.0.0.9/24"), kExitError, "bad link name"},
+      {a(std::string(64, 'x'), "10.0.0.9/24"), kExitError, "bad link name"},
+      {a("a/b", "10.0.0.9/24"), kExitError, "bad link name"},
+      {a("a.b", "10.0.0.9/24"), kExitError, "bad link name"},
+      {a("a b", "10.0.0.9/24"), kExitError, "bad link name"},
+      {a("mr9", "10.0.0.9"), kExitError, "ADDR/PREFIX"},
+      {a("mr9", "10.0.0.256/24"), kExitError, "not an IPv4 address"},
+      {a("mr9", "10.0.0.9/0"), kExitError, "prefix"},
+      {a("mr9", "10.0.0.9/33"), kExitError, "prefix"},
+      {a("mr9", "10.0.0.9/x"), kExitError, "prefix"},
+      {a("mr9", "0.0.0.0/8"), kExitError, "unicast"},
+      {a("mr9", "127.0.0.1/8"), kExitError, "unicast"},
+      {a("mr9", "224.0.0.1/24"), kExitError, "unicast"},
+      {a("mr9", "10.0.0.0/24"), kExitError, "network or broadcast"},
+      {a("mr9", "10.0.0.255/24"), kExitError, "network or broadcast"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"--mtu", "575"}), kExitError, "--mtu"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"--mtu", "9601"}), kExitError, "--mtu"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"--mtu", "9k"}), kExitError, "--mtu"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"--mtu", "-1"}), kExitError, "--mtu"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"--paths", "0"}), kExitError, "--paths"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"--paths", "257"}), kExitError, "--paths"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"--udp-port", "0"}), kExitError, "--udp-port"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"--udp-port", "65536"}), kExitError, "--udp-port"},
+      {a("mr9", "10.0.0.9/24", ""), kExitError, "--dpdk"},
+      {a("mr9", "10.0.0.9/24", ",role=server"), kExitError, "--dpdk"},
+      {a("mr9", "10.0.0.9/24", "net_memif9,role"), kExitError, "key=value"},
+      {a("mr9", "10.0.0.9/24", "net_memif9,=x"), kExitError, "key=value"},
+      {a("mr9", "10.0.0.9/24", "net_memif9,role="), kExitError, "key=value"},
+      {a("mr9", "10.0.0.9/24", "net_memif9,a=[1,2"), kExitError, "unbalanced"},
+      {a("mr9", "10.0.0.9/24", "net_memif9,a=b c"), kExitError, "spaces"},
+      {a("mr9", "10.0.0.9/24", "net_memif9,a=b\nip=1.2.3.4"), kExitError, "control"},
+      {a("mr9", "10.0.0.9/24", "net memif9"), kExitError, "--dpdk"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"--bogus", "1"}), kExitUsage, "unknown option"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"--mtu"}), kExitUsage, "needs a value"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"--ip", "10.0.0.8/24"}), kExitUsage, "twice"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"extra"}), kExitUsage, "unexpected argument"},
+      {{"link", "add", "mr9", "--ip", "10.0.0.9/24"}, kExitUsage, "missing --dpdk"},
+      {{"link", "add", "mr9", "--dpdk", "net_memif9"}, kExitUsage, "missing --ip"},
+      {{"link", "add"}, kExitUsage, "missing NAME"},
+      {{"link", "frob"}, kExitUsage, "unknown subcommand"},
+      {{"link"}, kExitUsage, "missing subcommand"},
+      {{"frob"}, kExitUsage, "unknown command"},
+      {{}, kExitUsage, "missing command"},
+      {{"link", "del"}, kExitUsage, "missing NAME"},
+      {{"link", "del", "mr9"}, kExitError, "no link named mr9"},
+      {{"link", "del", "../x"}, kExitError, "bad link name"},
+      {{"link", "show", "--xml"}, kExitUsage, "unknown option"},
+      {{"env", "x"}, kExitUsage, "unexpected argument"},
+  };
+#ifdef METAROCE_HAVE_DPDK
+  cases.push_back({a("mr9", "10.0.0.9/24", "net_nosuchdriver0"), kExitError, "no DPDK bus"});
+#endif
+  if (can_mknod()) {
+    cases.push_back({a("mr0", "10.0.0.9/24"), kExitError, "already exists"});
+    cases.push_back({a("mr9", "10.0.0.1/16"), kExitError, "already used by link mr0"});
+  }
+  const auto before = state();
+  for (const auto& c : cases) {
+    std::string shown;
+    for (const auto& s : c.args) shown += "[" + s + "] ";
+    SCOPED_TRACE(shown);
+    EXPECT_EQ(run(c.args), c.status);
+    expect_one_error_line();
+    EXPECT_NE(err_.str().find(c.says), std::string::npos) << err_.str();
+    EXPECT_EQ(state(), before);
+  }
+}
+
+TEST_F(CliTest, WithoutRootRefusesToCreateANodeAndChangesNothing) {
+  ctx_.is_root = false;
+  const auto before = state();
+  EXPECT_EQ(add("mr0", "10.0.0.1/24"), kExitError);
+  expect_one_error_line();
+  EXPECT_NE(err_.str().find("permission denied"), std::string::npos) << err_.str();
+  EXPECT_NE(err_.str().find("(run as root)"), std::string::npos) << err_.str();
+  EXPECT_EQ(state(), before);
+  if (!can_mknod()) return;
+  // Where the node already is /dev/full's twin, nothing needs root (the run dir is writable).
+  make_node("uverbs0", 1, 7);
+  EXPECT_EQ(add("mr0", "10.0.0.1/24"), kExitOk) << err_.str();
+}
+
+TEST_F(CliTest, FailureMidwayLeavesNoPartialLink) {
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  ASSERT_EQ(add("mr0", "10.0.0.1/24"), kExitOk) << err_.str();
+  // The next node cannot be made: its directory path is now a file.
+  fs::rename(ctx_.dev_dir, root_ + "/saved-dev");
+  fs::create_directories(fs::path(ctx_.dev_dir).parent_path());
+  std::ofstream(ctx_.dev_dir) << "in the way\n";
+  const auto before = snapshot(ctx_.sysfs());
+  EXPECT_EQ(add("mr1", "10.0.0.2/24"), kExitError);
+  expect_one_error_line();
+  EXPECT_EQ(snapshot(ctx_.sysfs()), before);
+  for (const auto& e : fs::directory_iterator(ctx_.rundir))
+    EXPECT_TRUE(e.path().filename() == "sys" || e.path().filename() == ".lock") << e.path();
+  ASSERT_EQ(run({"link", "show", "--json"}), kExitOk);
+  Json all;
+  ASSERT_TRUE(JsonReader(out_.str()).read(&all));
+  EXPECT_EQ(all.items.size(), 1u);
+}
+
+TEST_F(CliTest, EnvPointsAtRunDirAndAtTheProviderOnlyFromTheBuildTree) {
+  fs::create_directories(ctx_.build_root + "/util");
+  fs::create_directories(ctx_.exe_dir);
+  ASSERT_EQ(run({"env"}), kExitOk);
+  EXPECT_EQ(out_.str(), "export SYSFS_PATH=" + ctx_.rundir + "/sys\n");
+  ctx_.exe_dir = ctx_.build_root + "/util";
+  ASSERT_EQ(run({"env"}), kExitOk);
+  EXPECT_EQ(out_.str(), "export SYSFS_PATH=" + ctx_.rundir + "/sys\nexport RDMAV_DRIVERS=" +
+                            ctx_.build_root + "/providers/metaroce/libmetaroce\n");
+  ctx_.rundir = root_ + "/odd dir";
+  ASSERT_EQ(run({"env"}), kExitOk);
+  EXPECT_EQ(out_.str().rfind("export SYSFS_PATH='" + root_ + "/odd dir/sys'\n", 0), 0u) << out_.str();
+}
+
+TEST_F(CliTest, HelpAndVersionSucceed) {
+  for (auto args : std::vector<std::vector<std::string>>{
+           {"--help"}, {"-h"}, {"link", "--help"}, {"link", "add", "--help"}, {"env", "--help"}}) {
+    EXPECT_EQ(run(args), kExitOk);
+    EXPECT_NE(out_.str().find("Usage"), std::string::npos) << out_.str();
+    EXPECT_EQ(err_.str(), "");
+  }
+  EXPECT_EQ(run({"--version"}), kExitOk);
+  EXPECT_EQ(out_.str().rfind("metaroce ", 0), 0u);
+}
+
+TEST(CliHelpers, GuidIsNonZeroUniqueAndShownInFourGroups) {
+  EXPECT_EQ(format_guid(node_guid_for_ip(0x0a000001)), "0200:0aff:fe00:0001");
+  EXPECT_EQ(format_guid(node_guid_for_ip(0xc0a80709)), "0200:c0ff:fea8:0709");
+  EXPECT_NE(node_guid_for_ip(0x0a000001), node_guid_for_ip(0x0b000001));
+  EXPECT_NE(node_guid_for_ip(0x0a000001), node_guid_for_ip(0x0a000002));
+  EXPECT_NE(node_guid_for_ip(0), 0u);
+}
+
+TEST(CliHelpers, GidIsEightHexGroups) {
+  uint8_t gid[16];
+  nic::ipv4_to_gid(0xc0a80709, gid);
+  EXPECT_EQ(format_gid(gid), "0000:0000:0000:0000:0000:ffff:c0a8:0709");
+}
+
+TEST(CliHelpers, AddressAcceptsUnicastHostsOnly) {
+  std::string err;
+  auto a = parse_address("10.1.2.3/8", &err);
+  ASSERT_TRUE(a) << err;
+  EXPECT_EQ(a->first, 0x0a010203u);
+  EXPECT_EQ(a->second, 8);
+  EXPECT_TRUE(parse_address("10.0.0.0/31", &err)) << "a /31 has no network address";
+  EXPECT_TRUE(parse_address("10.0.0.255/32", &err));
+  EXPECT_FALSE(parse_address("10.0.0.1/24/1", &err));
+  EXPECT_FALSE(parse_address("255.255.255.255/32", &err));
+}
+
+TEST(CliHelpers, DevargsSyntax) {
+  std::string err;
+  EXPECT_TRUE(check_devargs("net_memif0", &err)) << err;
+  EXPECT_TRUE(check_devargs("net_memif0,role=server,socket=/run/m.sock,mac=02:00:00:00:00:01", &err))
+      << err;
+  EXPECT_TRUE(check_devargs("0000:00:01.0", &err)) << err;
+  EXPECT_TRUE(check_devargs("vdev:net_memif0,role=client", &err)) << err;
+  EXPECT_FALSE(check_devargs("net_memif0,,role=server", &err));
+  EXPECT_FALSE(check_devargs("net_memif0,role=server,", &err));
+  EXPECT_FALSE(check_devargs("net_memif0,a]=b", &err));
+}
+
+}  // namespace
+}  // namespace metaroce::util

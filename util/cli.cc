@@ -1,0 +1,832 @@
+// SPDX-License-Identifier: Apache-2.0
+// The `metaroce` command: link records plus the sysfs tree and device node through which an
+// unmodified libibverbs discovers a MetaRoCE device on a host without RDMA in the kernel.
+#include "util/cli.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#ifdef METAROCE_HAVE_DPDK
+#define ALLOW_EXPERIMENTAL_API 1  // rte_devargs_reset is still experimental in 22.11
+#include <dirent.h>
+#include <dlfcn.h>
+#include <rte_devargs.h>
+#include <rte_log.h>
+#endif
+
+#ifndef METAROCE_VERSION
+#define METAROCE_VERSION "unknown"
+#endif
+#ifndef METAROCE_BUILD_ROOT
+#define METAROCE_BUILD_ROOT ""
+#endif
+
+namespace metaroce::util {
+namespace {
+
+namespace fs = std::filesystem;
+
+// libibverbs checks the uverbs ABI of class/infiniband_verbs against 3..6; 6 is the current one.
+constexpr const char* kUverbsClassAbi = "6";
+// /dev/full: opening succeeds, and the one command libibverbs still writes itself
+// (create_comp_channel) fails cleanly with ENOSPC instead of reading garbage.
+constexpr unsigned kNodeMajor = 1;
+constexpr unsigned kNodeMinor = 7;
+constexpr const char* kRunDirDefault = "/run/metaroce";
+
+constexpr const char* kMainHelp =
+    "Usage: metaroce [--help] [--version] COMMAND ...\n"
+    "\n"
+    "Commands:\n"
+    "  link add NAME --dpdk DEVARGS --ip ADDR/PREFIX [--mtu BYTES] [--paths N] [--udp-port P]\n"
+    "  link del NAME\n"
+    "  link show [NAME] [--json]\n"
+    "  env                      print the shell settings that make libibverbs find the links\n"
+    "\n"
+    "Links live in $METAROCE_RUNDIR (default /run/metaroce). Typical use:\n"
+    "  metaroce link add mr0 --dpdk net_memif0,role=server --ip 10.0.0.1/24\n"
+    "  eval \"$(metaroce env)\"; ib_write_bw -d mr0\n";
+
+constexpr const char* kLinkHelp =
+    "Usage: metaroce link add NAME --dpdk DEVARGS --ip ADDR/PREFIX [OPTIONS]\n"
+    "       metaroce link del NAME\n"
+    "       metaroce link show [NAME] [--json]\n"
+    "\n"
+    "  NAME            device name, 1..63 of [A-Za-z0-9_-] (what `ibv_devices` lists)\n"
+    "  --dpdk DEVARGS  DPDK device: driver[,key=value]*, e.g. net_memif0,role=server\n"
+    "  --ip ADDR/PREFIX  IPv4 address of the link; GID 0 is its IPv4-mapped form\n"
+    "  --mtu BYTES     IP MTU, 576..9600 (default 9000)\n"
+    "  --paths N       paths (UDP source ports) per connection, 1..256 (default 8)\n"
+    "  --udp-port P    UDP destination port, 1..65535 (default 4793)\n"
+    "  --json          `show` prints a JSON array\n";
+
+// --- small file helpers; every error comes back as text, nothing throws ------------------------
+
+bool write_file(const std::string& path, const std::string& content, std::string* err) {
+  std::ofstream f(path, std::ios::out | std::ios::trunc);
+  f << content;
+  f.close();
+  if (!f) {
+    *err = "cannot write " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+std::optional<std::string> read_first_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  if (!f || !std::getline(f, line)) return std::nullopt;
+  return line;
+}
+
+bool path_exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+bool is_our_node(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode) &&
+         major(st.st_rdev) == kNodeMajor && minor(st.st_rdev) == kNodeMinor;
+}
+
+// An error that names a privilege problem in the words the brief asks for.
+std::string describe(const std::string& what, int e) {
+  if (e == EACCES || e == EPERM) return "permission denied: " + what + " (run as root)";
+  return what + ": " + std::strerror(e);
+}
+
+// Whether this process may create things in dir, or create dir itself where it is missing.
+bool writable(const std::string& dir) {
+  fs::path d = dir;
+  std::error_code ec;
+  while (!d.empty() && !fs::exists(d, ec)) {
+    if (d == d.parent_path()) break;
+    d = d.parent_path();
+  }
+  return ::access(d.empty() ? "." : d.c_str(), W_OK) == 0;
+}
+
+template <typename T>
+bool parse_number(const std::string& s, T lo, T hi, T* out) {
+  if (s.empty() || s.size() > 12) return false;
+  uint64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 10);
+  if (ec != std::errc() || p != s.data() + s.size() || v < lo || v > hi) return false;
+  *out = static_cast<T>(v);
+  return true;
+}
+
+bool is_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '-';
+}
+
+// Quotes a value for `eval` only where the shell would otherwise split or expand it.
+std::string shell_quote(const std::string& s) {
+  bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return is_name_char(c) || std::strchr("/.,:=@%+", c) != nullptr;
+  });
+  if (plain) return s;
+  std::string q = "'";
+  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      o += buf;
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o + "\"";
+}
+
+// Splits at top-level commas; DPDK kvargs lets a value hold a bracketed list "[a,b]".
+std::optional<std::vector<std::string>> split_devargs(const std::string& s) {
+  std::vector<std::string> parts(1);
+  int depth = 0;
+  for (char c : s) {
+    if (c == '[') ++depth;
+    if (c == ']' && --depth < 0) return std::nullopt;
+    if (c == ',' && depth == 0) {
+      parts.emplace_back();
+    } else {
+      parts.back() += c;
+    }
+  }
+  if (depth != 0) return std::nullopt;
+  return parts;
+}
+
+// --- DPDK's own parser, used without initialising EAL ----------------------------------------
+
+#ifdef METAROCE_HAVE_DPDK
+// Buses and drivers are plugins that EAL would dlopen during init; loading the ones needed here
+// makes rte_devargs_parse recognise devices exactly as the datapath will, at a fraction of the
+// cost of rte_eal_init (which would also pin this thread and leave a runtime folder behind).
+class DpdkPlugins {
+ public:
+  static DpdkPlugins& get() {
+    static DpdkPlugins p;  // dlopen is process-wide anyway; load each plugin at most once
+    return p;
+  }
+
+  // True when some bus recognises the device; loads matching drivers first, then all of them.
+  bool recognises(const std::string& devargs) {
+    std::lock_guard lock(mu_);
+    if (!buses_loaded_) {
+      // DPDK reports its parse failures itself; the command prints its own single line instead.
+      rte_log_set_global_level(RTE_LOG_EMERG);
+      load_matching([](const std::string& lib) { return lib.rfind("bus_", 0) == 0; });
+      buses_loaded_ = true;
+    }
+    if (parses(devargs)) return true;
+    std::string dev = devargs.substr(0, devargs.find(','));
+    if (auto colon = dev.find(':'); colon != std::string::npos) dev = dev.substr(colon + 1);
+    // vdev matches a driver whose name is a prefix of the device name (net_memif -> net_memif0).
+    load_matching([&](const std::string& lib) { return dev.rfind(lib, 0) == 0; });
+    if (parses(devargs)) return true;
+    load_matching([](const std::string&) { return true; });  // aliases (eth_memif, ...)
+    return parses(devargs);
+  }
+
+  bool plugin_dir_usable() {
+    std::lock_guard lock(mu_);
+    return fs::is_directory(RTE_EAL_PMD_PATH);
+  }
+
+ private:
+  template <typename Pred>
+  void load_matching(Pred pred) {
+    DIR* d = ::opendir(RTE_EAL_PMD_PATH);
+    if (d == nullptr) return;
+    while (dirent* e = ::readdir(d)) {
+      std::string f = e->d_name;
+      constexpr std::string_view kPrefix = "librte_", kSuffix = ".so";
+      if (f.size() <= kPrefix.size() + kSuffix.size() || f.rfind(kPrefix, 0) != 0 ||
+          f.compare(f.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0)
+        continue;
+      std::string lib = f.substr(kPrefix.size(), f.size() - kPrefix.size() - kSuffix.size());
+      if (loaded_.count(lib) || !pred(lib)) continue;
+      loaded_[lib] = true;
+      // A plugin whose own dependencies are missing simply stays unknown.
+      (void)::dlopen((std::string(RTE_EAL_PMD_PATH) + "/" + f).c_str(), RTLD_NOW | RTLD_LOCAL);
+    }
+    ::closedir(d);
+  }
+
+  static bool parses(const std::string& devargs) {
+    rte_devargs da;
+    std::memset(&da, 0, sizeof(da));
+    int rc = rte_devargs_parse(&da, devargs.c_str());
+    if (rc == 0) rte_devargs_reset(&da);
+    return rc == 0;
+  }
+
+  std::mutex mu_;
+  bool buses_loaded_ = false;
+  std::map<std::string, bool> loaded_;
+};
+#endif
+
+// --- the link store -------------------------------------------------------------------------
+
+struct Paths {
+  std::string sysfs, ib_class, verbs_class;
+  explicit Paths(const Context& ctx)
+      : sysfs(ctx.sysfs()),
+        ib_class(sysfs + "/class/infiniband"),
+        verbs_class(sysfs + "/class/infiniband_verbs") {}
+  std::string link_dir(const std::string& name) const { return ib_class + "/" + name; }
+  std::string record(const std::string& name) const {
+    return link_dir(name) + "/" + nic::kConfigFile;
+  }
+};
+
+struct Store {
+  std::vector<nic::LinkConfig> links;  // sorted by name
+  std::vector<std::string> problems;   // unreadable records, one line each
+};
+
+Store load_store(const Paths& p) {
+  Store s;
+  std::error_code ec;
+  if (!fs::is_directory(p.ib_class, ec)) return s;
+  for (const auto& entry : fs::directory_iterator(p.ib_class, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.empty() || name[0] == '.') continue;
+    std::string err;
+    auto c = nic::LinkConfig::load(p.record(name), &err);
+    if (c) {
+      s.links.push_back(std::move(*c));
+    } else {
+      s.problems.push_back(err);
+    }
+  }
+  std::sort(s.links.begin(), s.links.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  return s;
+}
+
+// Serialises `link add`/`link del` of one run dir so two adds never pick the same uverbsN.
+class RunDirLock {
+ public:
+  RunDirLock() = default;
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+  ~RunDirLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing drops the flock
+  }
+
+  bool acquire(const std::string& rundir, std::string* err) {
+    std::error_code ec;
+    fs::create_directories(rundir, ec);
+    if (ec) {
+      *err = describe("cannot create " + rundir, ec.value());
+      return false;
+    }
+    std::string path = rundir + "/.lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0 || ::flock(fd_, LOCK_EX) != 0) {
+      *err = describe("cannot lock " + path, errno);
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// The lowest N whose sysfs entry is free here and whose device node is absent or already ours.
+std::optional<unsigned> pick_uverbs(const Context& ctx, const Paths& p) {
+  for (unsigned n = 0; n < kMaxUverbs; ++n) {
+    std::string entry = "uverbs" + std::to_string(n);
+    if (path_exists(p.verbs_class + "/" + entry)) continue;
+    std::string node = ctx.dev_dir + "/" + entry;
+    if (path_exists(node) && !is_our_node(node)) continue;  // a real RDMA device: never touch it
+    return n;
+  }
+  return std::nullopt;
+}
+
+// The files of one link, relative to class/infiniband/NAME and class/infiniband_verbs/uverbsN.
+bool build_link_tree(const nic::LinkConfig& c, const std::string& ib_dir,
+                     const std::string& verbs_dir, std::string* err) {
+  std::error_code ec;
+  const std::string port = ib_dir + "/ports/1";
+  for (const std::string& d : {verbs_dir, port + "/gids", port + "/gid_attrs/types", port + "/pkeys"}) {
+    fs::create_directories(d, ec);
+    if (ec) {
+      *err = describe("cannot create " + d, ec.value());
+      return false;
+    }
+  }
+  uint8_t gid[16];
+  nic::ipv4_to_gid(c.ip, gid);
+  const uint8_t zero[16] = {};
+  std::vector<std::pair<std::string, std::string>> files = {
+      {verbs_dir + "/ibdev", c.name},
+      {verbs_dir + "/dev", std::to_string(kNodeMajor) + ":" + std::to_string(kNodeMinor)},
+      {verbs_dir + "/abi_version", std::to_string(nic::kUverbsAbi)},
+      {ib_dir + "/node_type", "1: CA"},
+      {ib_dir + "/node_guid", format_guid(c.node_guid)},
+      {port + "/state", "4: ACTIVE"},
+      {port + "/link_layer", "Ethernet"},
+      {port + "/pkeys/0", "0xffff"},
+  };
+  for (uint32_t i = 0; i < nic::kGidTableLen; ++i) {
+    // libibverbs needs a file for every index below gid_tbl_len; zero GIDs read as "empty".
+    files.emplace_back(port + "/gids/" + std::to_string(i), format_gid(i == 0 ? gid : zero));
+    files.emplace_back(port + "/gid_attrs/types/" + std::to_string(i), "RoCE v2");
+  }
+  for (const auto& [path, content] : files)
+    if (!write_file(path, content + "\n", err)) return false;
+  return c.save(ib_dir + "/" + nic::kConfigFile, err);
+}
+
+// Makes <dev_dir>/<entry> a 0666 char device 1:7 unless it already is one. *created tells the
+// caller whether to remove it again on a later failure.
+bool ensure_node(const Context& ctx, const std::string& entry, bool* created, std::string* err) {
+  *created = false;
+  std::string node = ctx.dev_dir + "/" + entry;
+  if (is_our_node(node)) return true;
+  std::error_code ec;
+  fs::create_directories(ctx.dev_dir, ec);
+  if (ec) {
+    *err = describe("cannot create " + ctx.dev_dir, ec.value());
+    return false;
+  }
+  if (::mknod(node.c_str(), S_IFCHR | 0666, makedev(kNodeMajor, kNodeMinor)) != 0) {
+    *err = describe("cannot create device node " + node, errno);
+    return false;
+  }
+  *created = true;
+  // mknod honours the umask; a 0644 node makes non-root opens fail with a misleading ENOENT.
+  if (::chmod(node.c_str(), 0666) != 0) {
+    *err = describe("cannot chmod " + node, errno);
+    ::unlink(node.c_str());
+    *created = false;
+    return false;
+  }
+  return true;
+}
+
+bool ensure_class_dirs(const Paths& p, std::string* err) {
+  std::error_code ec;
+  for (const std::string& d : {p.ib_class, p.verbs_class}) {
+    fs::create_directories(d, ec);
+    if (ec) {
+      *err = describe("cannot create " + d, ec.value());
+      return false;
+    }
+  }
+  std::string abi = p.verbs_class + "/abi_version";
+  if (read_first_line(abi) == kUverbsClassAbi) return true;
+  std::string tmp = abi + ".tmp";
+  if (!write_file(tmp, std::string(kUverbsClassAbi) + "\n", err)) return false;
+  if (::rename(tmp.c_str(), abi.c_str()) != 0) {
+    *err = describe("cannot write " + abi, errno);
+    ::unlink(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+// --- commands -------------------------------------------------------------------------------
+
+struct Outcome {
+  int status;
+  std::string message;  // for the single stderr line; empty when status is 0
+};
+
+Outcome usage(const std::string& what) { return {kExitUsage, what}; }
+Outcome fail(const std::string& what) { return {kExitError, what}; }
+Outcome ok() { return {kExitOk, {}}; }
+
+Outcome link_add(const std::vector<std::string>& args, const Context& ctx) {
+  std::optional<std::string> name;
+  std::map<std::string, std::string> opt;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      *ctx.out << kLinkHelp;
+      return ok();
+    }
+    if (a.size() > 1 && a[0] == '-') {
+      std::string key = a, value;
+      bool inline_value = false;
+      if (auto eq = a.find('='); eq != std::string::npos) {
+        key = a.substr(0, eq);
+        value = a.substr(eq + 1);
+        inline_value = true;
+      }
+      if (key != "--dpdk" && key != "--ip" && key != "--mtu" && key != "--paths" &&
+          key != "--udp-port")
+        return usage("link add: unknown option '" + key + "'");
+      if (!inline_value) {
+        if (i + 1 >= args.size()) return usage("link add: option " + key + " needs a value");
+        value = args[++i];
+      }
+      if (opt.count(key)) return usage("link add: option " + key + " given twice");
+      opt[key] = value;
+    } else if (!name) {
+      name = a;
+    } else {
+      return usage("link add: unexpected argument '" + a + "'");
+    }
+  }
+  if (!name) return usage("link add: missing NAME");
+  if (!opt.count("--dpdk")) return usage("link add: missing --dpdk DEVARGS");
+  if (!opt.count("--ip")) return usage("link add: missing --ip ADDR/PREFIX");
+
+  // Everything that does not depend on the run dir is checked before touching it.
+  std::string err;
+  nic::LinkConfig c;
+  c.name = *name;
+  if (!check_name(c.name, &err)) return fail(err);
+  auto addr = parse_address(opt["--ip"], &err);
+  if (!addr) return fail(err);
+  c.ip = addr->first;
+  c.prefix = addr->second;
+  if (opt.count("--mtu") && !parse_number(opt["--mtu"], kMinMtu, kMaxMtu, &c.mtu))
+    return fail("bad --mtu '" + opt["--mtu"] + "': expected " + std::to_string(kMinMtu) + ".." +
+                std::to_string(kMaxMtu));
+  if (opt.count("--paths") &&
+      !parse_number(opt["--paths"], uint16_t{1}, static_cast<uint16_t>(kMaxPaths), &c.paths))
+    return fail("bad --paths '" + opt["--paths"] + "': expected 1.." + std::to_string(kMaxPaths));
+  if (opt.count("--udp-port") &&
+      !parse_number(opt["--udp-port"], uint16_t{1}, uint16_t{65535}, &c.udp_port))
+    return fail("bad --udp-port '" + opt["--udp-port"] + "': expected 1..65535");
+  if (!check_devargs(opt["--dpdk"], &err)) return fail(err);
+  c.devargs = opt["--dpdk"];
+  c.node_guid = node_guid_for_ip(c.ip);
+
+  if (!ctx.is_root && !writable(ctx.rundir))
+    return fail("permission denied: cannot write " + ctx.rundir + " (run as root)");
+  RunDirLock lock;
+  if (!lock.acquire(ctx.rundir, &err)) return fail(err);
+
+  // Checks against the links already recorded, under the lock.
+  const Paths p(ctx);
+  if (path_exists(p.link_dir(c.name))) return fail("link " + c.name + " already exists");
+  Store store = load_store(p);
+  for (const auto& other : store.links)
+    if (other.ip == c.ip)
+      return fail("address " + nic::format_ipv4(c.ip) + " is already used by link " + other.name);
+  auto n = pick_uverbs(ctx, p);
+  if (!n) return fail("no free uverbs number below " + std::to_string(kMaxUverbs));
+  c.uverbs = "uverbs" + std::to_string(*n);
+  if (!ctx.is_root && !is_our_node(ctx.dev_dir + "/" + c.uverbs))
+    return fail("permission denied: creating device node " + ctx.dev_dir + "/" + c.uverbs +
+                " needs root (run as root)");
+
+  // Build the link aside and move it into place in two renames; undo everything on failure.
+  const std::string staging = ctx.rundir + "/.staging-" + std::to_string(::getpid());
+  const std::string ib_dest = p.link_dir(c.name), verbs_dest = p.verbs_class + "/" + c.uverbs;
+  std::error_code ec;
+  fs::remove_all(staging, ec);
+  bool node_created = false, ib_moved = false;
+  auto undo = [&](const std::string& why) {
+    std::error_code ignored;
+    if (ib_moved) fs::remove_all(ib_dest, ignored);
+    if (node_created) ::unlink((ctx.dev_dir + "/" + c.uverbs).c_str());
+    fs::remove_all(staging, ignored);
+    return fail(why);
+  };
+  if (!build_link_tree(c, staging + "/ib", staging + "/verbs", &err)) return undo(err);
+  if (!ensure_node(ctx, c.uverbs, &node_created, &err)) return undo(err);
+  if (!ensure_class_dirs(p, &err)) return undo(err);
+  // The class/infiniband side first: libibverbs only looks at it once uverbsN names it.
+  if (::rename((staging + "/ib").c_str(), ib_dest.c_str()) != 0)
+    return undo(describe("cannot create " + ib_dest, errno));
+  ib_moved = true;
+  if (::rename((staging + "/verbs").c_str(), verbs_dest.c_str()) != 0)
+    return undo(describe("cannot create " + verbs_dest, errno));
+  fs::remove_all(staging, ec);
+  return ok();
+}
+
+Outcome link_del(const std::vector<std::string>& args, const Context& ctx) {
+  std::optional<std::string> name;
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") {
+      *ctx.out << kLinkHelp;
+      return ok();
+    }
+    if (a.size() > 1 && a[0] == '-') return usage("link del: unknown option '" + a + "'");
+    if (name) return usage("link del: unexpected argument '" + a + "'");
+    name = a;
+  }
+  if (!name) return usage("link del: missing NAME");
+  std::string err;
+  if (!check_name(*name, &err)) return fail(err);
+  const Paths p(ctx);
+  if (!fs::is_directory(p.link_dir(*name))) return fail("no link named " + *name);
+  RunDirLock lock;
+  if (!lock.acquire(ctx.rundir, &err)) return fail(err);
+  if (!fs::is_directory(p.link_dir(*name))) return fail("no link named " + *name);
+
+  // Every uverbs entry that names this device, so a damaged record cannot leave one behind.
+  std::vector<std::string> entries;
+  std::error_code ec;
+  if (fs::is_directory(p.verbs_class, ec)) {
+    for (const auto& e : fs::directory_iterator(p.verbs_class, ec)) {
+      if (e.is_directory(ec) && read_first_line(e.path().string() + "/ibdev") == *name)
+        entries.push_back(e.path().string());
+    }
+  }
+  // Rename out of sight first (the device vanishes at once), then delete at leisure.
+  const std::string trash = ctx.rundir + "/.trash-" + std::to_string(::getpid());
+  fs::remove_all(trash, ec);
+  fs::create_directories(trash, ec);
+  if (ec) return fail(describe("cannot create " + trash, ec.value()));
+  // (from, to) of each rename done so far, undone in reverse if a later one fails.
+  std::vector<std::pair<std::string, std::string>> moved;
+  auto undo = [&](const std::string& why) {
+    for (auto it = moved.rbegin(); it != moved.rend(); ++it)
+      (void)::rename(it->second.c_str(), it->first.c_str());
+    std::error_code ignored;
+    fs::remove_all(trash, ignored);
+    return fail(why);
+  };
+  entries.push_back(p.link_dir(*name));  // last: the uverbs entries must not outlive it
+  for (const auto& e : entries) {
+    std::string to = trash + "/" + std::to_string(moved.size());
+    if (::rename(e.c_str(), to.c_str()) != 0) return undo(describe("cannot remove " + e, errno));
+    moved.emplace_back(e, to);
+  }
+  fs::remove_all(trash, ec);
+  return ok();
+}
+
+Outcome link_show(const std::vector<std::string>& args, const Context& ctx) {
+  std::optional<std::string> name;
+  bool json = false;
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") {
+      *ctx.out << kLinkHelp;
+      return ok();
+    }
+    if (a == "--json") {
+      json = true;
+    } else if (a.size() > 1 && a[0] == '-') {
+      return usage("link show: unknown option '" + a + "'");
+    } else if (name) {
+      return usage("link show: unexpected argument '" + a + "'");
+    } else {
+      name = a;
+    }
+  }
+  Store store = load_store(Paths(ctx));
+  std::vector<nic::LinkConfig> shown;
+  for (auto& l : store.links)
+    if (!name || l.name == *name) shown.push_back(l);
+  if (name && shown.empty()) return fail("no link named " + *name);
+
+  std::ostream& o = *ctx.out;
+  if (json) {
+    o << "[";
+    for (size_t i = 0; i < shown.size(); ++i) {
+      const auto& l = shown[i];
+      o << (i ? ",\n " : "\n ") << "{\"name\": " << json_string(l.name)
+        << ", \"uverbs\": " << json_string(l.uverbs) << ", \"ip\": " << json_string(nic::format_ipv4(l.ip))
+        << ", \"prefix\": " << unsigned{l.prefix} << ", \"mtu\": " << l.mtu
+        << ", \"paths\": " << l.paths << ", \"udp_port\": " << l.udp_port
+        << ", \"node_guid\": " << json_string(format_guid(l.node_guid))
+        << ", \"devargs\": " << json_string(l.devargs) << "}";
+    }
+    o << (shown.empty() ? "]\n" : "\n]\n");
+  } else {
+    std::vector<std::vector<std::string>> rows = {
+        {"NAME", "UVERBS", "ADDRESS", "MTU", "PATHS", "UDP", "DEVARGS"}};
+    for (const auto& l : shown)
+      rows.push_back({l.name, l.uverbs, nic::format_ipv4(l.ip) + "/" + std::to_string(l.prefix),
+                      std::to_string(l.mtu), std::to_string(l.paths), std::to_string(l.udp_port),
+                      l.devargs});
+    std::vector<size_t> width(rows[0].size(), 0);
+    for (const auto& r : rows)
+      for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+    for (const auto& r : rows) {
+      for (size_t i = 0; i + 1 < r.size(); ++i) o << std::left << std::setw(int(width[i] + 2)) << r[i];
+      o << r.back() << "\n";
+    }
+  }
+  // Only reported for the whole listing: a damaged record of another link is not this one's error.
+  if (!name && !store.problems.empty()) return fail("unreadable link record " + store.problems[0]);
+  return ok();
+}
+
+Outcome env(const std::vector<std::string>& args, const Context& ctx) {
+  if (!args.empty()) {
+    if (args[0] == "--help" || args[0] == "-h") {
+      *ctx.out << "Usage: eval \"$(metaroce env)\"\n";
+      return ok();
+    }
+    return usage("env: unexpected argument '" + args[0] + "'");
+  }
+  *ctx.out << "export SYSFS_PATH=" << shell_quote(ctx.sysfs()) << "\n";
+  // A binary run from the build tree points libibverbs at the provider built next to it; an
+  // installed one relies on /etc/libibverbs.d.
+  if (!ctx.build_root.empty() && !ctx.exe_dir.empty()) {
+    std::error_code ec;
+    fs::path root = fs::weakly_canonical(ctx.build_root, ec);
+    fs::path exe = fs::weakly_canonical(ctx.exe_dir, ec);
+    auto rel = exe.lexically_relative(root);
+    if (!ec && !rel.empty() && *rel.begin() != "..")
+      *ctx.out << "export RDMAV_DRIVERS="
+               << shell_quote(root.string() + "/providers/metaroce/libmetaroce") << "\n";
+  }
+  return ok();
+}
+
+Outcome dispatch(const std::vector<std::string>& args, const Context& ctx) {
+  if (args.empty()) return usage("missing command (try 'metaroce --help')");
+  const std::string& cmd = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    *ctx.out << kMainHelp;
+    return ok();
+  }
+  if (cmd == "--version" || cmd == "-V") {
+    *ctx.out << "metaroce " << METAROCE_VERSION << "\n";
+    return ok();
+  }
+  if (cmd == "env") return env(rest, ctx);
+  if (cmd != "link") return usage("unknown command '" + cmd + "' (try 'metaroce --help')");
+  if (rest.empty()) return usage("link: missing subcommand (add, del, show)");
+  const std::string& sub = rest[0];
+  std::vector<std::string> sub_args(rest.begin() + 1, rest.end());
+  if (sub == "--help" || sub == "-h" || sub == "help") {
+    *ctx.out << kLinkHelp;
+    return ok();
+  }
+  if (sub == "add") return link_add(sub_args, ctx);
+  if (sub == "del" || sub == "delete") return link_del(sub_args, ctx);
+  if (sub == "show" || sub == "list") return link_show(sub_args, ctx);
+  return usage("link: unknown subcommand '" + sub + "'");
+}
+
+}  // namespace
+
+// --- exposed helpers ------------------------------------------------------------------------
+
+bool check_name(const std::string& name, std::string* err) {
+  if (name.empty() || name.size() > kMaxNameLen ||
+      !std::all_of(name.begin(), name.end(), is_name_char)) {
+    *err = "bad link name '" + name + "': expected 1.." + std::to_string(kMaxNameLen) +
+           " characters from [A-Za-z0-9_-]";
+    return false;
+  }
+  return true;
+}
+
+std::optional<std::pair<uint32_t, uint8_t>> parse_address(const std::string& text,
+                                                         std::string* err) {
+  auto slash = text.find('/');
+  if (slash == std::string::npos) {
+    *err = "bad --ip '" + text + "': expected ADDR/PREFIX, e.g. 10.0.0.1/24";
+    return std::nullopt;
+  }
+  auto ip = nic::parse_ipv4(text.substr(0, slash));
+  uint8_t prefix = 0;
+  if (!ip) {
+    *err = "bad --ip '" + text + "': '" + text.substr(0, slash) + "' is not an IPv4 address";
+    return std::nullopt;
+  }
+  if (!parse_number(text.substr(slash + 1), uint8_t{1}, uint8_t{32}, &prefix)) {
+    *err = "bad --ip '" + text + "': prefix must be 1..32";
+    return std::nullopt;
+  }
+  const uint8_t first = static_cast<uint8_t>(*ip >> 24);
+  if (first == 0 || first == 127 || first >= 224) {
+    *err = "bad --ip '" + text + "': not a unicast host address";
+    return std::nullopt;
+  }
+  if (prefix <= 30) {  // /31 and /32 have no network or broadcast address
+    const uint32_t host_mask = ~uint32_t{0} >> prefix;
+    if ((*ip & host_mask) == 0 || (*ip & host_mask) == host_mask) {
+      *err = "bad --ip '" + text + "': that is the network or broadcast address of the subnet";
+      return std::nullopt;
+    }
+  }
+  return std::make_pair(*ip, prefix);
+}
+
+bool check_devargs(const std::string& devargs, std::string* err) {
+  auto bad = [&](const std::string& why) {
+    *err = "bad --dpdk '" + devargs + "': " + why;
+    return false;
+  };
+  if (devargs.empty()) return bad("empty");
+  for (unsigned char ch : devargs)
+    if (ch <= ' ' || ch >= 0x7f) return bad("spaces and control characters are not allowed");
+  auto parts = split_devargs(devargs);
+  if (!parts) return bad("unbalanced [ ]");
+  const std::string& dev = (*parts)[0];
+  if (dev.empty()) return bad("missing the device name before the first ','");
+  for (char ch : dev)
+    if (!is_name_char(ch) && ch != '.' && ch != ':')
+      return bad("device name '" + dev + "' may hold only [A-Za-z0-9_.:-]");
+  for (size_t i = 1; i < parts->size(); ++i) {
+    const std::string& kv = (*parts)[i];
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == kv.size())
+      return bad("expected key=value, got '" + kv + "'");
+    const std::string key = kv.substr(0, eq);
+    for (char ch : key)
+      if (!is_name_char(ch) && ch != '.') return bad("bad key '" + key + "'");
+  }
+#ifdef METAROCE_HAVE_DPDK
+  auto& dpdk = DpdkPlugins::get();
+  if (dpdk.plugin_dir_usable() && !dpdk.recognises(devargs))
+    return bad("no DPDK bus or driver knows device '" + dev + "'");
+#endif
+  return true;
+}
+
+uint64_t node_guid_for_ip(uint32_t ip) {
+  // 02:00 (locally administered, unicast) + the IP as MAC, stretched to EUI-64 with ff:fe.
+  return (uint64_t{0x0200} << 48) | (uint64_t{ip >> 24} << 40) | (uint64_t{0xfffe} << 24) |
+         uint64_t{ip & 0xffffff};
+}
+
+std::string format_guid(uint64_t guid) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "%04x:%04x:%04x:%04x", unsigned(guid >> 48) & 0xffff,
+                unsigned(guid >> 32) & 0xffff, unsigned(guid >> 16) & 0xffff, unsigned(guid) & 0xffff);
+  return buf;
+}
+
+std::string format_gid(const uint8_t gid[16]) {
+  std::string s;
+  char buf[8];
+  for (int i = 0; i < 16; i += 2) {
+    std::snprintf(buf, sizeof(buf), "%s%04x", i ? ":" : "", (unsigned{gid[i]} << 8) | gid[i + 1]);
+    s += buf;
+  }
+  return s;
+}
+
+Context process_context() {
+  Context ctx;
+  const char* rd = std::getenv("METAROCE_RUNDIR");
+  ctx.rundir = (rd && *rd) ? rd : kRunDirDefault;
+  while (ctx.rundir.size() > 1 && ctx.rundir.back() == '/') ctx.rundir.pop_back();
+  ctx.is_root = ::geteuid() == 0;
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) ctx.exe_dir = exe.parent_path().string();
+  ctx.build_root = METAROCE_BUILD_ROOT;
+  ctx.out = &std::cout;
+  ctx.err = &std::cerr;
+  return ctx;
+}
+
+int run(const std::vector<std::string>& args, const Context& ctx) {
+  Outcome r = dispatch(args, ctx);
+  ctx.out->flush();
+  if (r.status != kExitOk) {
+    // Messages quote user input; keep them to the promised single line.
+    std::string line;
+    for (unsigned char c : r.message) {
+      if (c < 0x20 || c == 0x7f) {
+        char buf[8];
+        std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+        line += buf;
+      } else {
+        line += static_cast<char>(c);
+      }
+    }
+    *ctx.err << "metaroce: " << line << "\n";
+  }
+  return r.status;
+}
+
+}  // namespace metaroce::util
