@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+// The NIC's memory-region table: key allocation and the checks every local and remote access
+// goes through (key, protection domain, access right, bounds).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace metaroce::nic {
+
+struct MemoryRegion {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  unsigned int access = 0;  // ibv_access_flags
+  uint32_t pd = 0;
+  uint32_t key = 0;         // lkey == rkey
+  bool valid = false;
+};
+
+enum class MrCheck : uint8_t { kOk, kBadKey, kBadPd, kNoAccess, kOutOfBounds };
+
+class MrTable {
+ public:
+  // Returns the new key, or 0 when the table is full (2^24 regions).
+  uint32_t add(uint32_t pd, uint64_t addr, uint64_t length, unsigned int access);
+  bool remove(uint32_t key);
+  // Checks that [addr, addr + len) lies in the region named by key, which belongs to pd and
+  // grants every bit of `need`. On success *host is the address to touch.
+  MrCheck check(uint32_t key, uint32_t pd, unsigned int need, uint64_t addr, uint64_t len,
+                uint8_t** host) const;
+  size_t size() const { return live_; }
+
+ private:
+  std::vector<MemoryRegion> regions_;  // index = key >> 8; key & 0xff = generation
+  std::vector<uint32_t> free_;
+  size_t live_ = 0;
+};
+
+}  // namespace metaroce::nic

@@ -1,0 +1,415 @@
+// SPDX-License-Identifier: Apache-2.0
+// The software NIC's device: tables, the transport host callbacks, ARP, and the progress thread.
+#include "datapath/nic/soft_device.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+
+#include "datapath/io/dpdk_port.h"
+#include "datapath/nic/framing.h"
+
+namespace metaroce::nic {
+
+using transport::Syndrome;
+using transport::Time;
+
+namespace {
+
+constexpr uint64_t kReadRespTag = uint64_t{1} << 63;
+constexpr uint32_t kRxBurst = 32;
+// After the last work, spin this long before sleeping: a spinning thread is a real cost on
+// these 2-core machines, but waking up costs a scheduler round trip (docs/design.md).
+constexpr Time kSpinBeforeSleep = std::chrono::microseconds(50);
+constexpr Time kMaxSleep = std::chrono::milliseconds(1);
+constexpr Time kArpRetry = std::chrono::milliseconds(10);
+
+uint32_t verbs_mtu_for(uint32_t link_mtu) {
+  // Largest verbs MTU whose packets fit the link with every header in front of them.
+  uint32_t room = link_mtu > kFrameOverhead ? link_mtu - kFrameOverhead : 0;
+  for (uint32_t m = 4096; m >= 256; m /= 2)
+    if (m <= room) return m;
+  return 256;
+}
+
+}  // namespace
+
+// Transmit sink: builds Ethernet/IPv4/UDP in front of what the engine writes.
+class SoftDevice::Sink final : public transport::TxSink {
+ public:
+  explicit Sink(SoftDevice& dev) : dev_(dev) {}
+  ~Sink() override { flush(); }
+
+  std::span<uint8_t> begin(uint32_t max_len) override {
+    if (open_ || count_ == kBurst) flush();
+    io::TxFrame& f = frames_[count_];
+    if (!dev_.port_->alloc_tx(f, max_len + kL2L4Header)) return {};
+    open_ = true;
+    return {f.data + kL2L4Header, max_len};
+  }
+
+  void commit(uint32_t peer_ip, uint16_t udp_src_port, uint8_t /*plane*/, uint32_t len) override {
+    io::TxFrame& f = frames_[count_];
+    const io::MacAddr* dst = dev_.lookup_mac(peer_ip);
+    FrameAddr a;
+    a.src_mac = dev_.port_->mac();
+    a.dst_mac = dst ? *dst : kBroadcastMac;  // until ARP answers: the link is point-to-point
+    a.src_ip = dev_.cfg_.ip;
+    a.dst_ip = peer_ip;
+    a.src_port = udp_src_port;
+    a.dst_port = dev_.cfg_.udp_port;
+    write_udp_headers(f.data, a, len);
+    f.len = kL2L4Header + len;
+    ++count_;
+    open_ = false;
+    if (count_ == kBurst) flush();
+  }
+
+  void flush() {
+    // A begin() without commit() leaves a frame allocated: send nothing for it, but it must
+    // go back to the port; an empty frame is dropped by every receiver, so give it length 0.
+    if (open_) {
+      frames_[count_].len = 0;
+      ++count_;
+      open_ = false;
+    }
+    if (count_ == 0) return;
+    dev_.port_->tx_burst({frames_, count_});
+    dev_.counters_.tx_frames += count_;
+    count_ = 0;
+  }
+
+ private:
+  static constexpr uint32_t kBurst = 32;
+  SoftDevice& dev_;
+  io::TxFrame frames_[kBurst];
+  uint32_t count_ = 0;
+  bool open_ = false;
+};
+
+std::shared_ptr<Device> Device::open(const LinkConfig& cfg, int* err, std::string* why) {
+  // One device per link per process, shared by every context that opens it.
+  static std::mutex registry_mu;
+  static std::map<std::string, std::weak_ptr<Device>> registry;
+  std::lock_guard lock(registry_mu);
+  if (auto existing = registry[cfg.name].lock()) return existing;
+  io::DpdkPortConfig pc;
+  pc.devargs = cfg.devargs;
+  pc.mtu = cfg.mtu;
+  std::string reason;
+  auto port = io::open_dpdk_port(pc, &reason);
+  if (!port) {
+    if (err) *err = ENODEV;
+    if (why) *why = "cannot open DPDK device '" + cfg.devargs + "': " + reason;
+    return nullptr;
+  }
+  SoftDeviceOptions opt;
+  opt.engine.local_ip = cfg.ip;
+  opt.engine.num_paths = cfg.paths;
+  opt.engine.mtu_payload = verbs_mtu_for(cfg.mtu);
+  opt.engine.max_packet = opt.engine.mtu_payload + kTransportHeaderRoom;
+  opt.engine.seed = (uint64_t{cfg.ip} << 32) ^ static_cast<uint64_t>(getpid()) ^
+                    static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  auto dev = std::make_shared<SoftDevice>(cfg, std::move(port), opt);
+  registry[cfg.name] = dev;
+  return dev;
+}
+
+SoftDevice::SoftDevice(const LinkConfig& cfg, std::unique_ptr<io::Port> port,
+                       const SoftDeviceOptions& opt)
+    : cfg_(cfg), clock_(opt.clock), port_(std::move(port)), active_mtu_(verbs_mtu_for(cfg.mtu)),
+      next_qpn_(0x100 + static_cast<uint32_t>(opt.engine.seed % 0x1000)) {
+  transport::EngineConfig ec = opt.engine;
+  if (ec.local_ip == 0) ec.local_ip = cfg.ip;
+  engine_ = transport::Engine::create(ec, *this);
+  doorbell_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (opt.start_thread) thread_ = std::thread([this] { run(); });
+}
+
+SoftDevice::~SoftDevice() {
+  stop_.store(true);
+  kick();
+  if (thread_.joinable()) thread_.join();
+  if (doorbell_fd_ >= 0) close(doorbell_fd_);
+}
+
+Time SoftDevice::now() const {
+  if (clock_) return clock_();
+  return std::chrono::duration_cast<Time>(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+void SoftDevice::kick() {
+  // Pairs with the fence in idle_wait(): either the sleeper sees the new WQE or we see it asleep.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sleeping_.load(std::memory_order_relaxed)) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(doorbell_fd_, &one, sizeof(one));
+  }
+}
+
+int SoftDevice::reg_mr(uint32_t pd, uint64_t addr, uint64_t length, unsigned int access,
+                       uint32_t* lkey, uint32_t* rkey) {
+  if (length > kMaxMrSize) return EINVAL;
+  std::lock_guard lock(mu_);
+  uint32_t key = mrs_.add(pd, addr, length, access);
+  if (key == 0) return ENOMEM;
+  *lkey = *rkey = key;
+  return 0;
+}
+
+int SoftDevice::dereg_mr(uint32_t lkey) {
+  std::lock_guard lock(mu_);
+  return mrs_.remove(lkey) ? 0 : EINVAL;
+}
+
+Cq* SoftDevice::create_cq(uint32_t cqe, int* err) {
+  if (cqe < 1 || cqe > kMaxCqe) {
+    if (err) *err = EINVAL;
+    return nullptr;
+  }
+  std::lock_guard lock(mu_);
+  cqs_.push_back(std::make_unique<CompletionQueue>(cqe));
+  return cqs_.back().get();
+}
+
+int SoftDevice::destroy_cq(Cq* cq) {
+  std::lock_guard lock(mu_);
+  auto it = std::find_if(cqs_.begin(), cqs_.end(), [&](auto& p) { return p.get() == cq; });
+  if (it == cqs_.end()) return EINVAL;
+  if ((*it)->users > 0) return EBUSY;
+  cqs_.erase(it);
+  return 0;
+}
+
+Qp* SoftDevice::create_qp(const QpInit& init, int* err) {
+  if (init.max_send_wr > kMaxQpWr || init.max_recv_wr > kMaxQpWr ||
+      init.max_send_sge > kMaxSge || init.max_recv_sge > kMaxSge ||
+      init.max_inline > kMaxInline || !init.send_cq || !init.recv_cq) {
+    if (err) *err = EINVAL;
+    return nullptr;
+  }
+  std::lock_guard lock(mu_);
+  uint32_t qpn;
+  do {
+    qpn = next_qpn_++ & 0xffffff;
+  } while (qpn < 2 || qps_.count(qpn));
+  auto qp = std::make_unique<QueuePair>(*this, qpn, init);
+  static_cast<CompletionQueue*>(init.send_cq)->users++;
+  static_cast<CompletionQueue*>(init.recv_cq)->users++;
+  QueuePair* raw = qp.get();
+  qps_.emplace(qpn, std::move(qp));
+  qp_list_.push_back(raw);
+  return raw;
+}
+
+int SoftDevice::destroy_qp(Qp* qp) {
+  std::lock_guard lock(mu_);
+  auto it = qps_.find(qp->qpn());
+  if (it == qps_.end() || it->second.get() != qp) return EINVAL;
+  engine_->drop_stream(qp->qpn());
+  static_cast<CompletionQueue*>(it->second->init().send_cq)->users--;
+  static_cast<CompletionQueue*>(it->second->init().recv_cq)->users--;
+  qp_list_.erase(std::find(qp_list_.begin(), qp_list_.end(), it->second.get()));
+  qps_.erase(it);
+  return 0;
+}
+
+DeviceCounters SoftDevice::counters() const {
+  std::lock_guard lock(mu_);
+  return counters_;
+}
+
+QueuePair* SoftDevice::find_qp(uint32_t qpn) {
+  auto it = qps_.find(qpn);
+  return it == qps_.end() ? nullptr : it->second.get();
+}
+
+const io::MacAddr* SoftDevice::lookup_mac(uint32_t ip) const {
+  auto it = arp_.find(ip);
+  return it == arp_.end() ? nullptr : &it->second;
+}
+
+void SoftDevice::queue_read_response(const transport::MessageDesc& msg, uint64_t local_addr) {
+  transport::MessageDesc m = msg;
+  m.cookie = kReadRespTag | next_read_id_++;
+  reads_[m.cookie] = ReadResponse{local_addr, m.length};
+  pending_reads_.push_back(m);
+}
+
+void SoftDevice::resolve(uint32_t ip) {
+  if (ip == 0 || arp_.count(ip)) return;
+  arp_asked_[ip] = Time::min();  // the progress thread sends the request
+  kick();
+}
+
+// --- transport::Host ------------------------------------------------------------------------
+
+void SoftDevice::gather(uint64_t cookie, uint32_t offset, std::span<uint8_t> out) {
+  if (cookie & kReadRespTag) {
+    auto it = reads_.find(cookie);
+    if (it != reads_.end())
+      std::memcpy(out.data(), reinterpret_cast<const uint8_t*>(it->second.addr) + offset,
+                  out.size());
+    return;
+  }
+  if (QueuePair* qp = find_qp(static_cast<uint32_t>(cookie >> 32)))
+    qp->gather(static_cast<uint32_t>(cookie), offset, out);
+}
+
+Syndrome SoftDevice::deliver(const transport::Segment& seg) {
+  QueuePair* qp = find_qp(seg.dst_stream);
+  Syndrome s = qp ? qp->deliver(seg) : Syndrome::kRemoteInvalid;
+  if (s == Syndrome::kRnr) counters_.rnr++;
+  else if (s != Syndrome::kOk) counters_.naks_access++;
+  return s;
+}
+
+void SoftDevice::message_acked(uint64_t cookie) {
+  if (cookie & kReadRespTag) {
+    reads_.erase(cookie);
+    return;
+  }
+  if (QueuePair* qp = find_qp(static_cast<uint32_t>(cookie >> 32)))
+    qp->on_message_acked(static_cast<uint32_t>(cookie));
+}
+
+void SoftDevice::message_failed(uint64_t cookie, Syndrome why) {
+  if (cookie & kReadRespTag) {
+    reads_.erase(cookie);
+    return;
+  }
+  if (QueuePair* qp = find_qp(static_cast<uint32_t>(cookie >> 32)))
+    qp->on_message_failed(static_cast<uint32_t>(cookie), why);
+}
+
+// --- progress ---------------------------------------------------------------------------------
+
+void SoftDevice::send_arp(bool reply, uint32_t target_ip, const io::MacAddr& target_mac) {
+  io::TxFrame f;
+  if (!port_->alloc_tx(f, kArpFrameLen)) return;
+  f.len = write_arp(f.data, reply, port_->mac(), cfg_.ip, target_mac, target_ip);
+  port_->tx_burst({&f, 1});
+  if (reply) counters_.arp_replies++;
+  else counters_.arp_requests++;
+}
+
+void SoftDevice::handle_frame(Time t, const io::RxFrame& f) {
+  counters_.rx_frames++;
+  ParsedFrame p;
+  switch (parse_frame({f.data, f.len}, port_->mac(), cfg_.ip, cfg_.udp_port, &p)) {
+    case FrameKind::kArpRequest:
+      arp_[p.src_ip] = p.src_mac;
+      send_arp(true, p.src_ip, p.src_mac);
+      return;
+    case FrameKind::kArpReply:
+      arp_[p.src_ip] = p.src_mac;
+      arp_asked_.erase(p.src_ip);
+      return;
+    case FrameKind::kTransport:
+      // Every frame of ours teaches the peer's address, so ARP is rarely on the critical path.
+      if (!arp_.count(p.src_ip)) arp_[p.src_ip] = p.src_mac;
+      engine_->on_packet(t, p.src_ip, p.src_port, p.ecn_ce, p.payload);
+      return;
+    case FrameKind::kMalformed:
+      counters_.rx_drop_malformed++;
+      return;
+    case FrameKind::kNotOurs:
+      counters_.rx_drop_not_ours++;
+      return;
+  }
+}
+
+bool SoftDevice::progress() {
+  std::lock_guard lock(mu_);
+  bool work = false;
+  Time t = now();
+  io::RxFrame rx[kRxBurst];
+  uint32_t n = port_->rx_burst(rx);
+  if (n > 0) {
+    for (uint32_t i = 0; i < n; ++i) handle_frame(t, rx[i]);
+    port_->release({rx, n});
+    work = true;
+  }
+  if (!pending_reads_.empty()) {
+    for (const auto& m : pending_reads_) engine_->submit(m);
+    pending_reads_.clear();
+  }
+  for (QueuePair* qp : qp_list_) work |= qp->drain_send_queue();
+  for (auto it = arp_asked_.begin(); it != arp_asked_.end();) {
+    if (arp_.count(it->first)) {
+      it = arp_asked_.erase(it);
+      continue;
+    }
+    if (it->second == Time::min() || t - it->second >= kArpRetry) {
+      send_arp(false, it->first, kBroadcastMac);
+      it->second = t;
+    }
+    ++it;
+  }
+  if (engine_->next_deadline() <= t) engine_->on_timer(t);
+  {
+    Sink sink(*this);
+    if (engine_->poll_tx(t, sink) > 0) work = true;
+  }
+  return work;
+}
+
+void SoftDevice::idle_wait(Time t) {
+  Time deadline;
+  {
+    std::lock_guard lock(mu_);
+    deadline = engine_->next_deadline();
+  }
+  Time sleep = std::min(kMaxSleep, deadline > t ? deadline - t : Time::zero());
+  if (sleep <= Time::zero()) return;
+  int rx_fd = port_->rx_wait_fd();
+  pollfd fds[2] = {{doorbell_fd_, POLLIN, 0}, {rx_fd, POLLIN, 0}};
+  if (rx_fd >= 0) port_->rx_arm();
+  sleeping_.store(true, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sends_pending()) {
+    sleeping_.store(false, std::memory_order_relaxed);
+    if (rx_fd >= 0) port_->rx_disarm();
+    return;
+  }
+  // Without an rx descriptor, arriving frames are noticed only when we wake: sleep briefly.
+  if (rx_fd < 0) sleep = std::min<Time>(sleep, std::chrono::microseconds(200));
+  timespec ts{0, static_cast<long>(sleep.count())};
+  ppoll(fds, rx_fd >= 0 ? 2 : 1, &ts, nullptr);
+  sleeping_.store(false, std::memory_order_release);
+  if (rx_fd >= 0) port_->rx_disarm();
+  uint64_t drain;
+  [[maybe_unused]] ssize_t r = read(doorbell_fd_, &drain, sizeof(drain));
+}
+
+bool SoftDevice::sends_pending() const {
+  std::lock_guard lock(mu_);
+  for (const QueuePair* qp : qp_list_)
+    if (qp->has_new_work()) return true;
+  return false;
+}
+
+void SoftDevice::run() {
+  prctl(PR_SET_NAME, "metaroce-nic", 0, 0, 0);
+  prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);  // short sleeps stay short
+  Time last_work = now();
+  while (!stop_.load(std::memory_order_acquire)) {
+    if (progress()) {
+      last_work = now();
+      continue;
+    }
+    Time t = now();
+    if (t - last_work < kSpinBeforeSleep) {
+      __builtin_ia32_pause();
+      continue;
+    }
+    idle_wait(t);
+  }
+}
+
+}  // namespace metaroce::nic

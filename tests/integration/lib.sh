@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: Apache-2.0
+# Shared helpers of the integration tests: a private run directory with two MetaRoCE devices
+# joined by a DPDK memif link, and a way to run a server/client pair of unmodified programs.
+# Sourced by the tests; $1 of every test is the build directory.
+set -euo pipefail
+
+BUILD=$(cd "${1:?usage: $0 BUILD_DIR}" && pwd)
+METAROCE="$BUILD/util/metaroce"
+TEST_NAME=$(basename "$0" .sh)
+export METAROCE_RUNDIR
+METAROCE_RUNDIR=$(mktemp -d "/tmp/metaroce-$TEST_NAME.XXXXXX")
+LOGDIR="$METAROCE_RUNDIR/logs"
+mkdir -p "$LOGDIR"
+PIDS=()
+
+cleanup() {
+  local rc=$?
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if [ "$rc" -ne 0 ]; then
+    echo "--- logs of $TEST_NAME (rundir $METAROCE_RUNDIR) ---"
+    for f in "$LOGDIR"/*; do [ -f "$f" ] && { echo "== $f"; tail -n 40 "$f"; }; done
+  fi
+  for d in $("$METAROCE" link show --json 2>/dev/null | grep -o '"name": *"[^"]*"' | sed 's/.*"\([^"]*\)"$/\1/'); do
+    "$METAROCE" link del "$d" >/dev/null 2>&1 || true
+  done
+  rm -rf "$METAROCE_RUNDIR"
+  exit "$rc"
+}
+trap cleanup EXIT
+
+fail() { echo "FAIL $TEST_NAME: $*" >&2; exit 1; }
+
+# make_pair [extra link options]: devices mrA (memif server) and mrB (memif client).
+make_pair() {
+  local sock="metaroce-$TEST_NAME-$$"
+  "$METAROCE" link add mrA --dpdk "net_memif0,role=server,socket=$sock" --ip 198.18.0.1/24 "$@"
+  "$METAROCE" link add mrB --dpdk "net_memif1,role=client,socket=$sock" --ip 198.18.0.2/24 "$@"
+  eval "$("$METAROCE" env)"
+}
+
+# wait_listen PORT: until a TCP listener is up on PORT (10 s at most).
+wait_listen() {
+  for _ in $(seq 100); do
+    ss -ltnH "sport = :$1" 2>/dev/null | grep -q . && return 0
+    sleep 0.1
+  done
+  fail "nothing listens on TCP port $1"
+}
+
+# run_pair NAME PORT TIMEOUT -- SERVER_CMD... -- CLIENT_CMD...
+# Runs the server, waits for its TCP port, runs the client; both must exit 0 within TIMEOUT s.
+run_pair() {
+  local name=$1 port=$2 limit=$3
+  shift 3
+  [ "$1" = "--" ] && shift
+  local server=() client=()
+  while [ "$1" != "--" ]; do server+=("$1"); shift; done
+  shift
+  client=("$@")
+  timeout "$limit" "${server[@]}" >"$LOGDIR/$name.server" 2>&1 &
+  local spid=$!
+  PIDS+=("$spid")
+  wait_listen "$port"
+  local crc=0
+  timeout "$limit" "${client[@]}" >"$LOGDIR/$name.client" 2>&1 || crc=$?
+  local src=0
+  wait "$spid" || src=$?
+  if [ "$crc" -ne 0 ] || [ "$src" -ne 0 ]; then
+    echo "== $name server (exit $src)"; tail -n 30 "$LOGDIR/$name.server"
+    echo "== $name client (exit $crc)"; tail -n 30 "$LOGDIR/$name.client"
+    fail "$name: server exit $src, client exit $crc"
+  fi
+}
