@@ -12,7 +12,8 @@
 #include <ctime>
 
 #include "datapath/io/dpdk_port.h"
-#include "datapath/nic/framing.h"
+#include "datapath/wire/frame.h"
+#include "datapath/wire/mrh.h"
 
 namespace metaroce::nic {
 
@@ -28,6 +29,14 @@ constexpr uint32_t kRxBurst = 32;
 constexpr Time kSpinBeforeSleep = std::chrono::microseconds(50);
 constexpr Time kMaxSleep = std::chrono::milliseconds(1);
 constexpr Time kArpRetry = std::chrono::milliseconds(10);
+constexpr uint32_t kL2L4Header = wire::kUdpFrameHeaderLen;
+// What a data packet adds to its payload inside the link MTU (an IP packet size).
+constexpr uint32_t kFrameOverhead =
+    wire::kIpv4HeaderLen + wire::kUdpHeaderLen + wire::kDataHeadersLen;
+// Room the engine may ask for beyond the payload: the largest of a data and an ACK/NAK packet.
+constexpr uint32_t kTransportHeaderRoom =
+    std::max<uint32_t>(wire::kDataHeadersLen,
+                       wire::kAckHeadersLen + wire::kMaxNakRecords * wire::kNakRecordLen);
 
 uint32_t verbs_mtu_for(uint32_t link_mtu) {
   // Largest verbs MTU whose packets fit the link with every header in front of them.
@@ -56,14 +65,14 @@ class SoftDevice::Sink final : public transport::TxSink {
   void commit(uint32_t peer_ip, uint16_t udp_src_port, uint8_t /*plane*/, uint32_t len) override {
     io::TxFrame& f = frames_[count_];
     const io::MacAddr* dst = dev_.lookup_mac(peer_ip);
-    FrameAddr a;
+    wire::UdpFrameParams a;
     a.src_mac = dev_.port_->mac();
-    a.dst_mac = dst ? *dst : kBroadcastMac;  // until ARP answers: the link is point-to-point
+    a.dst_mac = dst ? *dst : wire::kBroadcastMac;  // until ARP answers: the link is point-to-point
     a.src_ip = dev_.cfg_.ip;
     a.dst_ip = peer_ip;
     a.src_port = udp_src_port;
     a.dst_port = dev_.cfg_.udp_port;
-    write_udp_headers(f.data, a, len);
+    wire::write_udp_headers({f.data, kL2L4Header}, a, len);
     f.len = kL2L4Header + len;
     ++count_;
     open_ = false;
@@ -291,8 +300,14 @@ void SoftDevice::message_failed(uint64_t cookie, Syndrome why) {
 
 void SoftDevice::send_arp(bool reply, uint32_t target_ip, const io::MacAddr& target_mac) {
   io::TxFrame f;
-  if (!port_->alloc_tx(f, kArpFrameLen)) return;
-  f.len = write_arp(f.data, reply, port_->mac(), cfg_.ip, target_mac, target_ip);
+  if (!port_->alloc_tx(f, wire::kArpFrameLen)) return;
+  wire::ArpPacket arp;
+  arp.op = reply ? wire::ArpOp::kReply : wire::ArpOp::kRequest;
+  arp.sender_mac = port_->mac();
+  arp.sender_ip = cfg_.ip;
+  arp.target_mac = reply ? target_mac : io::MacAddr{};
+  arp.target_ip = target_ip;
+  f.len = static_cast<uint32_t>(wire::build_arp({f.data, f.capacity}, arp));
   port_->tx_burst({&f, 1});
   if (reply) counters_.arp_replies++;
   else counters_.arp_requests++;
@@ -300,28 +315,28 @@ void SoftDevice::send_arp(bool reply, uint32_t target_ip, const io::MacAddr& tar
 
 void SoftDevice::handle_frame(Time t, const io::RxFrame& f) {
   counters_.rx_frames++;
-  ParsedFrame p;
-  switch (parse_frame({f.data, f.len}, port_->mac(), cfg_.ip, cfg_.udp_port, &p)) {
-    case FrameKind::kArpRequest:
-      arp_[p.src_ip] = p.src_mac;
-      send_arp(true, p.src_ip, p.src_mac);
-      return;
-    case FrameKind::kArpReply:
-      arp_[p.src_ip] = p.src_mac;
-      arp_asked_.erase(p.src_ip);
-      return;
-    case FrameKind::kTransport:
-      // Every frame of ours teaches the peer's address, so ARP is rarely on the critical path.
-      if (!arp_.count(p.src_ip)) arp_[p.src_ip] = p.src_mac;
-      engine_->on_packet(t, p.src_ip, p.src_port, p.ecn_ce, p.payload);
-      return;
-    case FrameKind::kMalformed:
-      counters_.rx_drop_malformed++;
-      return;
-    case FrameKind::kNotOurs:
+  const wire::FrameInfo p = wire::parse_frame({f.data, f.len}, cfg_.udp_port);
+  if (p.kind == wire::FrameKind::kMalformed) {
+    counters_.rx_drop_malformed++;
+    return;
+  }
+  const bool to_us = p.dst_mac == port_->mac() || p.dst_mac == wire::kBroadcastMac;
+  if (p.kind == wire::FrameKind::kArp) {
+    if (!to_us || p.arp.target_ip != cfg_.ip) {
       counters_.rx_drop_not_ours++;
       return;
+    }
+    arp_[p.arp.sender_ip] = p.arp.sender_mac;
+    if (p.arp.op == wire::ArpOp::kRequest) send_arp(true, p.arp.sender_ip, p.arp.sender_mac);
+    return;
   }
+  if (p.kind != wire::FrameKind::kMetaRoce || !to_us || p.dst_ip != cfg_.ip) {
+    counters_.rx_drop_not_ours++;
+    return;
+  }
+  // Every frame of ours teaches the peer's address, so ARP is rarely on the critical path.
+  if (!arp_.count(p.src_ip)) arp_[p.src_ip] = p.src_mac;
+  engine_->on_packet(t, p.src_ip, p.src_port, p.ecn == wire::Ecn::kCe, p.payload);
 }
 
 bool SoftDevice::progress() {
@@ -346,7 +361,7 @@ bool SoftDevice::progress() {
       continue;
     }
     if (it->second == Time::min() || t - it->second >= kArpRetry) {
-      send_arp(false, it->first, kBroadcastMac);
+      send_arp(false, it->first, wire::kBroadcastMac);
       it->second = t;
     }
     ++it;

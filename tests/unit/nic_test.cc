@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "datapath/io/mem_link.h"
-#include "datapath/nic/framing.h"
 #include "datapath/nic/mr_table.h"
 #include "datapath/nic/soft_device.h"
 
@@ -276,29 +275,6 @@ TEST(MrTableTest, ChecksKeyPdAccessAndBounds) {
   uint32_t k2 = t.add(1, 1000, 100, 0);
   EXPECT_NE(k2, k) << "a reused slot must not accept the old key";
   EXPECT_EQ(t.check(k, 1, 0, 1000, 1, &host), MrCheck::kBadKey);
-}
-
-TEST(FramingTest, UdpHeadersRoundTripAndBadChecksumIsMalformed) {
-  uint8_t f[kL2L4Header + 16] = {};
-  FrameAddr a;
-  a.src_mac = {2, 0, 0, 0, 0, 1};
-  a.dst_mac = {2, 0, 0, 0, 0, 2};
-  a.src_ip = 0xC6120001;
-  a.dst_ip = 0xC6120002;
-  a.src_port = 50000;
-  a.dst_port = kDefaultUdpPort;
-  write_udp_headers(f, a, 16);
-  ParsedFrame p;
-  ASSERT_EQ(parse_frame(f, a.dst_mac, a.dst_ip, kDefaultUdpPort, &p), FrameKind::kTransport);
-  EXPECT_EQ(p.src_ip, a.src_ip);
-  EXPECT_EQ(p.src_port, 50000);
-  EXPECT_EQ(p.payload.size(), 16u);
-  EXPECT_FALSE(p.ecn_ce);
-  EXPECT_EQ(parse_frame(f, a.dst_mac, a.dst_ip, 4791, &p), FrameKind::kNotOurs);
-  EXPECT_EQ(parse_frame(std::span<const uint8_t>(f, 30), a.dst_mac, a.dst_ip, kDefaultUdpPort, &p),
-            FrameKind::kMalformed);
-  f[14 + 8] ^= 1;  // TTL changes: checksum no longer matches
-  EXPECT_EQ(parse_frame(f, a.dst_mac, a.dst_ip, kDefaultUdpPort, &p), FrameKind::kMalformed);
 }
 
 }  // namespace

@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+// Ethernet II / IPv4 / UDP framing and ARP, as the software NIC puts them around MetaRoCE
+// packets and checks them on arrival (docs/spec/wire.md §1). No VLAN tags, no IPv4 fragments.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace metaroce::wire {
+
+using MacAddr = std::array<uint8_t, 6>;
+inline constexpr MacAddr kBroadcastMac = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+
+inline constexpr size_t kEthHeaderLen = 14;
+inline constexpr size_t kIpv4HeaderLen = 20;  // we send no options
+inline constexpr size_t kUdpHeaderLen = 8;
+inline constexpr size_t kUdpFrameHeaderLen = kEthHeaderLen + kIpv4HeaderLen + kUdpHeaderLen;
+inline constexpr size_t kArpFrameLen = 60;    // 42 bytes of ARP, zero-padded to the Ethernet min
+inline constexpr uint16_t kEtherTypeIpv4 = 0x0800;
+inline constexpr uint16_t kEtherTypeArp = 0x0806;
+inline constexpr uint8_t kIpProtoUdp = 17;
+
+// The two ECN bits of the IPv4 TOS byte (RFC 3168).
+enum class Ecn : uint8_t { kNotEct = 0, kEct1 = 1, kEct0 = 2, kCe = 3 };
+
+struct UdpFrameParams {
+  MacAddr src_mac{};
+  MacAddr dst_mac{};
+  uint32_t src_ip = 0;   // host byte order
+  uint32_t dst_ip = 0;
+  uint16_t src_port = 0; // the path's entropy
+  uint16_t dst_port = 0;
+  uint8_t dscp = 0;      // 0..63
+  Ecn ecn = Ecn::kEct0;  // data packets are ECN-capable
+  uint8_t ttl = 64;
+  uint16_t ip_id = 0;
+  bool udp_checksum = false;  // 0 (none) is allowed for UDP over IPv4
+};
+
+// Writes Ethernet + IPv4 (with header checksum) + UDP headers into hdr[0, 42) for a payload of
+// payload_len bytes. With params.udp_checksum the payload must follow the headers in the same
+// buffer (hdr.size() >= 42 + payload_len). Returns 42, or 0 when something does not fit.
+size_t write_udp_headers(std::span<uint8_t> hdr, const UdpFrameParams& params,
+                         size_t payload_len);
+// Headers plus a copy of payload into out. Returns the frame length or 0.
+size_t build_udp_frame(std::span<uint8_t> out, const UdpFrameParams& params,
+                       std::span<const uint8_t> payload);
+
+enum class ArpOp : uint16_t { kRequest = 1, kReply = 2 };
+
+struct ArpPacket {
+  ArpOp op = ArpOp::kRequest;
+  MacAddr sender_mac{};
+  uint32_t sender_ip = 0;
+  MacAddr target_mac{};  // zero in a request
+  uint32_t target_ip = 0;
+};
+
+// Request: broadcast, asks who has target_ip. Reply: unicast to target_mac. Returns
+// kArpFrameLen or 0 when out is too small.
+size_t build_arp(std::span<uint8_t> out, const ArpPacket& arp);
+
+enum class FrameKind : uint8_t { kArp, kMetaRoce, kOther, kMalformed };
+
+// Why a frame is not a MetaRoCE packet; kNone for kArp and kMetaRoce.
+enum class FrameError : uint8_t {
+  kNone = 0,
+  kTruncated,        // shorter than the headers it announces
+  kEtherType,        // neither IPv4 nor ARP (kOther)
+  kArpFormat,        // not Ethernet/IPv4 ARP, or unknown op
+  kIpVersion,        // version != 4 or IHL < 5
+  kIpChecksum,
+  kIpLength,         // total length below the header or beyond the frame
+  kIpFragment,       // MF set or fragment offset != 0: we never fragment, so drop
+  kNotUdp,           // another IP protocol (kOther)
+  kUdpLength,
+  kUdpChecksum,      // non-zero and wrong
+  kWrongPort,        // UDP, but not to our port (kOther)
+  kCount,
+};
+
+struct FrameInfo {
+  FrameKind kind = FrameKind::kMalformed;
+  FrameError error = FrameError::kTruncated;
+  MacAddr src_mac{};
+  MacAddr dst_mac{};
+  uint32_t src_ip = 0;      // host byte order
+  uint32_t dst_ip = 0;
+  uint16_t src_port = 0;
+  uint16_t dst_port = 0;
+  uint8_t dscp = 0;
+  Ecn ecn = Ecn::kNotEct;
+  ArpPacket arp;            // kArp
+  std::span<const uint8_t> payload;  // kMetaRoce: the UDP payload
+};
+
+FrameInfo parse_frame(std::span<const uint8_t> frame, uint16_t udp_port);
+
+// Internet checksum (RFC 1071) over data, folded, not inverted; seed adds a partial sum.
+uint16_t ones_complement_sum(std::span<const uint8_t> data, uint32_t seed = 0);
+const char* to_string(FrameError e);
+
+}  // namespace metaroce::wire

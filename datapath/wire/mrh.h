@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+// The MetaRoCE header (MRH) that follows UDP: base header, data and ACK extensions, NAK records,
+// their encoding and the validation of every field on decode (docs/spec/wire.md §2-§4).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace metaroce::wire {
+
+inline constexpr uint8_t kMrhVersion = 1;
+inline constexpr uint16_t kDefaultUdpPort = 4793;  // spec §1; configurable per link
+
+inline constexpr size_t kBaseHeaderLen = 32;
+inline constexpr size_t kDataExtLen = 48;
+inline constexpr size_t kAckExtLen = 48;
+inline constexpr size_t kNakRecordLen = 16;
+inline constexpr size_t kDataHeadersLen = kBaseHeaderLen + kDataExtLen;
+inline constexpr size_t kAckHeadersLen = kBaseHeaderLen + kAckExtLen;
+inline constexpr uint16_t kMaxPathCount = 256;
+inline constexpr uint16_t kMaxNakRecords = 16;  // per ACK; more is malformed
+inline constexpr uint32_t kSackBits = 256;
+
+enum class Opcode : uint8_t {
+  kWrite = 1,
+  kWriteImm = 2,
+  kSend = 3,
+  kSendImm = 4,
+  kReadReq = 5,
+  kReadResp = 6,
+  kAck = 16,
+  kProbe = 17,
+};
+
+inline constexpr bool is_data_opcode(Opcode op) {
+  return static_cast<uint8_t>(op) >= 1 && static_cast<uint8_t>(op) <= 6;
+}
+
+// Why decode() refused a packet; the engine counts each separately.
+enum class DecodeError : uint8_t {
+  kNone = 0,
+  kTruncated,       // shorter than the headers its opcode needs
+  kBadVersion,      // version != kMrhVersion
+  kBadOpcode,       // opcode not in Opcode
+  kLengthMismatch,  // bytes after the headers disagree with payload_len / nak_count
+  kBadField,        // a field outside its stated range (spec tables)
+  kCount,
+};
+
+// Base header, 32 bytes, present in every packet (spec §2.1).
+struct BaseHeader {
+  uint8_t version = kMrhVersion;
+  Opcode opcode = Opcode::kWrite;
+  uint16_t flags = 0;        // none defined; sender writes 0, receiver ignores
+  uint32_t conn_id = 0;      // data direction id chosen by its sender, never 0
+  uint64_t token = 0;        // per-direction random secret; must match the direction's
+  uint16_t path_id = 0;      // < path_count
+  uint16_t path_count = 1;   // paths of this direction, 1..256
+  uint32_t path_seq = 0;     // data: sequence on path_id; probe: sender's next seq; ACK: 0
+  uint32_t timestamp = 0;    // sender clock, ns, low 32 bits
+  uint32_t ack_floor = 0;    // every seq below it is resolved at the sender (spec §3.1)
+};
+
+// Data extension, 48 bytes, for opcodes 1..6 (spec §2.2).
+struct DataHeader {
+  uint32_t dst_stream = 0;
+  uint32_t src_stream = 0;
+  uint32_t msn = 0;
+  uint32_t rsn = 0;
+  uint32_t offset = 0;        // of this payload in the message
+  uint32_t total_length = 0;  // message bytes (READ_REQ: bytes requested)
+  uint64_t remote_addr = 0;   // message base address (WRITE*, READ_REQ, READ_RESP)
+  uint32_t rkey = 0;
+  uint32_t imm = 0;           // network byte order as verbs hands it; carried opaquely
+  uint32_t payload_len = 0;   // bytes after the headers
+};
+
+// One NAK record inside an ACK, 16 bytes (spec §2.4).
+struct NakRecord {
+  uint32_t path_seq = 0;
+  uint32_t src_stream = 0;  // the data sender's stream, as it was in the rejected packet
+  uint32_t msn = 0;
+  uint8_t syndrome = 0;     // transport::Syndrome 2..5
+};
+
+// ACK extension, 48 bytes, followed by nak_count NAK records (spec §2.3).
+struct AckHeader {
+  uint32_t cum_seq = 0;                // every seq below it was received; cum_seq itself was not
+  std::array<uint64_t, 4> sack{};      // bit i (word i/64, bit i%64): cum_seq + 1 + i received
+  uint32_t echo_timestamp = 0;         // timestamp of the newest packet received on the path
+  uint16_t ecn_ce_count = 0;           // CE-marked packets since the previous ACK (saturating)
+  uint16_t nak_count = 0;              // <= kMaxNakRecords
+  uint32_t rate_hint = 0;              // Mbit/s the receiver grants, 0 = no hint
+};
+
+// A decoded packet. Spans point into the buffer handed to decode().
+struct Packet {
+  BaseHeader base;
+  DataHeader data;                     // valid for data opcodes
+  AckHeader ack;                       // valid for kAck
+  std::span<const uint8_t> payload;    // data opcodes: payload_len bytes
+  std::span<const uint8_t> nak_bytes;  // kAck: nak_count * kNakRecordLen bytes
+
+  NakRecord nak(size_t i) const;       // i < ack.nak_count
+};
+
+// Writers return the bytes written, or 0 when out is too small or a field is out of range.
+size_t encode_base(std::span<uint8_t> out, const BaseHeader& base);
+// Writes base + data extension; the payload_len bytes of payload go right after (caller).
+size_t encode_data(std::span<uint8_t> out, const BaseHeader& base, const DataHeader& data);
+size_t encode_ack(std::span<uint8_t> out, const BaseHeader& base, const AckHeader& ack,
+                  std::span<const NakRecord> naks);
+
+// Parses and validates every field of one UDP payload.
+DecodeError decode(std::span<const uint8_t> in, Packet& out);
+
+const char* to_string(DecodeError e);
+
+}  // namespace metaroce::wire

@@ -1,0 +1,394 @@
+// SPDX-License-Identifier: Apache-2.0
+// Unit tests of datapath/wire: every header round-trips, every malformed input is refused with
+// its own reason, checksums are right.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "datapath/wire/bytes.h"
+#include "datapath/wire/frame.h"
+#include "datapath/wire/mrh.h"
+
+namespace metaroce::wire {
+namespace {
+
+BaseHeader sample_base(Opcode op) {
+  BaseHeader b;
+  b.opcode = op;
+  b.flags = 0x0102;
+  b.conn_id = 0xdeadbeef;
+  b.token = 0x0123456789abcdefull;
+  b.path_id = 5;
+  b.path_count = 8;
+  b.path_seq = 1000;
+  b.timestamp = 0xfeedface;
+  b.ack_floor = 990;
+  return b;
+}
+
+DataHeader sample_data(uint32_t payload_len) {
+  DataHeader d;
+  d.dst_stream = 11;
+  d.src_stream = 22;
+  d.msn = 33;
+  d.rsn = 44;
+  d.offset = 4096;
+  d.total_length = 4096 + payload_len + 7;
+  d.remote_addr = 0x00007fff12345000ull;
+  d.rkey = 0xabcd;
+  d.imm = 0x11223344;
+  d.payload_len = payload_len;
+  return d;
+}
+
+std::vector<uint8_t> data_packet(const BaseHeader& b, const DataHeader& d) {
+  std::vector<uint8_t> buf(kDataHeadersLen + d.payload_len);
+  EXPECT_EQ(encode_data(buf, b, d), kDataHeadersLen);
+  for (uint32_t i = 0; i < d.payload_len; ++i) buf[kDataHeadersLen + i] = static_cast<uint8_t>(i);
+  return buf;
+}
+
+std::vector<uint8_t> ack_packet(const BaseHeader& b, const AckHeader& a,
+                                const std::vector<NakRecord>& naks) {
+  std::vector<uint8_t> buf(kAckHeadersLen + naks.size() * kNakRecordLen);
+  EXPECT_EQ(encode_ack(buf, b, a, naks), buf.size());
+  return buf;
+}
+
+TEST(Bytes, BigEndianAccessorsPutTheMostSignificantByteFirst) {
+  uint8_t b[8];
+  store_be64(b, 0x0102030405060708ull);
+  EXPECT_EQ(b[0], 1);
+  EXPECT_EQ(b[7], 8);
+  EXPECT_EQ(load_be32(b + 4), 0x05060708u);
+  EXPECT_EQ(load_be16(b + 2), 0x0304);
+  EXPECT_EQ(load_be64(b), 0x0102030405060708ull);
+}
+
+TEST(Mrh, EveryDataOpcodeRoundTrips) {
+  for (Opcode op : {Opcode::kWrite, Opcode::kWriteImm, Opcode::kSend, Opcode::kSendImm,
+                    Opcode::kReadReq, Opcode::kReadResp}) {
+    const uint32_t len = op == Opcode::kReadReq ? 0 : 100;
+    BaseHeader b = sample_base(op);
+    DataHeader d = sample_data(len);
+    if (op == Opcode::kReadReq) d.offset = 0;
+    auto buf = data_packet(b, d);
+    Packet p;
+    ASSERT_EQ(decode(buf, p), DecodeError::kNone) << static_cast<int>(op);
+    EXPECT_EQ(p.base.opcode, op);
+    EXPECT_EQ(p.base.version, kMrhVersion);
+    EXPECT_EQ(p.base.flags, b.flags);
+    EXPECT_EQ(p.base.conn_id, b.conn_id);
+    EXPECT_EQ(p.base.token, b.token);
+    EXPECT_EQ(p.base.path_id, b.path_id);
+    EXPECT_EQ(p.base.path_count, b.path_count);
+    EXPECT_EQ(p.base.path_seq, b.path_seq);
+    EXPECT_EQ(p.base.timestamp, b.timestamp);
+    EXPECT_EQ(p.base.ack_floor, b.ack_floor);
+    EXPECT_EQ(p.data.dst_stream, d.dst_stream);
+    EXPECT_EQ(p.data.src_stream, d.src_stream);
+    EXPECT_EQ(p.data.msn, d.msn);
+    EXPECT_EQ(p.data.rsn, d.rsn);
+    EXPECT_EQ(p.data.offset, d.offset);
+    EXPECT_EQ(p.data.total_length, d.total_length);
+    EXPECT_EQ(p.data.remote_addr, d.remote_addr);
+    EXPECT_EQ(p.data.rkey, d.rkey);
+    EXPECT_EQ(p.data.imm, d.imm);
+    ASSERT_EQ(p.payload.size(), len);
+    if (len) {
+      EXPECT_EQ(p.payload[99], 99);
+    }
+  }
+}
+
+TEST(Mrh, FieldsSitAtTheDocumentedOffsets) {
+  auto buf = data_packet(sample_base(Opcode::kWrite), sample_data(0));
+  EXPECT_EQ(buf[0], 1);
+  EXPECT_EQ(buf[1], 1);
+  EXPECT_EQ(load_be32(&buf[4]), 0xdeadbeefu);
+  EXPECT_EQ(load_be64(&buf[8]), 0x0123456789abcdefull);
+  EXPECT_EQ(load_be16(&buf[16]), 5);
+  EXPECT_EQ(load_be16(&buf[18]), 8);
+  EXPECT_EQ(load_be32(&buf[20]), 1000u);
+  EXPECT_EQ(load_be32(&buf[28]), 990u);
+  EXPECT_EQ(load_be32(&buf[32]), 11u);             // dst_stream
+  EXPECT_EQ(load_be64(&buf[32 + 24]), 0x00007fff12345000ull);  // remote_addr
+  EXPECT_EQ(load_be32(&buf[32 + 40]), 0u);         // payload_len
+}
+
+TEST(Mrh, AckWithNakRecordsRoundTrips) {
+  BaseHeader b = sample_base(Opcode::kAck);
+  AckHeader a;
+  a.cum_seq = 77;
+  a.sack = {0x8000000000000001ull, 2, 0, 0xffull << 56};
+  a.echo_timestamp = 12345;
+  a.ecn_ce_count = 3;
+  a.rate_hint = 25000;
+  std::vector<NakRecord> naks = {{80, 22, 33, 2}, {90, 23, 34, 5}};
+  auto buf = ack_packet(b, a, naks);
+  ASSERT_EQ(buf.size(), kAckHeadersLen + 2 * kNakRecordLen);
+  Packet p;
+  ASSERT_EQ(decode(buf, p), DecodeError::kNone);
+  EXPECT_EQ(p.base.opcode, Opcode::kAck);
+  EXPECT_EQ(p.ack.cum_seq, 77u);
+  EXPECT_EQ(p.ack.sack, a.sack);
+  EXPECT_EQ(p.ack.echo_timestamp, 12345u);
+  EXPECT_EQ(p.ack.ecn_ce_count, 3);
+  EXPECT_EQ(p.ack.nak_count, 2);
+  EXPECT_EQ(p.ack.rate_hint, 25000u);
+  for (size_t i = 0; i < naks.size(); ++i) {
+    const NakRecord r = p.nak(i);
+    EXPECT_EQ(r.path_seq, naks[i].path_seq);
+    EXPECT_EQ(r.src_stream, naks[i].src_stream);
+    EXPECT_EQ(r.msn, naks[i].msn);
+    EXPECT_EQ(r.syndrome, naks[i].syndrome);
+  }
+}
+
+TEST(Mrh, ProbeRoundTripsAndIsBaseOnly) {
+  BaseHeader b = sample_base(Opcode::kProbe);
+  std::vector<uint8_t> buf(kBaseHeaderLen);
+  ASSERT_EQ(encode_base(buf, b), kBaseHeaderLen);
+  Packet p;
+  ASSERT_EQ(decode(buf, p), DecodeError::kNone);
+  EXPECT_EQ(p.base.opcode, Opcode::kProbe);
+  EXPECT_EQ(p.base.path_seq, 1000u);
+  buf.push_back(0);
+  EXPECT_EQ(decode(buf, p), DecodeError::kLengthMismatch);
+}
+
+TEST(Mrh, EncodersRefuseShortBuffersAndWrongOpcodes) {
+  std::vector<uint8_t> small(kDataHeadersLen - 1);
+  EXPECT_EQ(encode_data(small, sample_base(Opcode::kWrite), sample_data(0)), 0u);
+  std::vector<uint8_t> big(512);
+  EXPECT_EQ(encode_data(big, sample_base(Opcode::kAck), sample_data(0)), 0u);
+  EXPECT_EQ(encode_ack(big, sample_base(Opcode::kWrite), AckHeader{}, {}), 0u);
+  std::vector<NakRecord> too_many(kMaxNakRecords + 1, NakRecord{1, 1, 1, 2});
+  EXPECT_EQ(encode_ack(big, sample_base(Opcode::kAck), AckHeader{}, too_many), 0u);
+}
+
+TEST(Mrh, TruncatedPacketsAreRefusedAtEveryLength) {
+  auto data = data_packet(sample_base(Opcode::kWrite), sample_data(0));
+  auto ack = ack_packet(sample_base(Opcode::kAck), AckHeader{}, {{1, 2, 3, 2}});
+  Packet p;
+  for (size_t n = 0; n < kDataHeadersLen; ++n) {
+    EXPECT_EQ(decode(std::span(data.data(), n), p), DecodeError::kTruncated) << n;
+  }
+  for (size_t n = 0; n < ack.size(); ++n) {
+    EXPECT_EQ(decode(std::span(ack.data(), n), p), DecodeError::kTruncated) << n;
+  }
+}
+
+TEST(Mrh, WrongVersionAndUnknownOpcodeHaveTheirOwnReasons) {
+  auto buf = data_packet(sample_base(Opcode::kWrite), sample_data(0));
+  Packet p;
+  for (uint8_t v : {0, 2, 255}) {
+    auto bad = buf;
+    bad[0] = v;
+    EXPECT_EQ(decode(bad, p), DecodeError::kBadVersion);
+  }
+  for (uint8_t op : {0, 7, 15, 18, 255}) {
+    auto bad = buf;
+    bad[1] = op;
+    EXPECT_EQ(decode(bad, p), DecodeError::kBadOpcode) << int{op};
+  }
+}
+
+TEST(Mrh, PayloadLengthMustMatchTheBytesPresent) {
+  auto buf = data_packet(sample_base(Opcode::kSend), sample_data(10));
+  Packet p;
+  auto longer = buf;
+  longer.push_back(0);
+  EXPECT_EQ(decode(longer, p), DecodeError::kLengthMismatch);
+  EXPECT_EQ(decode(std::span(buf.data(), buf.size() - 1), p), DecodeError::kLengthMismatch);
+  auto ack = ack_packet(sample_base(Opcode::kAck), AckHeader{}, {});
+  ack.push_back(0);
+  EXPECT_EQ(decode(ack, p), DecodeError::kLengthMismatch);
+}
+
+TEST(Mrh, OutOfRangeFieldsAreRefused) {
+  Packet p;
+  auto expect_bad = [&](BaseHeader b, DataHeader d) {
+    auto buf = data_packet(b, d);
+    EXPECT_EQ(decode(buf, p), DecodeError::kBadField);
+  };
+  BaseHeader b = sample_base(Opcode::kWrite);
+  DataHeader d = sample_data(16);
+  { auto x = b; x.conn_id = 0; expect_bad(x, d); }
+  { auto x = b; x.path_count = 0; x.path_id = 0; expect_bad(x, d); }
+  { auto x = b; x.path_count = 257; expect_bad(x, d); }
+  { auto x = b; x.path_id = 8; expect_bad(x, d); }
+  { auto x = b; x.ack_floor = x.path_seq + 1; expect_bad(x, d); }
+  { auto y = d; y.total_length = y.offset + y.payload_len - 1; expect_bad(b, y); }
+  { auto y = d; y.offset = 0xfffffff8u; expect_bad(b, y); }
+  { auto y = d; y.remote_addr = ~0ull - 4; expect_bad(b, y); }
+  {
+    auto x = b;
+    x.opcode = Opcode::kReadReq;
+    auto y = d;
+    y.offset = 1;
+    y.payload_len = 0;
+    expect_bad(x, y);
+  }
+  // The floor may lag far behind: that is the receiver's window check, not malformation.
+  { auto x = b; x.ack_floor = x.path_seq - 100000; EXPECT_EQ(decode(data_packet(x, d), p), DecodeError::kNone); }
+  // A floor across the wrap is fine.
+  { auto x = b; x.path_seq = 3; x.ack_floor = 0xfffffffeu; EXPECT_EQ(decode(data_packet(x, d), p), DecodeError::kNone); }
+}
+
+TEST(Mrh, AckNakCountAndSyndromesAreChecked) {
+  Packet p;
+  for (uint8_t s : {0, 1, 6, 200}) {
+    auto buf = ack_packet(sample_base(Opcode::kAck), AckHeader{}, {{1, 2, 3, s}});
+    EXPECT_EQ(decode(buf, p), DecodeError::kBadField) << int{s};
+  }
+  auto buf = ack_packet(sample_base(Opcode::kAck), AckHeader{}, {});
+  buf.resize(kAckHeadersLen + 17 * kNakRecordLen);
+  store_be16(&buf[kBaseHeaderLen + 42], 17);
+  EXPECT_EQ(decode(buf, p), DecodeError::kBadField);
+}
+
+UdpFrameParams sample_params() {
+  UdpFrameParams pr;
+  pr.src_mac = {2, 0, 0, 0, 0, 1};
+  pr.dst_mac = {2, 0, 0, 0, 0, 2};
+  pr.src_ip = 0xc0a80001;  // 192.168.0.1
+  pr.dst_ip = 0xc0a800c7;  // 192.168.0.199
+  pr.src_port = 49200;
+  pr.dst_port = kDefaultUdpPort;
+  return pr;
+}
+
+TEST(Frame, Ipv4ChecksumMatchesAWorkedExample) {
+  // The classic worked example: 45 00 0073 0000 4000 40 11 xxxx c0a80001 c0a800c7 -> b861.
+  UdpFrameParams pr = sample_params();
+  pr.ecn = Ecn::kNotEct;
+  std::vector<uint8_t> frame(kUdpFrameHeaderLen + 87);
+  ASSERT_EQ(write_udp_headers(frame, pr, 87), kUdpFrameHeaderLen);
+  EXPECT_EQ(load_be16(&frame[kEthHeaderLen + 2]), 0x73);
+  EXPECT_EQ(load_be16(&frame[kEthHeaderLen + 10]), 0xb861);
+}
+
+TEST(Frame, UdpFrameRoundTripsWithEcnDscpAndPorts) {
+  UdpFrameParams pr = sample_params();
+  pr.dscp = 26;
+  pr.ecn = Ecn::kEct0;
+  pr.udp_checksum = true;
+  std::vector<uint8_t> payload(300);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7);
+  std::vector<uint8_t> frame(2000);
+  const size_t n = build_udp_frame(frame, pr, payload);
+  ASSERT_EQ(n, kUdpFrameHeaderLen + payload.size());
+  frame.resize(n + 6);  // Ethernet padding after the IP packet must be ignored
+  FrameInfo f = parse_frame(frame, kDefaultUdpPort);
+  ASSERT_EQ(f.kind, FrameKind::kMetaRoce) << to_string(f.error);
+  EXPECT_EQ(f.src_mac, pr.src_mac);
+  EXPECT_EQ(f.dst_mac, pr.dst_mac);
+  EXPECT_EQ(f.src_ip, pr.src_ip);
+  EXPECT_EQ(f.dst_ip, pr.dst_ip);
+  EXPECT_EQ(f.src_port, 49200);
+  EXPECT_EQ(f.dst_port, kDefaultUdpPort);
+  EXPECT_EQ(f.dscp, 26);
+  EXPECT_EQ(f.ecn, Ecn::kEct0);
+  ASSERT_EQ(f.payload.size(), payload.size());
+  EXPECT_TRUE(std::equal(payload.begin(), payload.end(), f.payload.begin()));
+
+  frame[kEthHeaderLen + 1] |= 3;  // a switch marks CE and fixes nothing else...
+  EXPECT_EQ(parse_frame(frame, kDefaultUdpPort).error, FrameError::kIpChecksum);
+  // ...a real one updates the checksum too.
+  store_be16(&frame[kEthHeaderLen + 10], 0);
+  store_be16(&frame[kEthHeaderLen + 10],
+             static_cast<uint16_t>(~ones_complement_sum({&frame[kEthHeaderLen], 20})));
+  f = parse_frame(frame, kDefaultUdpPort);
+  ASSERT_EQ(f.kind, FrameKind::kMetaRoce);
+  EXPECT_EQ(f.ecn, Ecn::kCe);
+}
+
+TEST(Frame, MalformedAndForeignFramesGetTheirReasons) {
+  UdpFrameParams pr = sample_params();
+  pr.udp_checksum = true;
+  std::vector<uint8_t> payload(64, 0x5a);
+  std::vector<uint8_t> good(kUdpFrameHeaderLen + payload.size());
+  ASSERT_NE(build_udp_frame(good, pr, payload), 0u);
+  ASSERT_EQ(parse_frame(good, kDefaultUdpPort).kind, FrameKind::kMetaRoce);
+  auto fix_ip_sum = [](std::vector<uint8_t>& f) {
+    store_be16(&f[kEthHeaderLen + 10], 0);
+    store_be16(&f[kEthHeaderLen + 10],
+               static_cast<uint16_t>(~ones_complement_sum({&f[kEthHeaderLen], 20})));
+  };
+  auto expect = [](const std::vector<uint8_t>& f, FrameKind k, FrameError e) {
+    FrameInfo i = parse_frame(f, kDefaultUdpPort);
+    EXPECT_EQ(i.kind, k);
+    EXPECT_EQ(i.error, e) << to_string(i.error);
+  };
+  for (size_t n : {size_t{0}, size_t{13}, size_t{20}, size_t{33}, size_t{40}}) {
+    expect(std::vector<uint8_t>(good.begin(), good.begin() + static_cast<long>(n)),
+           FrameKind::kMalformed, n < 34 ? FrameError::kTruncated : FrameError::kIpLength);
+  }
+  { auto f = good; store_be16(&f[12], 0x86dd); expect(f, FrameKind::kOther, FrameError::kEtherType); }
+  { auto f = good; f[kEthHeaderLen] = 0x65; fix_ip_sum(f); expect(f, FrameKind::kMalformed, FrameError::kIpVersion); }
+  { auto f = good; f[kEthHeaderLen] = 0x44; fix_ip_sum(f); expect(f, FrameKind::kMalformed, FrameError::kIpVersion); }
+  { auto f = good; f[kEthHeaderLen + 8] ^= 1; expect(f, FrameKind::kMalformed, FrameError::kIpChecksum); }
+  { auto f = good; store_be16(&f[kEthHeaderLen + 2], 2000); fix_ip_sum(f); expect(f, FrameKind::kMalformed, FrameError::kIpLength); }
+  { auto f = good; store_be16(&f[kEthHeaderLen + 6], 0x2000); fix_ip_sum(f); expect(f, FrameKind::kMalformed, FrameError::kIpFragment); }
+  { auto f = good; store_be16(&f[kEthHeaderLen + 6], 0x0001); fix_ip_sum(f); expect(f, FrameKind::kMalformed, FrameError::kIpFragment); }
+  { auto f = good; f[kEthHeaderLen + 9] = 6; fix_ip_sum(f); expect(f, FrameKind::kOther, FrameError::kNotUdp); }
+  { auto f = good; store_be16(&f[kEthHeaderLen + 20 + 4], 7); expect(f, FrameKind::kMalformed, FrameError::kUdpLength); }
+  { auto f = good; store_be16(&f[kEthHeaderLen + 20 + 4], 200); expect(f, FrameKind::kMalformed, FrameError::kUdpLength); }
+  { auto f = good; f.back() ^= 0xff; expect(f, FrameKind::kMalformed, FrameError::kUdpChecksum); }
+  { auto f = good; store_be16(&f[kEthHeaderLen + 20 + 2], 4791); expect(f, FrameKind::kOther, FrameError::kWrongPort); }
+  // A zero UDP checksum means "none" and is accepted.
+  { auto f = good; f.back() ^= 0xff; store_be16(&f[kEthHeaderLen + 26], 0); expect(f, FrameKind::kMetaRoce, FrameError::kNone); }
+}
+
+TEST(Frame, HeaderWriterRefusesWhatCannotBeFramed) {
+  UdpFrameParams pr = sample_params();
+  std::vector<uint8_t> hdr(kUdpFrameHeaderLen);
+  EXPECT_EQ(write_udp_headers(std::span(hdr.data(), 41), pr, 10), 0u);
+  EXPECT_EQ(write_udp_headers(hdr, pr, 65508), 0u);
+  pr.dscp = 64;
+  EXPECT_EQ(write_udp_headers(hdr, pr, 10), 0u);
+  pr.dscp = 0;
+  pr.udp_checksum = true;  // needs the payload in the same buffer
+  EXPECT_EQ(write_udp_headers(hdr, pr, 10), 0u);
+}
+
+TEST(Arp, RequestAndReplyRoundTrip) {
+  ArpPacket req{ArpOp::kRequest, {2, 0, 0, 0, 0, 1}, 0x0a000001, {9, 9, 9, 9, 9, 9}, 0x0a000002};
+  std::vector<uint8_t> f(kArpFrameLen);
+  ASSERT_EQ(build_arp(f, req), kArpFrameLen);
+  FrameInfo i = parse_frame(f, kDefaultUdpPort);
+  ASSERT_EQ(i.kind, FrameKind::kArp);
+  EXPECT_EQ(i.dst_mac, kBroadcastMac);
+  EXPECT_EQ(i.arp.op, ArpOp::kRequest);
+  EXPECT_EQ(i.arp.sender_mac, req.sender_mac);
+  EXPECT_EQ(i.arp.sender_ip, 0x0a000001u);
+  EXPECT_EQ(i.arp.target_mac, MacAddr{});  // unknown in a request
+  EXPECT_EQ(i.arp.target_ip, 0x0a000002u);
+
+  ArpPacket rep{ArpOp::kReply, {2, 0, 0, 0, 0, 2}, 0x0a000002, {2, 0, 0, 0, 0, 1}, 0x0a000001};
+  ASSERT_EQ(build_arp(f, rep), kArpFrameLen);
+  i = parse_frame(f, kDefaultUdpPort);
+  ASSERT_EQ(i.kind, FrameKind::kArp);
+  EXPECT_EQ(i.dst_mac, rep.target_mac);
+  EXPECT_EQ(i.arp.op, ArpOp::kReply);
+  EXPECT_EQ(i.arp.target_mac, rep.target_mac);
+
+  std::vector<uint8_t> small(59);
+  EXPECT_EQ(build_arp(small, rep), 0u);
+}
+
+TEST(Arp, MalformedArpIsRefused) {
+  ArpPacket req{ArpOp::kRequest, {2, 0, 0, 0, 0, 1}, 1, {}, 2};
+  std::vector<uint8_t> good(kArpFrameLen);
+  build_arp(good, req);
+  { auto f = good; f.resize(kEthHeaderLen + 27); EXPECT_EQ(parse_frame(f, 1).error, FrameError::kTruncated); }
+  for (size_t at : {size_t{14 + 1}, size_t{14 + 3}, size_t{14 + 4}, size_t{14 + 5}, size_t{14 + 7}}) {
+    auto f = good;
+    f[at] ^= 0x10;
+    EXPECT_EQ(parse_frame(f, 1).error, FrameError::kArpFormat) << at;
+  }
+}
+
+}  // namespace
+}  // namespace metaroce::wire
