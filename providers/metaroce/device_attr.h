@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+// The device and port attributes the provider reports, derived only from the NIC's limits and
+// the link configuration, so that query_device_ex/query_port stay honest and testable.
+#pragma once
+
+#include <endian.h>
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "datapath/nic/device.h"
+#include "providers/metaroce/convert.h"
+
+#ifndef METAROCE_VERSION
+#define METAROCE_VERSION "0.0.0"
+#endif
+
+namespace metaroce::provider {
+
+// Limits the NIC contract does not state; chosen so the NIC's tables never need to grow.
+inline constexpr uint32_t kMaxQp = 16384;
+inline constexpr uint32_t kMaxCq = 16384;
+inline constexpr uint32_t kMaxMr = 1u << 20;
+inline constexpr uint32_t kMaxPd = 1u << 16;
+inline constexpr uint32_t kMaxRdAtom = 16;       // outstanding RDMA READs per QP, each way
+inline constexpr uint32_t kVendorId = 0x4d5243;  // "MRC": no IEEE OUI is registered for us
+inline constexpr uint32_t kVendorPartId = 1;
+inline constexpr uint8_t kPortNum = 1;
+inline constexpr uint32_t kMaxMsgSize = 1u << 31;
+inline constexpr uint8_t kLocalCaAckDelay = 15;  // 4.096 us * 2^15 ~ 134 ms: software timers
+
+// The node GUID in host order: the configured one, else one derived from the link's IPv4
+// (locally administered, so it cannot collide with a vendor GUID), never zero.
+constexpr uint64_t node_guid_of(const nic::LinkConfig& cfg) {
+  if (cfg.node_guid != 0) return cfg.node_guid;
+  return 0x020000fffe000000ull | (uint64_t{cfg.ip & 0xffffffu}) | (uint64_t{cfg.ip >> 24} << 48);
+}
+
+inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
+  ibv_device_attr_ex ex;
+  std::memset(&ex, 0, sizeof(ex));
+  ibv_device_attr& a = ex.orig_attr;
+  std::strncpy(a.fw_ver, METAROCE_VERSION, sizeof(a.fw_ver) - 1);
+  a.node_guid = htobe64(node_guid_of(cfg));
+  a.sys_image_guid = a.node_guid;
+  a.max_mr_size = nic::kMaxMrSize;
+  a.page_size_cap = ~uint64_t{4095};  // any power-of-two page size from 4 KiB up
+  a.vendor_id = kVendorId;
+  a.vendor_part_id = kVendorPartId;
+  a.hw_ver = 1;
+  a.max_qp = kMaxQp;
+  a.max_qp_wr = nic::kMaxQpWr;
+  // Honest flags only: RNR NAKs are generated; the GUID above is a system image GUID.
+  a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID;
+  a.max_sge = nic::kMaxSge;
+  a.max_sge_rd = nic::kMaxSge;
+  a.max_cq = kMaxCq;
+  a.max_cqe = nic::kMaxCqe;
+  a.max_mr = kMaxMr;
+  a.max_pd = kMaxPd;
+  a.max_qp_rd_atom = kMaxRdAtom;
+  a.max_ee_rd_atom = 0;
+  a.max_res_rd_atom = kMaxRdAtom * kMaxQp;
+  a.max_qp_init_rd_atom = kMaxRdAtom;
+  a.max_ee_init_rd_atom = 0;
+  a.atomic_cap = IBV_ATOMIC_NONE;
+  a.max_pkeys = 1;
+  a.local_ca_ack_delay = kLocalCaAckDelay;
+  a.phys_port_cnt = 1;
+  ex.device_cap_flags_ex = a.device_cap_flags;
+  ex.phys_port_cnt_ex = a.phys_port_cnt;
+  return ex;
+}
+
+inline ibv_port_attr port_attr(bool active, uint32_t active_mtu_bytes) {
+  ibv_port_attr p;
+  std::memset(&p, 0, sizeof(p));
+  p.state = active ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
+  p.max_mtu = IBV_MTU_4096;
+  p.active_mtu = bytes_to_mtu(active_mtu_bytes);
+  p.gid_tbl_len = static_cast<int>(nic::kGidTableLen);
+  p.port_cap_flags = IBV_PORT_IP_BASED_GIDS;  // RoCE-style GIDs from the link's address
+  p.max_msg_sz = kMaxMsgSize;
+  p.pkey_tbl_len = 1;
+  p.max_vl_num = 1;
+  p.active_width = 2;      // 4X
+  p.active_speed = 32;     // EDR (25 Gb/s per lane): 100 Gb/s, a plausible class for the link
+  p.phys_state = active ? 5 : 3;  // LinkUp : Disabled (IBTA port physical states)
+  p.link_layer = IBV_LINK_LAYER_ETHERNET;
+  return p;
+}
+
+}  // namespace metaroce::provider

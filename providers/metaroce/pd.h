@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: Apache-2.0
+// Protection domains and memory regions: the provider's half (verbs checks, bookkeeping); the
+// NIC keeps the MR table that checks every key on the wire.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+#include "providers/metaroce/verbs_abi.h"
+
+namespace metaroce::provider {
+
+struct Pd {
+  ibv_pd pd;                    // first: the application holds &pd
+  uint32_t id;                  // the NIC's PD handle, unique in the process
+  std::atomic<uint32_t> users;  // MRs and QPs created in it: dealloc_pd answers EBUSY meanwhile
+};
+static_assert(std::is_standard_layout_v<Pd>);
+
+inline Pd* to_pd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
+
+ibv_pd* alloc_pd(ibv_context* context) noexcept;
+int dealloc_pd(ibv_pd* pd) noexcept;
+ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int access) noexcept;
+int dereg_mr(abi::VerbsMr* mr) noexcept;
+
+}  // namespace metaroce::provider

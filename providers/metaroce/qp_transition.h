@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+// The verbs QP state machine for RC (IB spec vol. 1, 10.3.1 and table 91): which transitions
+// exist and which ibv_modify_qp attribute bits each one requires and allows. Pure, so tested alone.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cerrno>
+#include <cstdint>
+
+namespace metaroce::provider {
+
+struct QpTransition {
+  bool valid = false;
+  uint32_t required = 0;  // attr_mask bits that must be present (besides IBV_QP_STATE)
+  uint32_t optional = 0;  // further bits that may be present
+};
+
+// The RC row of the table; UD/UC will get their own when those QP types arrive.
+constexpr QpTransition rc_transition(ibv_qp_state cur, ibv_qp_state next) {
+  // Any state may be reset or moved to error, with no other attribute.
+  if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
+    if (cur < IBV_QPS_RESET || cur > IBV_QPS_ERR) return {};
+    return {true, 0, 0};
+  }
+  constexpr uint32_t kRtsTunables = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH |
+                                    IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER;
+  switch (cur) {
+    case IBV_QPS_RESET:
+      if (next == IBV_QPS_INIT)
+        return {true, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0};
+      return {};
+    case IBV_QPS_INIT:
+      if (next == IBV_QPS_INIT)
+        return {true, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS};
+      if (next == IBV_QPS_RTR)
+        return {true,
+                IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+                IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX};
+      return {};
+    case IBV_QPS_RTR:
+      if (next == IBV_QPS_RTS)
+        return {true,
+                IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                    IBV_QP_MAX_QP_RD_ATOMIC,
+                kRtsTunables};
+      return {};
+    case IBV_QPS_RTS:
+      if (next == IBV_QPS_RTS) return {true, 0, kRtsTunables};
+      if (next == IBV_QPS_SQD) return {true, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+      return {};
+    case IBV_QPS_SQD:
+      if (next == IBV_QPS_RTS) return {true, 0, kRtsTunables};
+      if (next == IBV_QPS_SQD)
+        return {true, 0,
+                IBV_QP_AV | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
+                    IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT |
+                    IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC |
+                    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_PATH_MTU};
+      return {};
+    default:
+      // SQE is a UD/UC state; ERR leaves only through RESET (handled above).
+      return {};
+  }
+}
+
+// Checks an ibv_modify_qp call on an RC QP in state cur: 0 or EINVAL, as the kernel answers.
+// Without IBV_QP_STATE the QP stays where it is and the mask is checked against cur -> cur.
+constexpr int check_rc_modify(ibv_qp_state cur, int attr_mask, ibv_qp_state requested_next) {
+  const uint32_t mask = static_cast<uint32_t>(attr_mask);
+  const ibv_qp_state next = (mask & IBV_QP_STATE) ? requested_next : cur;
+  const QpTransition t = rc_transition(cur, next);
+  if (!t.valid) return EINVAL;
+  const uint32_t given = mask & ~static_cast<uint32_t>(IBV_QP_STATE);
+  if ((given & t.required) != t.required) return EINVAL;
+  if (given & ~(t.required | t.optional)) return EINVAL;
+  return 0;
+}
+
+}  // namespace metaroce::provider

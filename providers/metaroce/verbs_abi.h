@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: Apache-2.0
+// Our declaration of libibverbs' private provider ABI (IBVERBS_PRIVATE_34, rdma-core 44..56),
+// which Debian does not ship as a header; every layout is pinned by static_asserts below.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <ctime>
+
+namespace metaroce::provider::abi {
+
+inline constexpr int kSysfsNameMax = 64;   // IBV_SYSFS_NAME_MAX
+inline constexpr int kSysfsPathMax = 256;  // IBV_SYSFS_PATH_MAX
+
+// A doubly linked list node as libibverbs (ccan/list) embeds it; the provider never walks it.
+struct ListNode {
+  ListNode* next;
+  ListNode* prev;
+};
+
+// Kinds of match-table entries; we match by a callback instead, so only the sentinel is used.
+enum : uint8_t { kMatchSentinel = 0, kMatchPci = 1, kMatchModalias = 2, kMatchDriverId = 3 };
+
+struct MatchEnt {
+  void* driver_data;
+  union {
+    const char* modalias;
+    uint64_t driver_id;
+  } u;
+  uint16_t vendor;
+  uint16_t device;
+  uint8_t kind;
+};
+
+// One device found under $SYSFS_PATH/class/infiniband_verbs (libibverbs' verbs_sysfs_dev).
+struct SysfsDev {
+  ListNode entry;
+  void* provider_data;
+  const MatchEnt* match;
+  unsigned int flags;
+  char sysfs_name[kSysfsNameMax];   // "uverbs0"
+  dev_t sysfs_cdev;
+  char ibdev_name[kSysfsNameMax];   // "mr0"
+  char ibdev_path[kSysfsPathMax];   // "$SYSFS_PATH/class/infiniband/mr0"
+  char modalias[512];
+  uint64_t node_guid;
+  uint32_t driver_id;
+  ibv_node_type node_type;
+  int ibdev_idx;
+  uint32_t num_ports;
+  uint32_t abi_ver;                 // uverbsN/abi_version, 0 when the file is absent
+  timespec time_created;
+};
+
+struct VerbsDevice;
+
+// The table a provider registers (libibverbs' verbs_device_ops).
+struct DeviceOps {
+  const char* name;
+  uint32_t match_min_abi_version;
+  uint32_t match_max_abi_version;
+  const MatchEnt* match_table;
+  const DeviceOps** static_providers;
+  bool (*match_device)(SysfsDev* sysfs_dev);
+  verbs_context* (*alloc_context)(ibv_device* device, int cmd_fd, void* private_data);
+  verbs_context* (*import_context)(ibv_device* device, int cmd_fd);
+  VerbsDevice* (*alloc_device)(SysfsDev* sysfs_dev);
+  void (*uninit_device)(VerbsDevice* device);
+};
+
+// libibverbs' verbs_device; the provider allocates it and embeds it first in its own device.
+struct VerbsDevice {
+  ibv_device device;
+  const DeviceOps* ops;
+  int refcount;  // an atomic_int in C; owned by libibverbs, never touched here
+  ListNode entry;
+  SysfsDev* sysfs;
+  uint64_t core_support;
+};
+
+enum MrType : int { kMrTypeMr = 0, kMrTypeNullMr = 1, kMrTypeImportedMr = 2, kMrTypeDmabufMr = 3 };
+
+// libibverbs' verbs_mr: ibv_dereg_mr reads mr_type and access after the ibv_mr.
+struct VerbsMr {
+  ibv_mr mr;  // named ibv_mr in C, which would clash with the type name in C++
+  MrType mr_type;
+  int access;
+};
+
+enum : uint32_t { kVerbsQpXrcd = 1u << 0, kVerbsQpEx = 1u << 1 };
+
+struct VerbsQp {
+  union {
+    ibv_qp qp;
+    ibv_qp_ex qp_ex;
+  };
+  uint32_t comp_mask;  // kVerbsQpEx makes ibv_qp_to_qp_ex() return &qp_ex
+  void* xrcd;
+};
+
+struct VerbsCq {
+  union {
+    ibv_cq cq;
+    ibv_cq_ex cq_ex;
+  };
+};
+
+// Slots we leave to libibverbs' dummies (EOPNOTSUPP) are typed generically: only their position
+// and size matter, and a null entry is never installed by verbs_set_ops.
+using UnusedOp = void (*)();
+
+// libibverbs' verbs_context_ops: 76 slots in alphabetical order; the order is the ABI.
+struct ContextOps {
+  UnusedOp advise_mr;
+  UnusedOp alloc_dm;
+  UnusedOp alloc_mw;
+  UnusedOp alloc_null_mr;
+  UnusedOp alloc_parent_domain;
+  ibv_pd* (*alloc_pd)(ibv_context* context);
+  UnusedOp alloc_td;
+  void (*async_event)(ibv_context* context, ibv_async_event* event);
+  UnusedOp attach_counters_point_flow;
+  UnusedOp attach_mcast;
+  UnusedOp bind_mw;
+  UnusedOp close_xrcd;
+  void (*cq_event)(ibv_cq* cq);
+  UnusedOp create_ah;
+  UnusedOp create_counters;
+  ibv_cq* (*create_cq)(ibv_context* context, int cqe, ibv_comp_channel* channel,
+                       int comp_vector);
+  UnusedOp create_cq_ex;
+  UnusedOp create_flow;
+  UnusedOp create_flow_action_esp;
+  ibv_qp* (*create_qp)(ibv_pd* pd, ibv_qp_init_attr* attr);
+  ibv_qp* (*create_qp_ex)(ibv_context* context, ibv_qp_init_attr_ex* attr);
+  UnusedOp create_rwq_ind_table;
+  UnusedOp create_srq;
+  UnusedOp create_srq_ex;
+  UnusedOp create_wq;
+  UnusedOp dealloc_mw;
+  int (*dealloc_pd)(ibv_pd* pd);
+  UnusedOp dealloc_td;
+  int (*dereg_mr)(VerbsMr* mr);
+  UnusedOp destroy_ah;
+  UnusedOp destroy_counters;
+  int (*destroy_cq)(ibv_cq* cq);
+  UnusedOp destroy_flow;
+  UnusedOp destroy_flow_action;
+  int (*destroy_qp)(ibv_qp* qp);
+  UnusedOp destroy_rwq_ind_table;
+  UnusedOp destroy_srq;
+  UnusedOp destroy_wq;
+  UnusedOp detach_mcast;
+  void (*free_context)(ibv_context* context);
+  UnusedOp free_dm;
+  UnusedOp get_srq_num;
+  UnusedOp import_dm;
+  UnusedOp import_mr;
+  UnusedOp import_pd;
+  UnusedOp modify_cq;
+  UnusedOp modify_flow_action_esp;
+  int (*modify_qp)(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask);
+  UnusedOp modify_qp_rate_limit;
+  UnusedOp modify_srq;
+  UnusedOp modify_wq;
+  UnusedOp open_qp;
+  UnusedOp open_xrcd;
+  int (*poll_cq)(ibv_cq* cq, int num_entries, ibv_wc* wc);
+  int (*post_recv)(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+  int (*post_send)(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
+  UnusedOp post_srq_ops;
+  UnusedOp post_srq_recv;
+  int (*query_device_ex)(ibv_context* context, const ibv_query_device_ex_input* input,
+                         ibv_device_attr_ex* attr, size_t attr_size);
+  UnusedOp query_ece;
+  int (*query_port)(ibv_context* context, uint8_t port_num, ibv_port_attr* attr);
+  int (*query_qp)(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr* init_attr);
+  UnusedOp query_qp_data_in_order;
+  UnusedOp query_rt_values;
+  UnusedOp query_srq;
+  UnusedOp read_counters;
+  UnusedOp reg_dm_mr;
+  UnusedOp reg_dmabuf_mr;
+  ibv_mr* (*reg_mr)(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int access);
+  int (*req_notify_cq)(ibv_cq* cq, int solicited_only);
+  UnusedOp rereg_mr;
+  UnusedOp resize_cq;
+  UnusedOp set_ece;
+  UnusedOp unimport_dm;
+  UnusedOp unimport_mr;
+  UnusedOp unimport_pd;
+};
+
+// Log levels of __verbs_log (VERBS_LOG_LEVEL in the environment selects what is printed).
+enum : uint32_t { kLogNone = 0, kLogErr = 1, kLogWarn = 2, kLogInfo = 3, kLogDebug = 4 };
+
+// Sizes and offsets measured from rdma-core 44's own driver.h on x86-64 (research notes §1.3).
+static_assert(sizeof(void*) == 8, "layouts below are those of LP64");
+static_assert(sizeof(MatchEnt) == 24);
+static_assert(sizeof(SysfsDev) == 992);
+static_assert(offsetof(SysfsDev, sysfs_name) == 36);
+static_assert(offsetof(SysfsDev, ibdev_name) == 112);
+static_assert(offsetof(SysfsDev, ibdev_path) == 176);
+static_assert(offsetof(SysfsDev, abi_ver) == 968);
+static_assert(sizeof(DeviceOps) == 72);
+static_assert(sizeof(VerbsDevice) == 712);
+static_assert(offsetof(VerbsDevice, ops) == 664);
+static_assert(offsetof(VerbsDevice, sysfs) == 696);
+static_assert(sizeof(ContextOps) == 76 * sizeof(void*));
+static_assert(sizeof(ContextOps) == 608);
+static_assert(offsetof(ContextOps, alloc_pd) == 5 * 8);
+static_assert(offsetof(ContextOps, create_qp_ex) == 20 * 8);
+static_assert(offsetof(ContextOps, free_context) == 39 * 8);
+static_assert(offsetof(ContextOps, poll_cq) == 53 * 8);
+static_assert(offsetof(ContextOps, query_device_ex) == 58 * 8);
+static_assert(offsetof(ContextOps, reg_mr) == 68 * 8);
+static_assert(offsetof(ContextOps, unimport_pd) == 75 * 8);
+static_assert(sizeof(VerbsMr) == 56);
+static_assert(offsetof(VerbsMr, mr_type) == sizeof(ibv_mr));
+static_assert(offsetof(VerbsQp, comp_mask) == sizeof(ibv_qp_ex));
+static_assert(offsetof(ibv_qp_ex, qp_base) == 0);
+static_assert(sizeof(verbs_context) == 648);
+static_assert(offsetof(verbs_context, context) == 320);
+static_assert(sizeof(ibv_device_attr_ex) == 400);
+
+}  // namespace metaroce::provider::abi
+
+// The four private entry points (plus the logger) the provider links, all @IBVERBS_PRIVATE_34.
+extern "C" {
+void verbs_register_driver_34(const metaroce::provider::abi::DeviceOps* ops);
+void* _verbs_init_and_alloc_context(ibv_device* device, int cmd_fd, size_t alloc_size,
+                                    verbs_context* context_offset, uint32_t driver_id);
+void verbs_set_ops(verbs_context* vctx, const metaroce::provider::abi::ContextOps* ops);
+void verbs_uninit_context(verbs_context* vctx);
+void __verbs_log(verbs_context* ctx, uint32_t level, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+}
