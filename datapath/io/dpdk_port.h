@@ -15,6 +15,7 @@ struct DpdkPortConfig {
   uint32_t mtu = 9000;        // link MTU (IP packet bytes); frames up to mtu + 14
   uint16_t rx_descriptors = 1024;
   uint16_t tx_descriptors = 1024;
+  bool hugepages = false;     // EAL on hugepages; the first port opened in a process decides
 };
 
 // Opens (or re-attaches to, within one process) the DPDK port. Returns nullptr and a one-line

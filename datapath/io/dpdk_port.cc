@@ -1,0 +1,628 @@
+// SPDX-License-Identifier: Apache-2.0
+// The DPDK port: EAL kept on one detached control thread for the life of the process, devices
+// hot-plugged by device string and re-used on reopen, one RX and one TX queue per port.
+#include "datapath/io/dpdk_port.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <rte_alarm.h>
+#include <rte_bus.h>
+#include <rte_dev.h>
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_log.h>
+#include <rte_mbuf.h>
+#include <rte_mempool.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace metaroce::io {
+namespace {
+
+constexpr uint32_t kEthHeader = 14;
+constexpr uint32_t kBufAlign = 128;         // memif copies whole cache lines; keep buffers aligned
+constexpr uint32_t kBurst = 64;             // mbuf pointers handled per DPDK call
+constexpr unsigned kPoolCache = 256;
+constexpr auto kLinkWait = std::chrono::milliseconds(250);  // a peer already listening connects
+                                                           // well within this on these machines
+
+std::atomic<int> g_log_type{-1};
+
+[[gnu::format(printf, 2, 3)]] void log(uint32_t level, const char* fmt, ...) {
+  const int type = g_log_type.load(std::memory_order_relaxed);
+  if (type < 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  rte_vlog(level, static_cast<uint32_t>(type), fmt, ap);
+  va_end(ap);
+}
+
+std::string errno_text(int e) { return e > 0 ? std::string(strerror(e)) : "unknown error"; }
+
+// --- descriptors -------------------------------------------------------------------------------
+// EAL and PMDs open descriptors without O_CLOEXEC; a forked and exec'ed child of the application
+// must not inherit them. Control operations record the open set and mark what appeared.
+
+std::set<int> open_fds() {
+  std::set<int> fds;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return fds;
+  const int own = dirfd(dir);
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    const int fd = atoi(e->d_name);
+    if (fd != own) fds.insert(fd);
+  }
+  closedir(dir);
+  return fds;
+}
+
+void set_cloexec(int fd) {
+  const int flags = fcntl(fd, F_GETFD);
+  if (flags >= 0 && (flags & FD_CLOEXEC) == 0) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+}
+
+// Whether fd is of a kind EAL or a PMD opens from its own threads: epoll, eventfd, timerfd,
+// shared-memory files and memif's unix SOCK_SEQPACKET control sockets.
+bool dpdk_kind(int fd) {
+  char path[64], target[256];
+  snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+  const ssize_t n = readlink(path, target, sizeof(target) - 1);
+  if (n <= 0) return false;
+  target[n] = '\0';
+  if (strstr(target, "[eventpoll]") || strstr(target, "[eventfd]") ||
+      strstr(target, "[timerfd]") || strncmp(target, "/memfd:", 7) == 0)
+    return true;
+  if (strncmp(target, "socket:", 7) != 0) return false;
+  int domain = 0, type = 0;
+  socklen_t len = sizeof(int);
+  return getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 && domain == AF_UNIX &&
+         getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_SEQPACKET;
+}
+
+// Marks close-on-exec every descriptor opened since `op_start` (during a control operation, so
+// by DPDK), and those opened between `last_seen` and `op_start` that are of a DPDK kind (EAL's
+// interrupt thread and memif's connection handling open them asynchronously). Descriptors the
+// application opened meanwhile are of other kinds, or so we hope; they are left alone.
+void mark_cloexec(const std::set<int>& last_seen, const std::set<int>& op_start) {
+  for (int fd : open_fds()) {
+    if (last_seen.contains(fd)) continue;
+    if (!op_start.contains(fd) || dpdk_kind(fd)) set_cloexec(fd);
+  }
+}
+
+// --- EAL ---------------------------------------------------------------------------------------
+
+// "0-3,6": the CPUs this thread may run on, in EAL's cpu-set syntax.
+std::string affinity_list() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return "0";
+  std::string out;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    int last = cpu;
+    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) ++last;
+    if (!out.empty()) out += ',';
+    out += std::to_string(cpu);
+    if (last > cpu) out += '-' + std::to_string(last);
+    cpu = last;
+  }
+  return out.empty() ? "0" : out;
+}
+
+struct DeviceEntry {
+  std::string devargs;  // as probed; a different string for the same name re-probes
+  uint16_t port = 0;
+  bool open = false;
+  rte_mempool* pool = nullptr;
+  uint32_t buf_size = 0;  // data bytes per mbuf of `pool`
+};
+
+// The process's EAL. It is never destroyed: EAL cannot be initialised twice, so the control
+// thread that owns it lives until the process exits.
+class Eal {
+ public:
+  static Eal& get() {
+    static Eal* eal = new Eal();
+    return *eal;
+  }
+
+  // Runs fn on the control thread and waits for it. Returns false, with the reason, when EAL
+  // could not be brought up (then it never will be in this process).
+  bool run(bool hugepages, const std::function<void()>& fn, std::string* why) {
+    start(hugepages);
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return init_done_; });
+    if (!init_ok_) {
+      *why = init_error_;
+      return false;
+    }
+    bool done = false;
+    tasks_.push_back([&] {
+      fn();
+      std::lock_guard inner(mu_);
+      done = true;
+      cv_.notify_all();
+    });
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return done; });
+    return true;
+  }
+
+  // Queues fn without waiting; dropped when EAL is not up.
+  void post(std::function<void()> fn) {
+    std::lock_guard lock(mu_);
+    if (!init_done_ || !init_ok_) return;
+    tasks_.push_back(std::move(fn));
+    cv_.notify_all();
+  }
+
+  // Control-thread state: only touched from tasks.
+  std::map<std::string, DeviceEntry> devices;
+  uint32_t pool_generation = 0;
+  std::set<int> fds_after_last_op;
+
+ private:
+  Eal() = default;
+
+  void start(bool hugepages) {
+    std::call_once(started_, [&] {
+      std::thread([this, hugepages] { main(hugepages); }).detach();
+    });
+  }
+
+  void main(bool hugepages) {
+    // EAL's interrupt thread inherits this mask: signals stay with the application's threads.
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);
+    pthread_setname_np(pthread_self(), "metaroce-eal");
+
+    // Every argument is built here from known values, so EAL never has a reason to print its
+    // usage text on the application's stdout.
+    const std::string prefix = "metaroce-" + std::to_string(getpid());
+    const std::string lcores = "--lcores=0@(" + affinity_list() + ")";
+    std::vector<std::string> args = {"metaroce", "--no-pci", "--no-shconf", "--no-telemetry",
+                                     "--file-prefix", prefix, lcores, "--log-level=*:error"};
+    if (!hugepages) args.insert(args.end(), {"--no-huge", "-m", "256"});
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+
+    const std::set<int> before = open_fds();
+    const int rc = rte_eal_init(static_cast<int>(args.size()), argv.data());
+    const int err = rte_errno;
+    mark_cloexec(before, before);
+    fds_after_last_op = open_fds();
+    if (rc >= 0) {
+      // With --no-shconf EAL keeps nothing in its runtime folder yet never removes it; rmdir
+      // only succeeds while it is empty, so nothing EAL relies on can go.
+      rmdir(rte_eal_get_runtime_dir());
+      g_log_type.store(rte_log_register_type_and_pick_level("metaroce.io", RTE_LOG_NOTICE));
+      log(RTE_LOG_INFO, "metaroce.io: EAL up (%s, %s)\n", lcores.c_str(),
+          hugepages ? "hugepages" : "no hugepages");
+    }
+    {
+      std::lock_guard lock(mu_);
+      init_done_ = true;
+      init_ok_ = rc >= 0;
+      if (!init_ok_) init_error_ = "DPDK EAL initialisation failed: " + errno_text(err);
+      cv_.notify_all();
+    }
+    if (rc < 0) return;
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return !tasks_.empty(); });
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::once_flag started_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool init_done_ = false, init_ok_ = false;
+  std::string init_error_;
+};
+
+// Non-EAL threads (the NIC's progress thread, an application thread running the engine inline)
+// get an lcore id on first use so that the mempool's per-lcore cache serves them; the id is
+// returned when the thread exits.
+struct ThreadRegistration {
+  bool tried = false, registered = false;
+  ~ThreadRegistration() {
+    if (registered) rte_thread_unregister();
+  }
+};
+thread_local ThreadRegistration t_registration;
+
+inline void ensure_registered() {
+  if (t_registration.tried) [[likely]]
+    return;
+  t_registration.tried = true;
+  if (rte_lcore_id() != LCORE_ID_ANY) return;  // an EAL thread already
+  // Failure (every lcore id taken) only costs the cache: the mempool still works without one.
+  t_registration.registered = rte_thread_register() == 0;
+  if (!t_registration.registered)
+    log(RTE_LOG_DEBUG, "metaroce.io: thread not registered with EAL: %s\n",
+        rte_strerror(rte_errno));
+}
+
+// memif tears a connection down from EAL's interrupt thread when the peer hangs up, and from
+// the caller's thread on rte_eth_dev_stop, with no lock between them: two teardowns at once
+// free the same memory twice. An alarm callback runs on the interrupt thread, so a stop issued
+// from there cannot overlap the peer's. Returns the stop's result, or -errno.
+int stop_on_interrupt_thread(uint16_t port) {
+  struct Stop {
+    uint16_t port;
+    int rc = 0;
+    std::atomic<bool> done{false};
+  } stop{port};
+  auto run = [](void* arg) {
+    auto* s = static_cast<Stop*>(arg);
+    s->rc = rte_eth_dev_stop(s->port);
+    s->done.store(true, std::memory_order_release);
+  };
+  if (rte_eal_alarm_set(1, run, &stop) != 0) return rte_eth_dev_stop(port);  // no alarm: best effort
+  while (!stop.done.load(std::memory_order_acquire))
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  return stop.rc;
+}
+
+// --- the port ----------------------------------------------------------------------------------
+
+class DpdkPort final : public Port {
+ public:
+  DpdkPort(std::string name, uint16_t port, bool hugepages, const MacAddr& mac)
+      : name_(std::move(name)), port_(port), hugepages_(hugepages), mac_(mac) {}
+
+  ~DpdkPort() override {
+    std::string why;
+    Eal::get().run(hugepages_, [&] {
+      // Stopped, not removed: a later open of the same device string restarts it (hot-plug
+      // removal and re-probe would tear down a memif server socket the peer knows).
+      const int rc = stop_on_interrupt_thread(port_);
+      if (rc != 0) log(RTE_LOG_WARNING, "metaroce.io: stop %s: %s\n", name_.c_str(),
+                       errno_text(-rc).c_str());
+      auto it = Eal::get().devices.find(name_);
+      if (it != Eal::get().devices.end()) {
+        it->second.open = false;
+        // EAL's memory is a fixed budget (-m): a closed port must not keep ~40 MB of jumbo
+        // buffers. The stopped port touches the pool no more; the next open makes a new one.
+        rte_mempool_free(it->second.pool);
+        it->second.pool = nullptr;
+        it->second.buf_size = 0;
+      }
+    }, &why);
+  }
+
+  const MacAddr& mac() const override { return mac_; }
+
+  bool link_up() const override {
+    rte_eth_link link{};
+    const bool up = rte_eth_link_get_nowait(port_, &link) == 0 && link.link_status != 0;
+    if (up && !was_up_.exchange(true)) {
+      // The peer just connected and the PMD opened descriptors for it.
+      Eal::get().post([] {
+        Eal& eal = Eal::get();
+        const std::set<int> now = open_fds();
+        mark_cloexec(eal.fds_after_last_op, now);
+        eal.fds_after_last_op = now;
+      });
+    } else if (!up) {
+      was_up_.store(false, std::memory_order_relaxed);
+    }
+    return up;
+  }
+
+  uint32_t rx_burst(std::span<RxFrame> out) override {
+    ensure_registered();
+    rte_mbuf* mbufs[kBurst];
+    uint32_t filled = 0, bad = 0;
+    uint64_t bytes = 0;
+    while (filled < out.size()) {
+      const auto want = static_cast<uint16_t>(std::min<size_t>(kBurst, out.size() - filled));
+      const uint16_t got = rte_eth_rx_burst(port_, 0, mbufs, want);
+      for (uint16_t i = 0; i < got; ++i) {
+        rte_mbuf* m = mbufs[i];
+        // The NIC reads a frame as one contiguous buffer. A peer with smaller buffers sends
+        // chains; our mbufs have room for a whole frame, so joining them never allocates.
+        if (m->nb_segs > 1 && rte_pktmbuf_linearize(m) != 0) {
+          rte_pktmbuf_free(m);
+          ++bad;
+          continue;
+        }
+        out[filled++] = RxFrame{rte_pktmbuf_mtod(m, const uint8_t*), rte_pktmbuf_data_len(m), m};
+        bytes += rte_pktmbuf_data_len(m);
+      }
+      if (got < want) break;
+    }
+    if (filled != 0) {
+      rx_frames_.fetch_add(filled, std::memory_order_relaxed);
+      rx_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    }
+    if (bad != 0) rx_unusable_.fetch_add(bad, std::memory_order_relaxed);
+    return filled;
+  }
+
+  void release(std::span<RxFrame> frames) override {
+    ensure_registered();
+    rte_mbuf* mbufs[kBurst];
+    uint32_t n = 0;
+    for (RxFrame& f : frames) {
+      if (f.handle == nullptr) continue;
+      mbufs[n++] = static_cast<rte_mbuf*>(f.handle);
+      f.handle = nullptr;
+      if (n == kBurst) {
+        rte_pktmbuf_free_bulk(mbufs, n);
+        n = 0;
+      }
+    }
+    if (n != 0) rte_pktmbuf_free_bulk(mbufs, n);
+  }
+
+  bool alloc_tx(TxFrame& frame, uint32_t size) override {
+    ensure_registered();
+    rte_mbuf* m = rte_pktmbuf_alloc(pool_);
+    if (m == nullptr) return false;
+    const uint32_t room = rte_pktmbuf_tailroom(m);
+    if (size > room) {
+      rte_pktmbuf_free(m);
+      return false;
+    }
+    frame = TxFrame{rte_pktmbuf_mtod(m, uint8_t*), room, 0, m};
+    return true;
+  }
+
+  void tx_burst(std::span<TxFrame> frames) override {
+    ensure_registered();
+    rte_mbuf* mbufs[kBurst];
+    uint64_t sent_frames = 0, sent_bytes = 0, dropped = 0;
+    size_t i = 0;
+    while (i < frames.size()) {
+      uint16_t n = 0;
+      uint64_t bytes[kBurst];
+      for (; i < frames.size() && n < kBurst; ++i) {
+        TxFrame& f = frames[i];
+        if (f.handle == nullptr) continue;
+        auto* m = static_cast<rte_mbuf*>(f.handle);
+        const uint32_t len = std::min(f.len, f.capacity);
+        m->data_len = static_cast<uint16_t>(len);
+        m->pkt_len = len;
+        bytes[n] = len;
+        mbufs[n++] = m;
+        f.handle = nullptr;
+      }
+      if (n == 0) continue;
+      const uint16_t sent = rte_eth_tx_burst(port_, 0, mbufs, n);
+      for (uint16_t k = 0; k < sent; ++k) sent_bytes += bytes[k];
+      sent_frames += sent;
+      if (sent < n) {
+        rte_pktmbuf_free_bulk(mbufs + sent, n - sent);
+        dropped += n - sent;
+      }
+    }
+    tx_frames_.fetch_add(sent_frames, std::memory_order_relaxed);
+    tx_bytes_.fetch_add(sent_bytes, std::memory_order_relaxed);
+    if (dropped != 0) tx_dropped_.fetch_add(dropped, std::memory_order_relaxed);
+  }
+
+  // The memif PMD of DPDK 22.11 signals RX on a per-queue eventfd but exposes it through no
+  // ethdev API (no rx_queue_intr_enable op), so the NIC falls back to polling with back-off.
+  int rx_wait_fd() override { return -1; }
+  void rx_arm() override {}
+  void rx_disarm() override {}
+
+  PortStats stats() const override {
+    PortStats s;
+    s.rx_frames = rx_frames_.load(std::memory_order_relaxed);
+    s.rx_bytes = rx_bytes_.load(std::memory_order_relaxed);
+    s.tx_frames = tx_frames_.load(std::memory_order_relaxed);
+    s.tx_bytes = tx_bytes_.load(std::memory_order_relaxed);
+    s.tx_dropped = tx_dropped_.load(std::memory_order_relaxed);
+    rte_eth_stats es{};
+    const uint64_t pmd_missed = rte_eth_stats_get(port_, &es) == 0 ? es.imissed + es.rx_nombuf : 0;
+    s.rx_missed = pmd_missed + rx_unusable_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  void set_pool(rte_mempool* pool) { pool_ = pool; }
+
+ private:
+  const std::string name_;
+  const uint16_t port_;
+  const bool hugepages_;
+  const MacAddr mac_;
+  rte_mempool* pool_ = nullptr;
+  mutable std::atomic<bool> was_up_{false};
+  std::atomic<uint64_t> rx_frames_{0}, rx_bytes_{0}, tx_frames_{0}, tx_bytes_{0};
+  std::atomic<uint64_t> tx_dropped_{0}, rx_unusable_{0};
+};
+
+// rte_dev_probe returns -1 when the driver rejects its arguments, -errno otherwise.
+std::string probe_error(int rc) {
+  switch (-rc) {
+    case 1: return "the driver rejected its arguments";
+    case EFAULT:
+    case ENODEV: return "no such driver, or malformed device string";
+    case EEXIST: return "device already present";
+    default: return errno_text(-rc);
+  }
+}
+
+bool has_key(const std::string& devargs, const char* key) {
+  const std::string k = std::string(",") + key + "=";
+  return devargs.find(k) != std::string::npos;
+}
+
+// Releases a device that was probed with other arguments, so that it can be probed again.
+void remove_device(const std::string& name, DeviceEntry& entry) {
+  rte_eth_dev_info info{};
+  if (rte_eth_dev_info_get(entry.port, &info) == 0 && info.device != nullptr) {
+    rte_eth_dev_close(entry.port);
+    const int rc = rte_dev_remove(info.device);
+    if (rc != 0) log(RTE_LOG_WARNING, "metaroce.io: remove %s: %s\n", name.c_str(),
+                     errno_text(-rc).c_str());
+  }
+  if (entry.pool != nullptr) rte_mempool_free(entry.pool);
+  entry = DeviceEntry{};
+}
+
+}  // namespace
+
+std::unique_ptr<Port> open_dpdk_port(const DpdkPortConfig& cfg, std::string* err) {
+  std::string scratch;
+  if (err == nullptr) err = &scratch;
+  if (cfg.devargs.empty() || cfg.devargs.front() == ',') {
+    *err = "empty DPDK device string";
+    return nullptr;
+  }
+  if (cfg.mtu < 68 || cfg.mtu + kEthHeader + kBufAlign + RTE_PKTMBUF_HEADROOM > UINT16_MAX) {
+    *err = "MTU " + std::to_string(cfg.mtu) + " out of range (68..65000)";
+    return nullptr;
+  }
+  const std::string name = cfg.devargs.substr(0, cfg.devargs.find(','));
+  const uint32_t buf_size = (cfg.mtu + kEthHeader + kBufAlign - 1) / kBufAlign * kBufAlign;
+
+  // memif copies frames into shared buffers of `bsize` bytes (2048 by default) and chains
+  // several for a larger frame. Buffers the size of ours keep every frame in one buffer on both
+  // sides and let the PMD use its single-copy path; the peer must use the same MTU.
+  std::string devargs = cfg.devargs;
+  if (name.starts_with("net_memif") && !has_key(devargs, "bsize"))
+    devargs += ",bsize=" + std::to_string(buf_size);
+
+  std::unique_ptr<DpdkPort> result;
+  std::string why;
+  const bool ok = Eal::get().run(cfg.hugepages, [&] {
+    Eal& eal = Eal::get();
+    const std::set<int> before = open_fds();
+    DeviceEntry& entry = eal.devices[name];
+    auto fail = [&](std::string reason) {
+      why = std::move(reason);
+      if (entry.pool != nullptr) {  // the port is not started: nothing holds its buffers
+        rte_mempool_free(entry.pool);
+        entry.pool = nullptr;
+        entry.buf_size = 0;
+      }
+      if (entry.devargs.empty()) eal.devices.erase(name);
+      mark_cloexec(eal.fds_after_last_op, before);
+      eal.fds_after_last_op = open_fds();
+    };
+    if (entry.open) return fail("device " + name + " is already open in this process");
+    if (!entry.devargs.empty() && entry.devargs != devargs) remove_device(name, entry);
+    if (entry.devargs.empty()) {
+      const int rc = rte_dev_probe(devargs.c_str());
+      uint16_t port = 0;
+      if (rc != 0) return fail("DPDK refused device '" + devargs + "': " + probe_error(rc));
+      if (rte_eth_dev_get_port_by_name(name.c_str(), &port) != 0)
+        return fail("device '" + name + "' probed but is no ethernet port");
+      entry.devargs = devargs;
+      entry.port = port;
+    }
+    const uint16_t port = entry.port;
+
+    rte_eth_dev_info info{};
+    int rc = rte_eth_dev_info_get(port, &info);
+    if (rc != 0) return fail("device info of " + name + ": " + errno_text(-rc));
+    rte_eth_conf conf{};
+    // Some PMDs (memif) report a 1518-byte frame limit yet carry any frame their buffers hold;
+    // ask for what the device accepts and rely on the buffer size for the rest.
+    const uint32_t overhead =
+        info.max_rx_pktlen > info.max_mtu ? info.max_rx_pktlen - info.max_mtu : kEthHeader + 4;
+    if (cfg.mtu <= info.max_mtu && cfg.mtu + overhead <= info.max_rx_pktlen) {
+      conf.rxmode.mtu = cfg.mtu;
+    } else {
+      log(RTE_LOG_NOTICE, "metaroce.io: %s reports max frame %u < %u; not set\n", name.c_str(),
+          info.max_rx_pktlen, cfg.mtu + overhead);
+    }
+    rc = rte_eth_dev_configure(port, 1, 1, &conf);
+    if (rc != 0) return fail("configure " + name + ": " + errno_text(-rc));
+    uint16_t nb_rx = cfg.rx_descriptors, nb_tx = cfg.tx_descriptors;
+    rte_eth_dev_adjust_nb_rx_tx_desc(port, &nb_rx, &nb_tx);
+
+    if (entry.pool == nullptr) {
+      const unsigned count = std::max(2u * (nb_rx + nb_tx), 2048u) - 1;  // 2^n - 1 suits the ring
+      const std::string pool_name = "mr_io_" + std::to_string(++eal.pool_generation);
+      const int socket = rte_eth_dev_socket_id(port);
+      entry.pool = rte_pktmbuf_pool_create(pool_name.c_str(), count, kPoolCache, 0,
+                                           static_cast<uint16_t>(buf_size + RTE_PKTMBUF_HEADROOM),
+                                           socket < 0 ? SOCKET_ID_ANY : socket);
+      if (entry.pool == nullptr) {
+        entry.buf_size = 0;
+        return fail("mbuf pool for " + name + ": " + errno_text(rte_errno));
+      }
+      entry.buf_size = buf_size;
+    }
+    const int socket = rte_eth_dev_socket_id(port);
+    const unsigned sock = socket < 0 ? SOCKET_ID_ANY : static_cast<unsigned>(socket);
+    rc = rte_eth_rx_queue_setup(port, 0, nb_rx, sock, nullptr, entry.pool);
+    if (rc != 0) return fail("RX queue of " + name + ": " + errno_text(-rc));
+    rc = rte_eth_tx_queue_setup(port, 0, nb_tx, sock, nullptr);
+    if (rc != 0) return fail("TX queue of " + name + ": " + errno_text(-rc));
+    rc = rte_eth_dev_start(port);
+    if (rc != 0) return fail("start " + name + ": " + errno_text(-rc));
+
+    // A peer that is already there connects within milliseconds; one that comes later is seen
+    // through link_up().
+    const auto deadline = std::chrono::steady_clock::now() + kLinkWait;
+    rte_eth_link link{};
+    while (rte_eth_link_get_nowait(port, &link) == 0 && link.link_status == 0 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+
+    // A memif client hands the server its receive buffers only from inside rx_burst, so the
+    // server cannot send before the client's first poll. Poll once now, while no other thread
+    // can use the queue; anything that arrived before the port existed is discarded.
+    if (link.link_status != 0) {
+      rte_mbuf* early[kBurst];
+      const uint16_t n = rte_eth_rx_burst(port, 0, early, kBurst);
+      if (n != 0) rte_pktmbuf_free_bulk(early, n);
+    }
+
+    rte_ether_addr addr{};
+    rte_eth_macaddr_get(port, &addr);
+    MacAddr mac;
+    std::copy(std::begin(addr.addr_bytes), std::end(addr.addr_bytes), mac.begin());
+    entry.open = true;
+    result = std::make_unique<DpdkPort>(name, port, cfg.hugepages, mac);
+    result->set_pool(entry.pool);
+    mark_cloexec(eal.fds_after_last_op, before);
+    eal.fds_after_last_op = open_fds();
+    log(RTE_LOG_INFO, "metaroce.io: %s is port %u, link %s\n", name.c_str(), port,
+        link.link_status ? "up" : "down");
+  }, &why);
+  if (!ok || result == nullptr) {
+    *err = why;
+    log(RTE_LOG_ERR, "metaroce.io: %s\n", why.c_str());
+    return nullptr;
+  }
+  return result;
+}
+
+}  // namespace metaroce::io
