@@ -4,6 +4,7 @@
 #include "util/cli.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -21,6 +22,12 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
+
+#include "datapath/fabric/fabric_control.h"
+#ifdef METAROCE_HAVE_DPDK
+#include "datapath/fabric/fabric_runner.h"
+#endif
 
 #ifdef METAROCE_HAVE_DPDK
 #define ALLOW_EXPERIMENTAL_API 1  // rte_devargs_reset is still experimental in 22.11
@@ -55,9 +62,11 @@ constexpr const char* kMainHelp =
     "\n"
     "Commands:\n"
     "  link add NAME --dpdk DEVARGS --ip ADDR/PREFIX [--mtu BYTES] [--paths N] [--udp-port P]\n"
+    "  link add NAME --fabric FABRIC:ENDPOINT --ip ADDR/PREFIX [...]\n"
     "  link del NAME\n"
     "  link show [NAME] [--json]\n"
     "  env                      print the shell settings that make libibverbs find the links\n"
+    "  fabric run|set|stat|stop NAME ...   the fabric emulator (see 'metaroce fabric --help')\n"
     "\n"
     "Links live in $METAROCE_RUNDIR (default /run/metaroce). Typical use:\n"
     "  metaroce link add mr0 --dpdk net_memif0,role=server --ip 10.0.0.1/24\n"
@@ -70,11 +79,37 @@ constexpr const char* kLinkHelp =
     "\n"
     "  NAME            device name, 1..63 of [A-Za-z0-9_-] (what `ibv_devices` lists)\n"
     "  --dpdk DEVARGS  DPDK device: driver[,key=value]*, e.g. net_memif0,role=server\n"
+    "  --fabric FABRIC:ENDPOINT  instead of --dpdk: attach to every plane of endpoint ENDPOINT\n"
+    "                  of a running `metaroce fabric run FABRIC`\n"
     "  --ip ADDR/PREFIX  IPv4 address of the link; GID 0 is its IPv4-mapped form\n"
     "  --mtu BYTES     IP MTU, 576..9600 (default 9000)\n"
     "  --paths N       paths (UDP source ports) per connection, 1..256 (default 8)\n"
     "  --udp-port P    UDP destination port, 1..65535 (default 4793)\n"
     "  --json          `show` prints a JSON array\n";
+
+constexpr const char* kFabricHelp =
+    "Usage: metaroce fabric run NAME --endpoints E --planes P [OPTIONS]\n"
+    "       metaroce fabric set NAME [--plane P] [--link L] SETTING...\n"
+    "       metaroce fabric stat NAME [--json]\n"
+    "       metaroce fabric stop NAME\n"
+    "\n"
+    "A DPDK process emulating E endpoints joined by P leaf-spine planes; endpoint e attaches to\n"
+    "plane p over memif socket metaroce-fabric-NAME-e<e>-p<p> (`metaroce link add --fabric`).\n"
+    "A frame crosses core link hash(5-tuple) % K of its plane, then the destination's edge link.\n"
+    "\n"
+    "run options (rates like 100G, 800M; 0 = unlimited):\n"
+    "  --endpoints E         1..64                --planes P          1..16\n"
+    "  --links-per-plane K   1..1024 (default 4)  --rate R            core links (default 100G)\n"
+    "  --edge-rate R         edge links (default --rate)\n"
+    "  --queue BYTES         per-link queue, tail drop (default 1048576)\n"
+    "  --ecn-threshold BYTES CE-mark ECT frames above this occupancy (default 131072)\n"
+    "  --loss PROB  --delay USEC  --reorder PROB  --reorder-delay USEC   core links\n"
+    "  --seed N              loss/reorder draws and ECMP hash (default 1)\n"
+    "  --seconds S           stop after S seconds (default: until SIGTERM/SIGINT or `stop`)\n"
+    "\n"
+    "set: --plane P (default all), --link coreN|edgeN|N (default all links of the plane);\n"
+    "SETTING: loss=PROB delay=USEC rate=R reorder=PROB reorder_delay=USEC ecn=BYTES\n"
+    "queue=BYTES down up\n";
 
 // --- small file helpers; every error comes back as text, nothing throws ------------------------
 
@@ -181,6 +216,18 @@ std::optional<std::vector<std::string>> split_devargs(const std::string& s) {
     }
   }
   if (depth != 0) return std::nullopt;
+  return parts;
+}
+
+std::vector<std::string> split_planes(const std::string& devargs) {
+  std::vector<std::string> parts(1);
+  for (char c : devargs) {
+    if (c == nic::kPlaneSeparator) {
+      parts.emplace_back();
+    } else {
+      parts.back() += c;
+    }
+  }
   return parts;
 }
 
@@ -447,8 +494,8 @@ Outcome link_add(const std::vector<std::string>& args, const Context& ctx) {
         value = a.substr(eq + 1);
         inline_value = true;
       }
-      if (key != "--dpdk" && key != "--ip" && key != "--mtu" && key != "--paths" &&
-          key != "--udp-port")
+      if (key != "--dpdk" && key != "--fabric" && key != "--ip" && key != "--mtu" &&
+          key != "--paths" && key != "--udp-port")
         return usage("link add: unknown option '" + key + "'");
       if (!inline_value) {
         if (i + 1 >= args.size()) return usage("link add: option " + key + " needs a value");
@@ -463,7 +510,10 @@ Outcome link_add(const std::vector<std::string>& args, const Context& ctx) {
     }
   }
   if (!name) return usage("link add: missing NAME");
-  if (!opt.count("--dpdk")) return usage("link add: missing --dpdk DEVARGS");
+  if (opt.count("--dpdk") && opt.count("--fabric"))
+    return usage("link add: give --dpdk or --fabric, not both");
+  if (!opt.count("--dpdk") && !opt.count("--fabric"))
+    return usage("link add: missing --dpdk DEVARGS (or --fabric FABRIC:ENDPOINT)");
   if (!opt.count("--ip")) return usage("link add: missing --ip ADDR/PREFIX");
 
   // Everything that does not depend on the run dir is checked before touching it.
@@ -484,8 +534,29 @@ Outcome link_add(const std::vector<std::string>& args, const Context& ctx) {
   if (opt.count("--udp-port") &&
       !parse_number(opt["--udp-port"], uint16_t{1}, uint16_t{65535}, &c.udp_port))
     return fail("bad --udp-port '" + opt["--udp-port"] + "': expected 1..65535");
-  if (!check_devargs(opt["--dpdk"], &err)) return fail(err);
-  c.devargs = opt["--dpdk"];
+  if (opt.count("--dpdk")) {
+    if (!check_devargs(opt["--dpdk"], &err)) return fail(err);
+    c.devargs = opt["--dpdk"];
+  } else {
+    // One device string per plane of the fabric endpoint; the fabric's state says how many.
+    const std::string& spec = opt["--fabric"];
+    const auto colon = spec.rfind(':');
+    uint32_t endpoint = 0;
+    if (colon == std::string::npos ||
+        !parse_number(spec.substr(colon + 1), uint32_t{0}, fabric::kMaxEndpoints - 1, &endpoint))
+      return fail("bad --fabric '" + spec + "': expected FABRIC:ENDPOINT, e.g. fab0:1");
+    const std::string fabric_name = spec.substr(0, colon);
+    if (!fabric::check_fabric_name(fabric_name, &err)) return fail(err);
+    auto info = fabric::read_info(ctx.rundir, fabric_name, &err);
+    if (!info) return fail(err);
+    if (endpoint >= info->endpoints)
+      return fail("fabric " + fabric_name + " has endpoints 0.." +
+                  std::to_string(info->endpoints - 1) + ", not " + std::to_string(endpoint));
+    c.devargs = fabric_devargs(c.name, fabric_name, endpoint, info->planes);
+    c.planes = static_cast<uint16_t>(info->planes);
+    for (auto& one : split_planes(c.devargs))
+      if (!check_devargs(one, &err)) return fail(err);
+  }
   c.node_guid = node_guid_for_ip(c.ip);
 
   if (!ctx.is_root && !writable(ctx.rundir))
@@ -618,7 +689,8 @@ Outcome link_show(const std::vector<std::string>& args, const Context& ctx) {
       o << (i ? ",\n " : "\n ") << "{\"name\": " << json_string(l.name)
         << ", \"uverbs\": " << json_string(l.uverbs) << ", \"ip\": " << json_string(nic::format_ipv4(l.ip))
         << ", \"prefix\": " << unsigned{l.prefix} << ", \"mtu\": " << l.mtu
-        << ", \"paths\": " << l.paths << ", \"udp_port\": " << l.udp_port
+        << ", \"paths\": " << l.paths << ", \"planes\": " << l.planes
+        << ", \"udp_port\": " << l.udp_port
         << ", \"node_guid\": " << json_string(format_guid(l.node_guid))
         << ", \"devargs\": " << json_string(l.devargs) << "}";
     }
@@ -666,6 +738,306 @@ Outcome env(const std::vector<std::string>& args, const Context& ctx) {
   return ok();
 }
 
+// --- the fabric emulator ---------------------------------------------------------------------
+
+// Splits `--key value`, `--key=value` and flags; positional arguments in order.
+struct ParsedArgs {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> opt;
+  bool help = false;
+};
+
+std::optional<ParsedArgs> parse_args(const std::string& cmd, const std::vector<std::string>& args,
+                                     const std::vector<std::string>& with_value,
+                                     const std::vector<std::string>& flags, Outcome* error) {
+  ParsedArgs r;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      r.help = true;
+      return r;
+    }
+    if (a.size() > 2 && a.compare(0, 2, "--") == 0) {
+      std::string key = a, value;
+      const auto eq = a.find('=');
+      if (eq != std::string::npos) {
+        key = a.substr(0, eq);
+        value = a.substr(eq + 1);
+      }
+      const bool takes_value =
+          std::find(with_value.begin(), with_value.end(), key) != with_value.end();
+      const bool is_flag = std::find(flags.begin(), flags.end(), key) != flags.end();
+      if (!takes_value && !is_flag) {
+        *error = usage(cmd + ": unknown option '" + key + "'");
+        return std::nullopt;
+      }
+      if (is_flag && eq != std::string::npos) {
+        *error = usage(cmd + ": option " + key + " takes no value");
+        return std::nullopt;
+      }
+      if (takes_value && eq == std::string::npos) {
+        if (i + 1 >= args.size()) {
+          *error = usage(cmd + ": option " + key + " needs a value");
+          return std::nullopt;
+        }
+        value = args[++i];
+      }
+      if (r.opt.count(key)) {
+        *error = usage(cmd + ": option " + key + " given twice");
+        return std::nullopt;
+      }
+      r.opt[key] = value;
+    } else {
+      r.positional.push_back(a);
+    }
+  }
+  return r;
+}
+
+bool parse_probability(const std::string& s, double* out) {
+  if (s.empty() || s.size() > 32) return false;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !(v >= 0 && v <= 1)) return false;
+  *out = v;
+  return true;
+}
+
+Outcome fabric_run(const std::vector<std::string>& args, const Context& ctx) {
+  Outcome error{kExitOk, {}};
+  auto parsed = parse_args("fabric run", args,
+                           {"--endpoints", "--planes", "--links-per-plane", "--rate", "--edge-rate",
+                            "--queue", "--ecn-threshold", "--loss", "--delay", "--reorder",
+                            "--reorder-delay", "--seed", "--seconds"},
+                           {}, &error);
+  if (!parsed) return error;
+  if (parsed->help) {
+    *ctx.out << kFabricHelp;
+    return ok();
+  }
+  auto& opt = parsed->opt;
+  if (parsed->positional.empty()) return usage("fabric run: missing NAME");
+  if (parsed->positional.size() > 1)
+    return usage("fabric run: unexpected argument '" + parsed->positional[1] + "'");
+  if (!opt.count("--endpoints")) return usage("fabric run: missing --endpoints E");
+  if (!opt.count("--planes")) return usage("fabric run: missing --planes P");
+  std::string err;
+  const std::string& name = parsed->positional[0];
+  if (!fabric::check_fabric_name(name, &err)) return fail(err);
+
+  fabric::FabricConfig c;
+  auto number = [&](const char* key, uint32_t lo, uint32_t hi, uint32_t* out) {
+    if (!opt.count(key)) return true;
+    if (parse_number(opt[key], lo, hi, out)) return true;
+    err = std::string("bad ") + key + " '" + opt[key] + "': expected " + std::to_string(lo) +
+          ".." + std::to_string(hi);
+    return false;
+  };
+  if (!number("--endpoints", 1, fabric::kMaxEndpoints, &c.endpoints) ||
+      !number("--planes", 1, fabric::kMaxPlanes, &c.planes) ||
+      !number("--links-per-plane", 1, fabric::kMaxLinksPerPlane, &c.links_per_plane))
+    return fail(err);
+  auto rate = [&](const char* key, uint64_t* out) {
+    if (!opt.count(key)) return true;
+    if (auto r = fabric::parse_rate(opt[key])) {
+      *out = *r;
+      return true;
+    }
+    err = std::string("bad ") + key + " '" + opt[key] + "': expected bits/s like 100G, 800M, 0";
+    return false;
+  };
+  if (!rate("--rate", &c.core.rate_bps)) return fail(err);
+  c.edge.rate_bps = c.core.rate_bps;
+  if (!rate("--edge-rate", &c.edge.rate_bps)) return fail(err);
+  auto bytes = [&](const char* key, uint64_t* out) {
+    uint32_t v = 0;
+    if (!opt.count(key)) return true;
+    if (!parse_number(opt[key], uint32_t{1}, uint32_t{1} << 30, &v)) {
+      err = std::string("bad ") + key + " '" + opt[key] + "': expected bytes 1..1073741824";
+      return false;
+    }
+    *out = v;
+    return true;
+  };
+  if (!bytes("--queue", &c.core.queue_bytes) || !bytes("--ecn-threshold", &c.core.ecn_threshold_bytes))
+    return fail(err);
+  c.edge.queue_bytes = c.core.queue_bytes;
+  c.edge.ecn_threshold_bytes = c.core.ecn_threshold_bytes;
+  for (const char* key : {"--loss", "--reorder"}) {
+    if (!opt.count(key)) continue;
+    double* out = std::string(key) == "--loss" ? &c.core.loss : &c.core.reorder;
+    if (!parse_probability(opt[key], out))
+      return fail(std::string("bad ") + key + " '" + opt[key] + "': expected a probability 0..1");
+  }
+  uint32_t usec = 0;
+  if (opt.count("--delay")) {
+    if (!number("--delay", 0, 10'000'000, &usec)) return fail(err);
+    c.core.delay = std::chrono::microseconds(usec);
+  }
+  if (opt.count("--reorder-delay")) {
+    if (!number("--reorder-delay", 0, 10'000'000, &usec)) return fail(err);
+    c.core.reorder_delay = std::chrono::microseconds(usec);
+  }
+  if (opt.count("--seed") && !parse_number(opt["--seed"], uint64_t{0}, ~uint64_t{0}, &c.seed))
+    return fail("bad --seed '" + opt["--seed"] + "': expected a number");
+  double seconds = 0;
+  if (opt.count("--seconds")) {
+    char* end = nullptr;
+    const std::string& v = opt["--seconds"];
+    seconds = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || !(seconds > 0 && seconds <= 86400))
+      return fail("bad --seconds '" + v + "': expected 0 < S <= 86400");
+  }
+  if (auto bad = c.validate(); !bad.empty()) return fail("fabric run: " + bad);
+#ifdef METAROCE_HAVE_DPDK
+  if (!ctx.is_root && !writable(ctx.rundir))
+    return fail("permission denied: cannot write " + ctx.rundir + " (run as root)");
+  fabric::RunOptions ro;
+  ro.name = name;
+  ro.rundir = ctx.rundir;
+  ro.config = c;
+  ro.seconds = seconds;
+  std::string why;
+  if (fabric::run_fabric(ro, *ctx.out, &why) != 0) return fail("fabric " + name + ": " + why);
+  return ok();
+#else
+  return fail("fabric run: this metaroce was built without DPDK");
+#endif
+}
+
+// The reply body, or the fabric's own error as this command's error.
+Outcome fabric_call(const Context& ctx, const std::string& name, const std::string& request,
+                    std::string* body) {
+  std::string err;
+  auto reply = fabric::control_request(ctx.rundir, name, request, &err);
+  if (!reply) return fail(err);
+  if (reply->rfind("ok\n", 0) == 0) {
+    *body = reply->substr(3);
+    return ok();
+  }
+  std::string line = reply->substr(0, reply->find('\n'));
+  if (line.rfind("error: ", 0) == 0) line = line.substr(7);
+  return fail("fabric " + name + ": " + line);
+}
+
+bool fabric_link_ok(const std::string& l) {
+  std::string num = l;
+  if (l.rfind("core", 0) == 0 || l.rfind("edge", 0) == 0) num = l.substr(4);
+  uint32_t v = 0;
+  return parse_number(num, uint32_t{0}, fabric::kMaxLinksPerPlane - 1, &v);
+}
+
+Outcome fabric_set(const std::vector<std::string>& args, const Context& ctx) {
+  Outcome error{kExitOk, {}};
+  auto parsed = parse_args("fabric set", args, {"--plane", "--link"}, {}, &error);
+  if (!parsed) return error;
+  if (parsed->help) {
+    *ctx.out << kFabricHelp;
+    return ok();
+  }
+  if (parsed->positional.empty()) return usage("fabric set: missing NAME");
+  if (parsed->positional.size() < 2) return usage("fabric set: missing SETTING (e.g. loss=0.01)");
+  std::string err;
+  const std::string& name = parsed->positional[0];
+  if (!fabric::check_fabric_name(name, &err)) return fail(err);
+  std::string plane = "*", link = "*";
+  if (parsed->opt.count("--plane")) {
+    plane = parsed->opt["--plane"];
+    uint32_t p = 0;
+    if (!parse_number(plane, uint32_t{0}, fabric::kMaxPlanes - 1, &p))
+      return fail("bad --plane '" + plane + "': expected 0.." +
+                  std::to_string(fabric::kMaxPlanes - 1));
+  }
+  if (parsed->opt.count("--link")) {
+    link = parsed->opt["--link"];
+    if (!fabric_link_ok(link))
+      return fail("bad --link '" + link + "': expected coreN, edgeN or N");
+  }
+  std::string request = "set " + plane + " " + link;
+  fabric::LinkParams scratch;
+  for (size_t i = 1; i < parsed->positional.size(); ++i) {
+    if (!fabric::apply_setting(parsed->positional[i], &scratch, &err)) return fail(err);
+    request += " " + parsed->positional[i];
+  }
+  std::string body;
+  Outcome r = fabric_call(ctx, name, request, &body);
+  if (r.status == kExitOk) *ctx.out << body;
+  return r;
+}
+
+Outcome fabric_stat(const std::vector<std::string>& args, const Context& ctx) {
+  Outcome error{kExitOk, {}};
+  auto parsed = parse_args("fabric stat", args, {}, {"--json"}, &error);
+  if (!parsed) return error;
+  if (parsed->help) {
+    *ctx.out << kFabricHelp;
+    return ok();
+  }
+  if (parsed->positional.empty()) return usage("fabric stat: missing NAME");
+  if (parsed->positional.size() > 1)
+    return usage("fabric stat: unexpected argument '" + parsed->positional[1] + "'");
+  std::string err;
+  const std::string& name = parsed->positional[0];
+  if (!fabric::check_fabric_name(name, &err)) return fail(err);
+  const bool json = parsed->opt.count("--json") != 0;
+  std::string body;
+  Outcome r = fabric_call(ctx, name, json ? "stat json" : "stat", &body);
+  if (r.status != kExitOk) return r;
+  *ctx.out << body;
+  if (!json && fabric_call(ctx, name, "ports", &body).status == kExitOk) *ctx.out << body;
+  return ok();
+}
+
+Outcome fabric_stop(const std::vector<std::string>& args, const Context& ctx) {
+  Outcome error{kExitOk, {}};
+  auto parsed = parse_args("fabric stop", args, {}, {}, &error);
+  if (!parsed) return error;
+  if (parsed->help) {
+    *ctx.out << kFabricHelp;
+    return ok();
+  }
+  if (parsed->positional.empty()) return usage("fabric stop: missing NAME");
+  if (parsed->positional.size() > 1)
+    return usage("fabric stop: unexpected argument '" + parsed->positional[1] + "'");
+  std::string err;
+  const std::string& name = parsed->positional[0];
+  if (!fabric::check_fabric_name(name, &err)) return fail(err);
+  auto info = fabric::read_info(ctx.rundir, name, &err);
+  if (!info) return fail(err);
+  std::string body;
+  if (fabric_call(ctx, name, "stop", &body).status != kExitOk) {
+    // A wedged or half-started fabric: the pid file still names it.
+    if (info->pid <= 0 || ::kill(info->pid, SIGTERM) != 0)
+      return fail("fabric " + name + " does not answer and has no live process");
+  }
+  const std::string dir = fabric::state_dir(ctx.rundir, name);
+  for (int i = 0; i < 200; ++i) {  // it removes its state folder as it exits
+    if (!path_exists(dir)) return ok();
+    if (info->pid > 0 && ::kill(info->pid, 0) != 0 && errno == ESRCH) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+      return ok();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return fail("fabric " + name + " did not stop within 10 s");
+}
+
+Outcome fabric_command(const std::vector<std::string>& rest, const Context& ctx) {
+  if (rest.empty()) return usage("fabric: missing subcommand (run, set, stat, stop)");
+  const std::string& sub = rest[0];
+  std::vector<std::string> sub_args(rest.begin() + 1, rest.end());
+  if (sub == "--help" || sub == "-h" || sub == "help") {
+    *ctx.out << kFabricHelp;
+    return ok();
+  }
+  if (sub == "run") return fabric_run(sub_args, ctx);
+  if (sub == "set") return fabric_set(sub_args, ctx);
+  if (sub == "stat" || sub == "stats") return fabric_stat(sub_args, ctx);
+  if (sub == "stop") return fabric_stop(sub_args, ctx);
+  return usage("fabric: unknown subcommand '" + sub + "'");
+}
+
 Outcome dispatch(const std::vector<std::string>& args, const Context& ctx) {
   if (args.empty()) return usage("missing command (try 'metaroce --help')");
   const std::string& cmd = args[0];
@@ -679,6 +1051,7 @@ Outcome dispatch(const std::vector<std::string>& args, const Context& ctx) {
     return ok();
   }
   if (cmd == "env") return env(rest, ctx);
+  if (cmd == "fabric") return fabric_command(rest, ctx);
   if (cmd != "link") return usage("unknown command '" + cmd + "' (try 'metaroce --help')");
   if (rest.empty()) return usage("link: missing subcommand (add, del, show)");
   const std::string& sub = rest[0];
@@ -747,6 +1120,8 @@ bool check_devargs(const std::string& devargs, std::string* err) {
   if (devargs.empty()) return bad("empty");
   for (unsigned char ch : devargs)
     if (ch <= ' ' || ch >= 0x7f) return bad("spaces and control characters are not allowed");
+  if (devargs.find(nic::kPlaneSeparator) != std::string::npos)
+    return bad("';' separates the planes of a --fabric link and cannot appear here");
   auto parts = split_devargs(devargs);
   if (!parts) return bad("unbalanced [ ]");
   const std::string& dev = (*parts)[0];
@@ -769,6 +1144,26 @@ bool check_devargs(const std::string& devargs, std::string* err) {
     return bad("no DPDK bus or driver knows device '" + dev + "'");
 #endif
   return true;
+}
+
+std::string fabric_devargs(const std::string& link, const std::string& fabric_name,
+                           uint32_t endpoint, uint32_t planes) {
+  // DPDK device names hold at most 63 characters; "net_memif_" + tag + "_pNN" must fit.
+  std::string tag = link;
+  if (tag.size() > 40) {
+    uint32_t h = 2166136261u;  // FNV-1a: stable across runs and processes
+    for (unsigned char ch : link) h = (h ^ ch) * 16777619u;
+    char buf[16];
+    std::snprintf(buf, sizeof(buf), "h%08x", h);
+    tag = buf;
+  }
+  std::string out;
+  for (uint32_t p = 0; p < planes; ++p) {
+    if (p != 0) out += nic::kPlaneSeparator;
+    out += "net_memif_" + tag + "_p" + std::to_string(p) + ",role=client,id=0,socket=" +
+           fabric::socket_name(fabric_name, endpoint, p);
+  }
+  return out;
 }
 
 uint64_t node_guid_for_ip(uint32_t ip) {

@@ -54,6 +54,10 @@ std::optional<std::pair<uint32_t, uint8_t>> parse_address(const std::string& tex
 bool check_devargs(const std::string& devargs, std::string* err);
 // Link names: 1..63 characters from [A-Za-z0-9_-].
 bool check_name(const std::string& name, std::string* err);
+// The device strings of link `link` on planes 0..planes-1 of endpoint `endpoint` of fabric
+// `fabric_name`, joined by ';' (the contract is in datapath/nic/link_config.h).
+std::string fabric_devargs(const std::string& link, const std::string& fabric_name,
+                           uint32_t endpoint, uint32_t planes);
 // EUI-64 built from the locally administered MAC 02:00:a:b:c:d of IP a.b.c.d.
 uint64_t node_guid_for_ip(uint32_t ip);
 // "xxxx:xxxx:xxxx:xxxx" as sysfs node_guid shows it.

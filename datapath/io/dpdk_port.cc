@@ -412,12 +412,16 @@ class DpdkPort final : public Port {
         TxFrame& f = frames[i];
         if (f.handle == nullptr) continue;
         auto* m = static_cast<rte_mbuf*>(f.handle);
+        f.handle = nullptr;
+        if (f.len == 0) {  // an unused buffer given back
+          rte_pktmbuf_free(m);
+          continue;
+        }
         const uint32_t len = std::min(f.len, f.capacity);
         m->data_len = static_cast<uint16_t>(len);
         m->pkt_len = len;
         bytes[n] = len;
         mbufs[n++] = m;
-        f.handle = nullptr;
       }
       if (n == 0) continue;
       const uint16_t sent = rte_eth_tx_burst(port_, 0, mbufs, n);

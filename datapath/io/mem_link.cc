@@ -158,6 +158,7 @@ class MemPort final : public Port {
       const size_t cap = out_.ring.size();
       for (TxFrame& f : frames) {
         const uint32_t len = std::min(f.len, tx_pool_.frame_size());
+        if (len == 0) continue;  // an unused buffer given back: freed below
         if (out_.count == cap) {
           ++dropped;  // the bounded queue is full: the frame never reaches the wire
           continue;

@@ -45,7 +45,8 @@ class Port {
   // Gets a buffer of at least `size` bytes; false when none is free.
   virtual bool alloc_tx(TxFrame& frame, uint32_t size) = 0;
   // Sends the frames (each with len set); frames the link cannot take are freed and counted in
-  // tx_dropped. The port owns the frames afterwards.
+  // tx_dropped. A frame with len 0 is freed unsent (how a caller gives back a buffer it did not
+  // use). The port owns the frames afterwards.
   virtual void tx_burst(std::span<TxFrame> frames) = 0;
   // A descriptor that becomes readable when frames arrive, or -1 if the backend has none; the
   // progress thread sleeps on it when idle. rx_arm() must be called before sleeping on it.

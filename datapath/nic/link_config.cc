@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -97,10 +98,16 @@ std::optional<LinkConfig> LinkConfig::load(const std::string& path, std::string*
       ok = parse_uint(val, c.node_guid, 16);
     } else if (key == "uverbs") {
       c.uverbs = val;
+    } else if (key == "planes") {
+      ok = parse_uint(val, c.planes) && c.planes >= 1 && c.planes <= kMaxPlanes;
     }  // unknown keys are ignored so older providers read newer files
     if (!ok) return fail("bad value for " + key + ": '" + val + "'");
   }
   if (c.name.empty() || c.devargs.empty() || c.ip == 0) return fail("name, devargs and ip are required");
+  const auto parts = 1 + std::count(c.devargs.begin(), c.devargs.end(), kPlaneSeparator);
+  if (parts != c.planes)
+    return fail("planes=" + std::to_string(c.planes) + " but devargs holds " +
+                std::to_string(parts) + " device string(s)");
   return c;
 }
 
@@ -115,7 +122,8 @@ bool LinkConfig::save(const std::string& path, std::string* err) const {
     << "udp_port=" << udp_port << "\n"
     << "paths=" << paths << "\n"
     << "node_guid=0x" << std::hex << node_guid << std::dec << "\n"
-    << "uverbs=" << uverbs << "\n";
+    << "uverbs=" << uverbs << "\n"
+    << "planes=" << planes << "\n";
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) {

@@ -16,9 +16,19 @@ inline constexpr uint32_t kGidTableLen = 16;     // gids/0 is the link's address
 inline constexpr uint32_t kUverbsAbi = 1;        // class/infiniband_verbs/uverbsN/abi_version
 inline constexpr const char* kConfigFile = "metaroce.conf";  // inside class/infiniband/<name>/
 
+inline constexpr uint16_t kMaxPlanes = 16;
+inline constexpr char kPlaneSeparator = ';';  // between the device strings of a multiplane link
+
+// Multiplane links (`metaroce link add --fabric NAME:ENDPOINT`): `planes=P` and `devargs` holds P
+// DPDK device strings joined by ';', plane 0 first; the NIC opens one port per plane and plane p
+// of every device on a fabric reaches plane p of every other. Each string is
+// `net_memif_<tag>_p<p>,role=client,id=0,socket=metaroce-fabric-<fabric>-e<E>-p<p>` (abstract
+// socket), where <tag> is the link name, or a hash of it when the name is too long for a DPDK
+// device name, so the vdev names of two links in one process never collide. A record without
+// `planes` is a single-plane link (planes=1) whose devargs holds no ';'.
 struct LinkConfig {
   std::string name;             // ibdev name, e.g. "mr0"
-  std::string devargs;          // DPDK device string (vdev like "net_memif0,role=server,...")
+  std::string devargs;          // DPDK device string(s) (vdev like "net_memif0,role=server,...")
   uint32_t ip = 0;              // IPv4, host byte order
   uint8_t prefix = 24;
   uint32_t mtu = kDefaultMtu;   // link MTU in bytes (576..9600)
@@ -26,6 +36,7 @@ struct LinkConfig {
   uint16_t paths = kDefaultPaths;  // paths per connection (1..256)
   uint64_t node_guid = 0;       // derived from the IP unless given
   std::string uverbs;           // e.g. "uverbs0": the entry under class/infiniband_verbs
+  uint16_t planes = 1;          // device strings in devargs (1..kMaxPlanes)
 
   // Parses the file at path; on failure returns nullopt and a one-line reason in *err.
   static std::optional<LinkConfig> load(const std::string& path, std::string* err);

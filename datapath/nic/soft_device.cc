@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <ctime>
+#include <optional>
 
 #include "datapath/io/dpdk_port.h"
 #include "datapath/wire/frame.h"
@@ -30,6 +31,14 @@ constexpr Time kSpinBeforeSleep = std::chrono::microseconds(50);
 constexpr Time kMaxSleep = std::chrono::milliseconds(1);
 constexpr Time kArpRetry = std::chrono::milliseconds(10);
 constexpr uint32_t kL2L4Header = wire::kUdpFrameHeaderLen;
+// Link goodbye (docs/spec/link.md): a port about to close tells its peer to stop touching the
+// shared link first. DPDK 22.11's memif unmaps its rings from the interrupt thread when the peer
+// disconnects, even while another thread is inside rx/tx on them.
+constexpr uint16_t kGoodbyeEtherType = 0x88b5;  // IEEE local experimental
+constexpr uint8_t kGoodbye = 1, kGoodbyeAck = 2;
+constexpr uint32_t kGoodbyeFrameLen = 60;
+constexpr Time kGoodbyeWait = std::chrono::milliseconds(20);
+constexpr Time kQuietMax = std::chrono::seconds(1);
 // What a data packet adds to its payload inside the link MTU (an IP packet size).
 constexpr uint32_t kFrameOverhead =
     wire::kIpv4HeaderLen + wire::kUdpHeaderLen + wire::kDataHeadersLen;
@@ -65,6 +74,14 @@ class SoftDevice::Sink final : public transport::TxSink {
   void commit(uint32_t peer_ip, uint16_t udp_src_port, uint8_t /*plane*/, uint32_t len) override {
     io::TxFrame& f = frames_[count_];
     const io::MacAddr* dst = dev_.lookup_mac(peer_ip);
+    if (peer_ip == dev_.cfg_.ip) {
+      // Two QPs of this device talking to each other: the packet never leaves the NIC.
+      dev_.loop_back(udp_src_port, {f.data + kL2L4Header, len});
+      f.len = 0;  // the buffer goes back to the port unsent
+      ++count_;
+      open_ = false;
+      return;
+    }
     wire::UdpFrameParams a;
     a.src_mac = dev_.port_->mac();
     a.dst_mac = dst ? *dst : wire::kBroadcastMac;  // until ARP answers: the link is point-to-point
@@ -144,6 +161,7 @@ SoftDevice::~SoftDevice() {
   stop_.store(true);
   kick();
   if (thread_.joinable()) thread_.join();
+  say_goodbye();
   if (doorbell_fd_ >= 0) close(doorbell_fd_);
 }
 
@@ -250,8 +268,22 @@ void SoftDevice::queue_read_response(const transport::MessageDesc& msg, uint64_t
   pending_reads_.push_back(m);
 }
 
+void SoftDevice::loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_payload) {
+  LoopPacket* p;
+  if (loop_free_.empty()) {
+    loop_pool_.push_back(std::make_unique<LoopPacket>());
+    p = loop_pool_.back().get();
+  } else {
+    p = loop_free_.back();
+    loop_free_.pop_back();
+  }
+  p->src_port = udp_src_port;
+  p->bytes.assign(udp_payload.begin(), udp_payload.end());
+  loop_queue_.push_back(p);
+}
+
 void SoftDevice::resolve(uint32_t ip) {
-  if (ip == 0 || arp_.count(ip)) return;
+  if (ip == 0 || ip == cfg_.ip || arp_.count(ip)) return;
   arp_asked_[ip] = Time::min();  // the progress thread sends the request
   kick();
 }
@@ -313,8 +345,54 @@ void SoftDevice::send_arp(bool reply, uint32_t target_ip, const io::MacAddr& tar
   else counters_.arp_requests++;
 }
 
+void SoftDevice::send_goodbye(uint8_t kind) {
+  io::TxFrame f;
+  if (!port_->alloc_tx(f, kGoodbyeFrameLen)) return;
+  std::memset(f.data, 0, kGoodbyeFrameLen);
+  std::memcpy(f.data, wire::kBroadcastMac.data(), 6);
+  std::memcpy(f.data + 6, port_->mac().data(), 6);
+  f.data[12] = kGoodbyeEtherType >> 8;
+  f.data[13] = kGoodbyeEtherType & 0xff;
+  f.data[14] = kind;
+  f.len = kGoodbyeFrameLen;
+  port_->tx_burst({&f, 1});
+}
+
+std::optional<uint8_t> SoftDevice::goodbye_kind(const io::RxFrame& f) {
+  if (f.len < 15 || f.data[12] != (kGoodbyeEtherType >> 8) ||
+      f.data[13] != (kGoodbyeEtherType & 0xff))
+    return std::nullopt;
+  return f.data[14];
+}
+
+void SoftDevice::say_goodbye() {
+  if (!port_ || !port_->link_up()) return;
+  send_goodbye(kGoodbye);
+  // Real time even under a test clock: this waits for another process.
+  const auto deadline = std::chrono::steady_clock::now() + kGoodbyeWait;
+  io::RxFrame rx[kRxBurst];
+  while (std::chrono::steady_clock::now() < deadline) {
+    uint32_t n = port_->rx_burst(rx);
+    bool acked = false;
+    for (uint32_t i = 0; i < n; ++i) acked |= goodbye_kind(rx[i]) == kGoodbyeAck;
+    port_->release({rx, n});
+    if (acked) return;
+    if (n == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 void SoftDevice::handle_frame(Time t, const io::RxFrame& f) {
   counters_.rx_frames++;
+  if (auto kind = goodbye_kind(f)) {
+    if (*kind == kGoodbye) {
+      // The peer is closing its end: answer, then leave the link alone until it is back.
+      send_goodbye(kGoodbyeAck);
+      quiet_ = true;
+      quiet_since_ = t;
+      quiet_saw_down_ = false;
+    }
+    return;
+  }
   const wire::FrameInfo p = wire::parse_frame({f.data, f.len}, cfg_.udp_port);
   if (p.kind == wire::FrameKind::kMalformed) {
     counters_.rx_drop_malformed++;
@@ -343,8 +421,14 @@ bool SoftDevice::progress() {
   std::lock_guard lock(mu_);
   bool work = false;
   Time t = now();
+  if (quiet_) {
+    // Resume once the old peer is gone and a new one connected (or after kQuietMax).
+    const bool up = port_->link_up();
+    quiet_saw_down_ |= !up;
+    if (up && (quiet_saw_down_ || t - quiet_since_ > kQuietMax)) quiet_ = false;
+  }
   io::RxFrame rx[kRxBurst];
-  uint32_t n = port_->rx_burst(rx);
+  uint32_t n = quiet_ ? 0 : port_->rx_burst(rx);
   if (n > 0) {
     for (uint32_t i = 0; i < n; ++i) handle_frame(t, rx[i]);
     port_->release({rx, n});
@@ -366,8 +450,18 @@ bool SoftDevice::progress() {
     }
     ++it;
   }
+  if (!loop_queue_.empty()) {
+    // Packets this device sent itself, delivered as if they had come back from the wire.
+    std::vector<LoopPacket*> batch;
+    batch.swap(loop_queue_);
+    for (LoopPacket* p : batch) {
+      engine_->on_packet(t, cfg_.ip, p->src_port, false, p->bytes);
+      loop_free_.push_back(p);
+    }
+    work = true;
+  }
   if (engine_->next_deadline() <= t) engine_->on_timer(t);
-  {
+  if (!quiet_) {
     Sink sink(*this);
     if (engine_->poll_tx(t, sink) > 0) work = true;
   }

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -58,6 +59,8 @@ class SoftDevice final : public Device, private transport::Host {
   transport::Engine& engine() { return *engine_; }
   void queue_read_response(const transport::MessageDesc& msg, uint64_t local_addr);
   void resolve(uint32_t ip);  // start ARP for a peer
+  // Queues a packet the device sent to its own address; delivered in the next progress pass.
+  void loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_payload);
   static uint64_t cookie(uint32_t qpn, uint32_t msn) { return (uint64_t{qpn} << 32) | msn; }
 
  private:
@@ -77,6 +80,9 @@ class SoftDevice final : public Device, private transport::Host {
   void idle_wait(transport::Time now);
   void handle_frame(transport::Time now, const io::RxFrame& f);
   void send_arp(bool reply, uint32_t target_ip, const io::MacAddr& target_mac);
+  void send_goodbye(uint8_t kind);
+  void say_goodbye();
+  static std::optional<uint8_t> goodbye_kind(const io::RxFrame& f);
   QueuePair* find_qp(uint32_t qpn);
   const io::MacAddr* lookup_mac(uint32_t ip) const;
   bool sends_pending() const;
@@ -97,10 +103,24 @@ class SoftDevice final : public Device, private transport::Host {
   std::vector<transport::MessageDesc> pending_reads_;  // submitted after on_packet returns
   uint32_t next_read_id_ = 0;
 
+  // Loopback: packets to our own address, with buffers reused (no allocation once warm).
+  struct LoopPacket {
+    uint16_t src_port = 0;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<std::unique_ptr<LoopPacket>> loop_pool_;
+  std::vector<LoopPacket*> loop_free_;
+  std::vector<LoopPacket*> loop_queue_;
+
   // ARP: peer IP -> MAC, learnt from ARP and from every frame of ours.
   std::unordered_map<uint32_t, io::MacAddr> arp_;
   std::unordered_map<uint32_t, transport::Time> arp_asked_;
   DeviceCounters counters_;
+
+  // Set when the peer said goodbye: the port is not touched until the link comes back.
+  bool quiet_ = false;
+  bool quiet_saw_down_ = false;
+  transport::Time quiet_since_{};
 
   std::thread thread_;
   std::atomic<bool> stop_{false};

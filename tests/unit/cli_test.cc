@@ -12,10 +12,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "datapath/fabric/fabric_control.h"
 #include "datapath/nic/link_config.h"
 #include "util/cli.h"
 
@@ -571,6 +573,134 @@ TEST(CliHelpers, DevargsSyntax) {
   EXPECT_FALSE(check_devargs("net_memif0,,role=server", &err));
   EXPECT_FALSE(check_devargs("net_memif0,role=server,", &err));
   EXPECT_FALSE(check_devargs("net_memif0,a]=b", &err));
+}
+
+// --- the fabric commands -----------------------------------------------------------------------
+
+// A fabric's published state, as `metaroce fabric run` leaves it (no process behind it).
+void plant_fabric(const std::string& rundir, const std::string& name, uint32_t endpoints,
+                  uint32_t planes) {
+  const std::string dir = fabric::state_dir(rundir, name);
+  fs::create_directories(dir);
+  std::string err;
+  ASSERT_TRUE(fabric::write_info(dir, {endpoints, planes, 4, 0}, &err)) << err;
+}
+
+TEST_F(CliTest, LinkAddFabricRecordsOneDeviceStringPerPlane) {
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  plant_fabric(ctx_.rundir, "fab", 3, 2);
+  ASSERT_EQ(run({"link", "add", "mr0", "--fabric", "fab:2", "--ip", "10.0.0.1/24"}), kExitOk)
+      << err_.str();
+  ASSERT_EQ(run({"link", "add", "mr1", "--fabric=fab:0", "--ip", "10.0.0.2/24"}), kExitOk)
+      << err_.str();
+  std::string err;
+  auto c = nic::LinkConfig::load(ctx_.sysfs() + "/class/infiniband/mr0/metaroce.conf", &err);
+  ASSERT_TRUE(c) << err;
+  EXPECT_EQ(c->planes, 2);
+  EXPECT_EQ(c->devargs,
+            "net_memif_mr0_p0,role=client,id=0,socket=metaroce-fabric-fab-e2-p0;"
+            "net_memif_mr0_p1,role=client,id=0,socket=metaroce-fabric-fab-e2-p1");
+  auto d = nic::LinkConfig::load(ctx_.sysfs() + "/class/infiniband/mr1/metaroce.conf", &err);
+  ASSERT_TRUE(d) << err;
+  EXPECT_EQ(d->devargs.find("net_memif_mr1_p0,"), 0u);
+  EXPECT_NE(d->devargs.find("socket=metaroce-fabric-fab-e0-p1"), std::string::npos);
+  ASSERT_EQ(run({"link", "show", "mr0", "--json"}), kExitOk);
+  EXPECT_NE(out_.str().find("\"planes\": 2"), std::string::npos) << out_.str();
+}
+
+TEST(CliHelpers, FabricDevargsNamesNeverCollideAndFitDpdk) {
+  const std::string a = fabric_devargs(std::string(63, 'a'), "f", 0, 16);
+  const std::string b = fabric_devargs(std::string(62, 'a') + "b", "f", 0, 16);
+  std::set<std::string> names;
+  for (const auto& s : {a, b}) {
+    std::stringstream in(s);
+    std::string part;
+    int n = 0;
+    while (std::getline(in, part, ';')) {
+      ++n;
+      const std::string dev = part.substr(0, part.find(','));
+      EXPECT_LE(dev.size(), 63u) << dev;
+      EXPECT_TRUE(names.insert(dev).second) << "duplicate " << dev;
+      std::string err;
+      EXPECT_TRUE(check_devargs(part, &err)) << err;
+    }
+    EXPECT_EQ(n, 16);
+  }
+  EXPECT_EQ(fabric_devargs("mr0", "f", 1, 1), "net_memif_mr0_p0,role=client,id=0,socket=metaroce-fabric-f-e1-p0");
+}
+
+TEST_F(CliTest, FabricCommandsRejectBadArgumentsWithOneLine) {
+  plant_fabric(ctx_.rundir, "two", 2, 1);
+  auto add = [](std::vector<std::string> extra) {
+    std::vector<std::string> v = {"link", "add", "mr9", "--ip", "10.0.0.9/24"};
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  std::vector<BadCase> cases = {
+      {{"fabric"}, kExitUsage, "missing subcommand"},
+      {{"fabric", "frob"}, kExitUsage, "unknown subcommand"},
+      {{"fabric", "run"}, kExitUsage, "missing NAME"},
+      {{"fabric", "run", "f", "--planes", "2"}, kExitUsage, "missing --endpoints"},
+      {{"fabric", "run", "f", "--endpoints", "2"}, kExitUsage, "missing --planes"},
+      {{"fabric", "run", "f", "g", "--endpoints", "2", "--planes", "1"}, kExitUsage, "unexpected"},
+      {{"fabric", "run", "f", "--endpoints", "2", "--planes", "1", "--bogus", "1"}, kExitUsage,
+       "unknown option"},
+      {{"fabric", "run", "f", "--endpoints", "2", "--planes"}, kExitUsage, "needs a value"},
+      {{"fabric", "run", "f", "--endpoints", "2", "--endpoints", "3", "--planes", "1"}, kExitUsage,
+       "twice"},
+      {{"fabric", "run", "a/b", "--endpoints", "2", "--planes", "1"}, kExitError, "bad fabric name"},
+      {{"fabric", "run", "f", "--endpoints", "0", "--planes", "1"}, kExitError, "--endpoints"},
+      {{"fabric", "run", "f", "--endpoints", "65", "--planes", "1"}, kExitError, "--endpoints"},
+      {{"fabric", "run", "f", "--endpoints", "2", "--planes", "17"}, kExitError, "--planes"},
+      {{"fabric", "run", "f", "--endpoints", "2", "--planes", "1", "--links-per-plane", "0"},
+       kExitError, "--links-per-plane"},
+      {{"fabric", "run", "f", "--endpoints", "2", "--planes", "1", "--rate", "fast"}, kExitError,
+       "--rate"},
+      {{"fabric", "run", "f", "--endpoints", "2", "--planes", "1", "--edge-rate", "-1G"},
+       kExitError, "--edge-rate"},
+      {{"fabric", "run", "f", "--endpoints", "2", "--planes", "1", "--loss", "1.5"}, kExitError,
+       "--loss"},
+      {{"fabric", "run", "f", "--endpoints", "2", "--planes", "1", "--reorder", "x"}, kExitError,
+       "--reorder"},
+      {{"fabric", "run", "f", "--endpoints", "2", "--planes", "1", "--delay", "-3"}, kExitError,
+       "--delay"},
+      {{"fabric", "run", "f", "--endpoints", "2", "--planes", "1", "--queue", "0"}, kExitError,
+       "--queue"},
+      {{"fabric", "run", "f", "--endpoints", "2", "--planes", "1", "--seconds", "0"}, kExitError,
+       "--seconds"},
+      {{"fabric", "set"}, kExitUsage, "missing NAME"},
+      {{"fabric", "set", "two"}, kExitUsage, "missing SETTING"},
+      {{"fabric", "set", "two", "loss=2"}, kExitError, "bad setting"},
+      {{"fabric", "set", "two", "sideways"}, kExitError, "bad setting"},
+      {{"fabric", "set", "two", "--plane", "x", "up"}, kExitError, "--plane"},
+      {{"fabric", "set", "two", "--link", "spine3", "up"}, kExitError, "--link"},
+      {{"fabric", "set", "two", "loss=0.1"}, kExitError, "does not answer"},
+      {{"fabric", "stat"}, kExitUsage, "missing NAME"},
+      {{"fabric", "stat", "two", "--json=yes"}, kExitUsage, "takes no value"},
+      {{"fabric", "stat", "nosuch"}, kExitError, "does not answer"},
+      {{"fabric", "stop"}, kExitUsage, "missing NAME"},
+      {{"fabric", "stop", "nosuch"}, kExitError, "no fabric named nosuch"},
+      {{"fabric", "stop", "two"}, kExitError, "no live process"},
+      {add({"--fabric", "two:1", "--dpdk", "net_memif0"}), kExitUsage, "not both"},
+      {add({"--fabric", "two"}), kExitError, "FABRIC:ENDPOINT"},
+      {add({"--fabric", "two:x"}), kExitError, "FABRIC:ENDPOINT"},
+      {add({"--fabric", "two:2"}), kExitError, "endpoints 0..1"},
+      {add({"--fabric", "nosuch:0"}), kExitError, "no fabric named nosuch"},
+      {add({"--fabric", "a b:0"}), kExitError, "bad fabric name"},
+      {add({"--dpdk", "net_memif0,a=b;net_memif1"}), kExitError, "';'"},
+  };
+  const auto before = state();
+  for (const auto& c : cases) {
+    std::string shown;
+    for (const auto& s : c.args) shown += "[" + s + "] ";
+    SCOPED_TRACE(shown);
+    EXPECT_EQ(run(c.args), c.status);
+    expect_one_error_line();
+    EXPECT_NE(err_.str().find(c.says), std::string::npos) << err_.str();
+    EXPECT_EQ(state(), before);
+  }
+  EXPECT_EQ(run({"fabric", "--help"}), kExitOk);
+  EXPECT_NE(out_.str().find("Usage: metaroce fabric run"), std::string::npos);
 }
 
 }  // namespace

@@ -258,6 +258,52 @@ TEST_F(NicTest, ModifyToErrorFlushesPostedReceives) {
   EXPECT_EQ(c[0].status, IBV_WC_WR_FLUSH_ERR);
 }
 
+TEST_F(NicTest, TwoQpsOfOneDeviceTalkThroughLoopback) {
+  QpInit init;
+  init.pd = kPd;
+  init.send_cq = init.recv_cq = a_.cq;
+  init.max_send_wr = init.max_recv_wr = 16;
+  init.max_send_sge = init.max_recv_sge = 1;
+  int err = 0;
+  Qp* q2 = a_.dev->create_qp(init, &err);
+  ASSERT_NE(q2, nullptr);
+  Side second;
+  second.qp = q2;
+  // Reconnect a_'s first QP to the new one, both at a_'s own address.
+  a_.qp->set_state(QpState::kReset);
+  Side& first = a_;
+  for (auto [from, to] : {std::pair{first.qp, q2}, std::pair{q2, first.qp}}) {
+    from->set_access(kAllAccess);
+    from->set_state(QpState::kInit);
+    QpRemote r;
+    r.ip = 0xC6120001;
+    r.qpn = to->qpn();
+    from->set_remote(r);
+    from->set_state(QpState::kRtr);
+    from->set_state(QpState::kRts);
+  }
+  RecvWqe r;
+  r.wr_id = 77;
+  r.num_sge = 1;
+  r.sge[0] = sge(a_, 500000, 8000);
+  ASSERT_EQ(q2->post_recv(r), 0);
+  for (size_t i = 0; i < 8000; ++i) a_.buf[i] = static_cast<uint8_t>(i * 3);
+  SendWqe s;
+  s.wr_id = 78;
+  s.op = WqeOp::kSend;
+  s.signaled = true;
+  s.num_sge = 1;
+  s.sge[0] = sge(a_, 0, 8000);
+  run_until(a_, 1, 10);  // lets the ARP exchange of SetUp's connection settle
+  const uint64_t wire_before = b_.dev->counters().rx_frames;
+  ASSERT_EQ(first.qp->post_send(s), 0);
+  auto c = run_until(a_, 2);
+  ASSERT_EQ(c.size(), 2u);
+  for (const Cqe& e : c) EXPECT_EQ(e.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(a_.buf.data(), a_.buf.data() + 500000, 8000), 0);
+  EXPECT_EQ(b_.dev->counters().rx_frames, wire_before) << "loopback traffic reached the wire";
+}
+
 TEST(MrTableTest, ChecksKeyPdAccessAndBounds) {
   MrTable t;
   uint32_t k = t.add(1, 1000, 100, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE);
