@@ -57,64 +57,98 @@ uint32_t verbs_mtu_for(uint32_t link_mtu) {
 
 }  // namespace
 
-// Transmit sink: builds Ethernet/IPv4/UDP in front of what the engine writes.
+// Transmit sink: builds Ethernet/IPv4/UDP in front of what the engine writes, and sends each
+// packet on the port of its path's plane. Buffers come from plane 0's port (the plane is known
+// only at commit); a packet for another plane is copied into a buffer of that plane's port.
 class SoftDevice::Sink final : public transport::TxSink {
  public:
-  explicit Sink(SoftDevice& dev) : dev_(dev) {}
+  explicit Sink(SoftDevice& dev) : dev_(dev), batches_(dev.planes_.size()) {}
   ~Sink() override { flush(); }
 
   std::span<uint8_t> begin(uint32_t max_len) override {
-    if (open_ || count_ == kBurst) flush();
-    io::TxFrame& f = frames_[count_];
-    if (!dev_.port_->alloc_tx(f, max_len + kL2L4Header)) return {};
+    if (open_) give_back(open_frame_);
+    if (!dev_.planes_[0].port->alloc_tx(open_frame_, max_len + kL2L4Header)) return {};
     open_ = true;
-    return {f.data + kL2L4Header, max_len};
+    return {open_frame_.data + kL2L4Header, max_len};
   }
 
-  void commit(uint32_t peer_ip, uint16_t udp_src_port, uint8_t /*plane*/, uint32_t len) override {
-    io::TxFrame& f = frames_[count_];
-    const io::MacAddr* dst = dev_.lookup_mac(peer_ip);
+  void commit(uint32_t peer_ip, uint16_t udp_src_port, uint8_t plane, uint32_t len) override {
+    open_ = false;
+    io::TxFrame f = open_frame_;
     if (peer_ip == dev_.cfg_.ip) {
       // Two QPs of this device talking to each other: the packet never leaves the NIC.
       dev_.loop_back(udp_src_port, {f.data + kL2L4Header, len});
-      f.len = 0;  // the buffer goes back to the port unsent
-      ++count_;
-      open_ = false;
+      give_back(f);
       return;
     }
+    const uint32_t p = plane % dev_.planes_.size();
+    Plane& pl = dev_.planes_[p];
+    if (pl.quiet) {
+      give_back(f);  // the peer is closing that plane: as a loss, the transport resends
+      return;
+    }
+    if (p != 0) {
+      io::TxFrame g;
+      if (!pl.port->alloc_tx(g, kL2L4Header + len)) {
+        give_back(f);
+        return;  // no buffer on that plane: as a drop on the wire, the transport recovers it
+      }
+      std::memcpy(g.data + kL2L4Header, f.data + kL2L4Header, len);
+      give_back(f);
+      f = g;
+    }
+    auto known = pl.arp.find(peer_ip);
     wire::UdpFrameParams a;
-    a.src_mac = dev_.port_->mac();
-    a.dst_mac = dst ? *dst : wire::kBroadcastMac;  // until ARP answers: the link is point-to-point
+    a.src_mac = pl.port->mac();
+    // Until ARP answers, broadcast: every link we run on is point to point or a fabric plane.
+    a.dst_mac = known != pl.arp.end() ? known->second : wire::kBroadcastMac;
     a.src_ip = dev_.cfg_.ip;
     a.dst_ip = peer_ip;
     a.src_port = udp_src_port;
     a.dst_port = dev_.cfg_.udp_port;
     wire::write_udp_headers({f.data, kL2L4Header}, a, len);
     f.len = kL2L4Header + len;
-    ++count_;
-    open_ = false;
-    if (count_ == kBurst) flush();
+    push(p, f);
   }
 
   void flush() {
-    // A begin() without commit() leaves a frame allocated: send nothing for it, but it must
-    // go back to the port; an empty frame is dropped by every receiver, so give it length 0.
     if (open_) {
-      frames_[count_].len = 0;
-      ++count_;
+      give_back(open_frame_);
       open_ = false;
     }
-    if (count_ == 0) return;
-    dev_.port_->tx_burst({frames_, count_});
-    dev_.counters_.tx_frames += count_;
-    count_ = 0;
+    for (size_t p = 0; p < batches_.size(); ++p) flush_plane(p);
   }
 
  private:
   static constexpr uint32_t kBurst = 32;
+  struct Batch {
+    io::TxFrame frames[kBurst];
+    uint32_t count = 0;
+  };
+
+  // An unused plane-0 buffer goes back to its port unsent (len 0).
+  void give_back(io::TxFrame f) {
+    f.len = 0;
+    push(0, f);
+  }
+  void push(size_t plane, const io::TxFrame& f) {
+    Batch& b = batches_[plane];
+    b.frames[b.count++] = f;
+    if (b.count == kBurst) flush_plane(plane);
+  }
+  void flush_plane(size_t plane) {
+    Batch& b = batches_[plane];
+    if (b.count == 0) return;
+    uint32_t real = 0;
+    for (uint32_t i = 0; i < b.count; ++i) real += b.frames[i].len != 0;
+    dev_.planes_[plane].port->tx_burst({b.frames, b.count});
+    dev_.counters_.tx_frames += real;
+    b.count = 0;
+  }
+
   SoftDevice& dev_;
-  io::TxFrame frames_[kBurst];
-  uint32_t count_ = 0;
+  std::vector<Batch> batches_;
+  io::TxFrame open_frame_;
   bool open_ = false;
 };
 
@@ -124,15 +158,23 @@ std::shared_ptr<Device> Device::open(const LinkConfig& cfg, int* err, std::strin
   static std::map<std::string, std::weak_ptr<Device>> registry;
   std::lock_guard lock(registry_mu);
   if (auto existing = registry[cfg.name].lock()) return existing;
-  io::DpdkPortConfig pc;
-  pc.devargs = cfg.devargs;
-  pc.mtu = cfg.mtu;
-  std::string reason;
-  auto port = io::open_dpdk_port(pc, &reason);
-  if (!port) {
-    if (err) *err = ENODEV;
-    if (why) *why = "cannot open DPDK device '" + cfg.devargs + "': " + reason;
-    return nullptr;
+  std::vector<std::unique_ptr<io::Port>> ports;
+  size_t start = 0;
+  for (;;) {
+    const size_t end = cfg.devargs.find(kPlaneSeparator, start);
+    io::DpdkPortConfig pc;
+    pc.devargs = cfg.devargs.substr(start, end == std::string::npos ? end : end - start);
+    pc.mtu = cfg.mtu;
+    std::string reason;
+    auto port = io::open_dpdk_port(pc, &reason);
+    if (!port) {
+      if (err) *err = ENODEV;
+      if (why) *why = "cannot open DPDK device '" + pc.devargs + "': " + reason;
+      return nullptr;
+    }
+    ports.push_back(std::move(port));
+    if (end == std::string::npos) break;
+    start = end + 1;
   }
   SoftDeviceOptions opt;
   opt.engine.local_ip = cfg.ip;
@@ -141,18 +183,29 @@ std::shared_ptr<Device> Device::open(const LinkConfig& cfg, int* err, std::strin
   opt.engine.max_packet = opt.engine.mtu_payload + kTransportHeaderRoom;
   opt.engine.seed = (uint64_t{cfg.ip} << 32) ^ static_cast<uint64_t>(getpid()) ^
                     static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  auto dev = std::make_shared<SoftDevice>(cfg, std::move(port), opt);
+  auto dev = std::make_shared<SoftDevice>(cfg, std::move(ports), opt);
   registry[cfg.name] = dev;
   return dev;
 }
 
 SoftDevice::SoftDevice(const LinkConfig& cfg, std::unique_ptr<io::Port> port,
                        const SoftDeviceOptions& opt)
-    : cfg_(cfg), clock_(opt.clock), port_(std::move(port)), active_mtu_(verbs_mtu_for(cfg.mtu)),
+    : SoftDevice(cfg, [&] {
+        std::vector<std::unique_ptr<io::Port>> v;
+        v.push_back(std::move(port));
+        return v;
+      }(), opt) {}
+
+SoftDevice::SoftDevice(const LinkConfig& cfg, std::vector<std::unique_ptr<io::Port>> ports,
+                       const SoftDeviceOptions& opt)
+    : cfg_(cfg), clock_(opt.clock), active_mtu_(verbs_mtu_for(cfg.mtu)),
       next_qpn_(0x100 + static_cast<uint32_t>(opt.engine.seed % 0x1000)) {
+  for (auto& p : ports) planes_.push_back(Plane{std::move(p)});
   transport::EngineConfig ec = opt.engine;
   if (ec.local_ip == 0) ec.local_ip = cfg.ip;
+  ec.num_planes = static_cast<uint8_t>(planes_.size());
   engine_ = transport::Engine::create(ec, *this);
+  sink_ = std::make_unique<Sink>(*this);
   doorbell_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (opt.start_thread) thread_ = std::thread([this] { run(); });
 }
@@ -161,7 +214,7 @@ SoftDevice::~SoftDevice() {
   stop_.store(true);
   kick();
   if (thread_.joinable()) thread_.join();
-  say_goodbye();
+  for (Plane& p : planes_) say_goodbye(p);
   if (doorbell_fd_ >= 0) close(doorbell_fd_);
 }
 
@@ -256,11 +309,6 @@ QueuePair* SoftDevice::find_qp(uint32_t qpn) {
   return it == qps_.end() ? nullptr : it->second.get();
 }
 
-const io::MacAddr* SoftDevice::lookup_mac(uint32_t ip) const {
-  auto it = arp_.find(ip);
-  return it == arp_.end() ? nullptr : &it->second;
-}
-
 void SoftDevice::queue_read_response(const transport::MessageDesc& msg, uint64_t local_addr) {
   transport::MessageDesc m = msg;
   m.cookie = kReadRespTag | next_read_id_++;
@@ -283,7 +331,7 @@ void SoftDevice::loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_p
 }
 
 void SoftDevice::resolve(uint32_t ip) {
-  if (ip == 0 || ip == cfg_.ip || arp_.count(ip)) return;
+  if (ip == 0 || ip == cfg_.ip || planes_[0].arp.count(ip)) return;
   arp_asked_[ip] = Time::min();  // the progress thread sends the request
   kick();
 }
@@ -330,32 +378,33 @@ void SoftDevice::message_failed(uint64_t cookie, Syndrome why) {
 
 // --- progress ---------------------------------------------------------------------------------
 
-void SoftDevice::send_arp(bool reply, uint32_t target_ip, const io::MacAddr& target_mac) {
+void SoftDevice::send_arp(Plane& pl, bool reply, uint32_t target_ip,
+                          const io::MacAddr& target_mac) {
   io::TxFrame f;
-  if (!port_->alloc_tx(f, wire::kArpFrameLen)) return;
+  if (!pl.port->alloc_tx(f, wire::kArpFrameLen)) return;
   wire::ArpPacket arp;
   arp.op = reply ? wire::ArpOp::kReply : wire::ArpOp::kRequest;
-  arp.sender_mac = port_->mac();
+  arp.sender_mac = pl.port->mac();
   arp.sender_ip = cfg_.ip;
   arp.target_mac = reply ? target_mac : io::MacAddr{};
   arp.target_ip = target_ip;
   f.len = static_cast<uint32_t>(wire::build_arp({f.data, f.capacity}, arp));
-  port_->tx_burst({&f, 1});
+  pl.port->tx_burst({&f, 1});
   if (reply) counters_.arp_replies++;
   else counters_.arp_requests++;
 }
 
-void SoftDevice::send_goodbye(uint8_t kind) {
+void SoftDevice::send_goodbye(Plane& pl, uint8_t kind) {
   io::TxFrame f;
-  if (!port_->alloc_tx(f, kGoodbyeFrameLen)) return;
+  if (!pl.port->alloc_tx(f, kGoodbyeFrameLen)) return;
   std::memset(f.data, 0, kGoodbyeFrameLen);
   std::memcpy(f.data, wire::kBroadcastMac.data(), 6);
-  std::memcpy(f.data + 6, port_->mac().data(), 6);
+  std::memcpy(f.data + 6, pl.port->mac().data(), 6);
   f.data[12] = kGoodbyeEtherType >> 8;
   f.data[13] = kGoodbyeEtherType & 0xff;
   f.data[14] = kind;
   f.len = kGoodbyeFrameLen;
-  port_->tx_burst({&f, 1});
+  pl.port->tx_burst({&f, 1});
 }
 
 std::optional<uint8_t> SoftDevice::goodbye_kind(const io::RxFrame& f) {
@@ -365,31 +414,31 @@ std::optional<uint8_t> SoftDevice::goodbye_kind(const io::RxFrame& f) {
   return f.data[14];
 }
 
-void SoftDevice::say_goodbye() {
-  if (!port_ || !port_->link_up()) return;
-  send_goodbye(kGoodbye);
+void SoftDevice::say_goodbye(Plane& pl) {
+  if (!pl.port->link_up()) return;
+  send_goodbye(pl, kGoodbye);
   // Real time even under a test clock: this waits for another process.
   const auto deadline = std::chrono::steady_clock::now() + kGoodbyeWait;
   io::RxFrame rx[kRxBurst];
   while (std::chrono::steady_clock::now() < deadline) {
-    uint32_t n = port_->rx_burst(rx);
+    uint32_t n = pl.port->rx_burst(rx);
     bool acked = false;
     for (uint32_t i = 0; i < n; ++i) acked |= goodbye_kind(rx[i]) == kGoodbyeAck;
-    port_->release({rx, n});
+    pl.port->release({rx, n});
     if (acked) return;
     if (n == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
-void SoftDevice::handle_frame(Time t, const io::RxFrame& f) {
+void SoftDevice::handle_frame(Time t, Plane& pl, const io::RxFrame& f) {
   counters_.rx_frames++;
   if (auto kind = goodbye_kind(f)) {
     if (*kind == kGoodbye) {
       // The peer is closing its end: answer, then leave the link alone until it is back.
-      send_goodbye(kGoodbyeAck);
-      quiet_ = true;
-      quiet_since_ = t;
-      quiet_saw_down_ = false;
+      send_goodbye(pl, kGoodbyeAck);
+      pl.quiet = true;
+      pl.quiet_since = t;
+      pl.quiet_saw_down = false;
     }
     return;
   }
@@ -398,14 +447,14 @@ void SoftDevice::handle_frame(Time t, const io::RxFrame& f) {
     counters_.rx_drop_malformed++;
     return;
   }
-  const bool to_us = p.dst_mac == port_->mac() || p.dst_mac == wire::kBroadcastMac;
+  const bool to_us = p.dst_mac == pl.port->mac() || p.dst_mac == wire::kBroadcastMac;
   if (p.kind == wire::FrameKind::kArp) {
     if (!to_us || p.arp.target_ip != cfg_.ip) {
       counters_.rx_drop_not_ours++;
       return;
     }
-    arp_[p.arp.sender_ip] = p.arp.sender_mac;
-    if (p.arp.op == wire::ArpOp::kRequest) send_arp(true, p.arp.sender_ip, p.arp.sender_mac);
+    pl.arp[p.arp.sender_ip] = p.arp.sender_mac;
+    if (p.arp.op == wire::ArpOp::kRequest) send_arp(pl, true, p.arp.sender_ip, p.arp.sender_mac);
     return;
   }
   if (p.kind != wire::FrameKind::kMetaRoce || !to_us || p.dst_ip != cfg_.ip) {
@@ -413,7 +462,7 @@ void SoftDevice::handle_frame(Time t, const io::RxFrame& f) {
     return;
   }
   // Every frame of ours teaches the peer's address, so ARP is rarely on the critical path.
-  if (!arp_.count(p.src_ip)) arp_[p.src_ip] = p.src_mac;
+  if (!pl.arp.count(p.src_ip)) pl.arp[p.src_ip] = p.src_mac;
   engine_->on_packet(t, p.src_ip, p.src_port, p.ecn == wire::Ecn::kCe, p.payload);
 }
 
@@ -421,17 +470,19 @@ bool SoftDevice::progress() {
   std::lock_guard lock(mu_);
   bool work = false;
   Time t = now();
-  if (quiet_) {
-    // Resume once the old peer is gone and a new one connected (or after kQuietMax).
-    const bool up = port_->link_up();
-    quiet_saw_down_ |= !up;
-    if (up && (quiet_saw_down_ || t - quiet_since_ > kQuietMax)) quiet_ = false;
-  }
   io::RxFrame rx[kRxBurst];
-  uint32_t n = quiet_ ? 0 : port_->rx_burst(rx);
-  if (n > 0) {
-    for (uint32_t i = 0; i < n; ++i) handle_frame(t, rx[i]);
-    port_->release({rx, n});
+  for (Plane& pl : planes_) {
+    if (pl.quiet) {
+      // Resume once the old peer is gone and a new one connected (or after kQuietMax).
+      const bool up = pl.port->link_up();
+      pl.quiet_saw_down |= !up;
+      if (up && (pl.quiet_saw_down || t - pl.quiet_since > kQuietMax)) pl.quiet = false;
+      if (pl.quiet) continue;
+    }
+    const uint32_t n = pl.port->rx_burst(rx);
+    if (n == 0) continue;
+    for (uint32_t i = 0; i < n; ++i) handle_frame(t, pl, rx[i]);
+    pl.port->release({rx, n});
     work = true;
   }
   if (!pending_reads_.empty()) {
@@ -440,12 +491,13 @@ bool SoftDevice::progress() {
   }
   for (QueuePair* qp : qp_list_) work |= qp->drain_send_queue();
   for (auto it = arp_asked_.begin(); it != arp_asked_.end();) {
-    if (arp_.count(it->first)) {
+    if (planes_[0].arp.count(it->first)) {
       it = arp_asked_.erase(it);
       continue;
     }
     if (it->second == Time::min() || t - it->second >= kArpRetry) {
-      send_arp(false, it->first, wire::kBroadcastMac);
+      for (Plane& pl : planes_)
+        if (!pl.quiet) send_arp(pl, false, it->first, wire::kBroadcastMac);
       it->second = t;
     }
     ++it;
@@ -461,10 +513,9 @@ bool SoftDevice::progress() {
     work = true;
   }
   if (engine_->next_deadline() <= t) engine_->on_timer(t);
-  if (!quiet_) {
-    Sink sink(*this);
-    if (engine_->poll_tx(t, sink) > 0) work = true;
-  }
+  // A quiet plane (peer closing) takes no packets: they count as lost and are resent.
+  if (engine_->poll_tx(t, *sink_) > 0) work = true;
+  sink_->flush();
   return work;
 }
 
@@ -476,14 +527,15 @@ void SoftDevice::idle_wait(Time t) {
   }
   Time sleep = std::min(kMaxSleep, deadline > t ? deadline - t : Time::zero());
   if (sleep <= Time::zero()) return;
-  int rx_fd = port_->rx_wait_fd();
+  io::Port& port0 = *planes_[0].port;  // the only one slept on; others are polled on wake
+  int rx_fd = planes_.size() == 1 ? port0.rx_wait_fd() : -1;
   pollfd fds[2] = {{doorbell_fd_, POLLIN, 0}, {rx_fd, POLLIN, 0}};
-  if (rx_fd >= 0) port_->rx_arm();
+  if (rx_fd >= 0) port0.rx_arm();
   sleeping_.store(true, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (sends_pending()) {
     sleeping_.store(false, std::memory_order_relaxed);
-    if (rx_fd >= 0) port_->rx_disarm();
+    if (rx_fd >= 0) port0.rx_disarm();
     return;
   }
   // Without an rx descriptor, arriving frames are noticed only when we wake: sleep briefly.
@@ -491,7 +543,7 @@ void SoftDevice::idle_wait(Time t) {
   timespec ts{0, static_cast<long>(sleep.count())};
   ppoll(fds, rx_fd >= 0 ? 2 : 1, &ts, nullptr);
   sleeping_.store(false, std::memory_order_release);
-  if (rx_fd >= 0) port_->rx_disarm();
+  if (rx_fd >= 0) port0.rx_disarm();
   uint64_t drain;
   [[maybe_unused]] ssize_t r = read(doorbell_fd_, &drain, sizeof(drain));
 }

@@ -30,6 +30,9 @@ struct SoftDeviceOptions {
 
 class SoftDevice final : public Device, private transport::Host {
  public:
+  // One port per plane (the link's device strings, plane 0 first).
+  SoftDevice(const LinkConfig& cfg, std::vector<std::unique_ptr<io::Port>> ports,
+             const SoftDeviceOptions& opt);
   SoftDevice(const LinkConfig& cfg, std::unique_ptr<io::Port> port, const SoftDeviceOptions& opt);
   ~SoftDevice() override;
 
@@ -38,6 +41,7 @@ class SoftDevice final : public Device, private transport::Host {
   // partner, a cable) is there yet: perftest and NCCL refuse a port that is not ACTIVE before
   // they even exchange addresses with the peer. Carrier loss is a transport matter (spec §7).
   bool port_active() const override { return true; }
+  size_t planes() const { return planes_.size(); }
   uint32_t active_mtu() const override { return active_mtu_; }
   int reg_mr(uint32_t pd, uint64_t addr, uint64_t length, unsigned int access, uint32_t* lkey,
              uint32_t* rkey) override;
@@ -78,19 +82,28 @@ class SoftDevice final : public Device, private transport::Host {
 
   void run();
   void idle_wait(transport::Time now);
-  void handle_frame(transport::Time now, const io::RxFrame& f);
-  void send_arp(bool reply, uint32_t target_ip, const io::MacAddr& target_mac);
-  void send_goodbye(uint8_t kind);
-  void say_goodbye();
+  // A port and what the NIC knows about the far side of it.
+  struct Plane {
+    std::unique_ptr<io::Port> port;
+    std::unordered_map<uint32_t, io::MacAddr> arp;  // peer IP -> MAC on this plane
+    // Set when the peer said goodbye: the port is not touched until the link comes back.
+    bool quiet = false;
+    bool quiet_saw_down = false;
+    transport::Time quiet_since{};
+  };
+
+  void send_arp(Plane& pl, bool reply, uint32_t target_ip, const io::MacAddr& target_mac);
+  void send_goodbye(Plane& pl, uint8_t kind);
+  void say_goodbye(Plane& pl);
+  void handle_frame(transport::Time now, Plane& pl, const io::RxFrame& f);
   static std::optional<uint8_t> goodbye_kind(const io::RxFrame& f);
   QueuePair* find_qp(uint32_t qpn);
-  const io::MacAddr* lookup_mac(uint32_t ip) const;
   bool sends_pending() const;
   transport::Time now() const;
 
   const LinkConfig cfg_;
   const std::function<transport::Time()> clock_;
-  std::unique_ptr<io::Port> port_;
+  std::vector<Plane> planes_;
   uint32_t active_mtu_;
   mutable std::mutex mu_;
   MrTable mrs_;
@@ -99,6 +112,7 @@ class SoftDevice final : public Device, private transport::Host {
   std::vector<std::unique_ptr<CompletionQueue>> cqs_;
   uint32_t next_qpn_;
   std::unique_ptr<transport::Engine> engine_;
+  std::unique_ptr<Sink> sink_;
   std::unordered_map<uint64_t, ReadResponse> reads_;  // key: cookie with kReadRespTag
   std::vector<transport::MessageDesc> pending_reads_;  // submitted after on_packet returns
   uint32_t next_read_id_ = 0;
@@ -112,15 +126,9 @@ class SoftDevice final : public Device, private transport::Host {
   std::vector<LoopPacket*> loop_free_;
   std::vector<LoopPacket*> loop_queue_;
 
-  // ARP: peer IP -> MAC, learnt from ARP and from every frame of ours.
-  std::unordered_map<uint32_t, io::MacAddr> arp_;
+  // ARP requests in flight (sent on every plane), by peer IP.
   std::unordered_map<uint32_t, transport::Time> arp_asked_;
   DeviceCounters counters_;
-
-  // Set when the peer said goodbye: the port is not touched until the link comes back.
-  bool quiet_ = false;
-  bool quiet_saw_down_ = false;
-  transport::Time quiet_since_{};
 
   std::thread thread_;
   std::atomic<bool> stop_{false};

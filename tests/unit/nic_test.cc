@@ -304,6 +304,77 @@ TEST_F(NicTest, TwoQpsOfOneDeviceTalkThroughLoopback) {
   EXPECT_EQ(b_.dev->counters().rx_frames, wire_before) << "loopback traffic reached the wire";
 }
 
+TEST(NicPlanesTest, TwoPlaneLinkSpraysOverBothPortsAndDeliversByteExact) {
+  auto [a0, b0] = io::make_mem_link({});
+  auto [a1, b1] = io::make_mem_link({});
+  io::Port* wire0 = b0.get();
+  io::Port* wire1 = b1.get();
+  transport::Time clock{std::chrono::seconds(1)};
+  SoftDeviceOptions opt;
+  opt.start_thread = false;
+  opt.clock = [&] { return clock; };
+  opt.engine.mtu_payload = 1024;
+  opt.engine.num_paths = 4;
+  std::vector<std::unique_ptr<io::Port>> pa, pb;
+  pa.push_back(std::move(a0));
+  pa.push_back(std::move(a1));
+  pb.push_back(std::move(b0));
+  pb.push_back(std::move(b1));
+  SoftDevice a(link("a", 0xC6120001), std::move(pa), opt);
+  opt.engine.seed = 9;
+  SoftDevice b(link("b", 0xC6120002), std::move(pb), opt);
+  ASSERT_EQ(a.planes(), 2u);
+  std::vector<uint8_t> src(200000), dst(200000);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 31 + 7);
+  uint32_t ka, kb, r;
+  ASSERT_EQ(a.reg_mr(kPd, reinterpret_cast<uint64_t>(src.data()), src.size(), kAllAccess, &ka, &r), 0);
+  ASSERT_EQ(b.reg_mr(kPd, reinterpret_cast<uint64_t>(dst.data()), dst.size(), kAllAccess, &kb, &r), 0);
+  int err = 0;
+  Cq* ca = a.create_cq(16, &err);
+  Cq* cb = b.create_cq(16, &err);
+  QpInit init;
+  init.pd = kPd;
+  init.max_send_wr = init.max_recv_wr = 8;
+  init.max_send_sge = init.max_recv_sge = 1;
+  init.send_cq = init.recv_cq = ca;
+  Qp* qa = a.create_qp(init, &err);
+  init.send_cq = init.recv_cq = cb;
+  Qp* qb = b.create_qp(init, &err);
+  for (auto [q, peer, ip] : {std::tuple{qa, qb, 0xC6120002u}, std::tuple{qb, qa, 0xC6120001u}}) {
+    q->set_access(kAllAccess);
+    q->set_state(QpState::kInit);
+    QpRemote rem;
+    rem.ip = ip;
+    rem.qpn = peer->qpn();
+    q->set_remote(rem);
+    q->set_state(QpState::kRtr);
+    q->set_state(QpState::kRts);
+  }
+  SendWqe w;
+  w.wr_id = 1;
+  w.op = WqeOp::kWrite;
+  w.signaled = true;
+  w.num_sge = 1;
+  w.sge[0] = Sge{reinterpret_cast<uint64_t>(src.data()), 200000, ka};
+  w.remote_addr = reinterpret_cast<uint64_t>(dst.data());
+  w.rkey = kb;
+  ASSERT_EQ(qa->post_send(w), 0);
+  Cqe c;
+  int got = 0;
+  for (int i = 0; i < 20000 && got == 0; ++i) {
+    clock += std::chrono::microseconds(10);
+    a.progress();
+    b.progress();
+    got = ca->poll(1, &c);
+  }
+  ASSERT_EQ(got, 1);
+  EXPECT_EQ(c.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(src, dst);
+  // Both planes carried a fair part of the ~200 data packets.
+  EXPECT_GT(wire0->stats().rx_frames, 50u);
+  EXPECT_GT(wire1->stats().rx_frames, 50u);
+}
+
 TEST(MrTableTest, ChecksKeyPdAccessAndBounds) {
   MrTable t;
   uint32_t k = t.add(1, 1000, 100, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE);
