@@ -105,6 +105,20 @@ struct EngineConfig {
   Time rto_max = std::chrono::milliseconds(100);
   uint32_t max_retries = 7;         // RTO expiries of one packet before kRetryExceeded
   uint64_t seed = 1;                // randomness: connection ids, tokens, entropy
+  // Congestion control (docs/spec/congestion.md §2-§3). Windows count packets.
+  uint32_t path_window_init = 16;   // per path, 1..64
+  uint32_t conn_window_init = 64;   // per connection, 2..conn_window_max
+  uint32_t conn_window_max = 256;   // per connection; sizes its in-flight record pool
+  uint32_t rx_capacity_mbps = 0;    // our inbound capacity shared by fair-share hints; 0 = none
+  Time hint_interval = std::chrono::microseconds(20);  // receiver's rate measurement period
+  // Path failure (congestion.md §4): silent smoothed RTTs, while another path of the connection
+  // advances, before a path is declared failed.
+  uint32_t fail_rtts = 3;
+  bool tail_loss_probe = true;      // congestion.md §5
+  // RNR (congestion.md §6): back-off before a refused packet is resent, and how many RNR NAKs
+  // one packet may collect before its message fails with kRnr (7 = retry forever, as verbs).
+  Time rnr_delay = std::chrono::microseconds(1000);
+  uint8_t rnr_retry = 7;
 };
 
 // Counters for `metaroce stat` and tests (per engine; per-path detail via path_stats()).
@@ -114,6 +128,15 @@ struct EngineStats {
   uint64_t duplicates = 0, naks_sent = 0, naks_received = 0;
   uint64_t drop_malformed = 0, drop_version = 0, drop_unknown_conn = 0, drop_token = 0,
            drop_out_of_window = 0, drop_rnr = 0;
+  // Congestion control, failure handling, tail probes, RNR (congestion.md).
+  uint64_t ecn_decreases = 0;      // multiplicative decreases of a path window
+  uint64_t sack_gaps = 0;          // packets found missing by SACK and resent
+  uint64_t tail_probes = 0;        // packets resent by the tail-loss probe
+  uint64_t paths_failed = 0, paths_recovered = 0, probes_sent = 0;
+  uint64_t failover_resends = 0;   // packets moved from a failed path to another
+  uint64_t failover_duplicates = 0;  // receiver: copies whose original had arrived
+  uint64_t rnr_naks_sent = 0, rnr_naks_received = 0;
+  uint64_t pacing_waits = 0;       // times new data waited for the rate hint's tokens
 };
 
 class Engine {

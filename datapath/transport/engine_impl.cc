@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The transport state machine: spraying, per-path SACK, selective retransmission, NAKs and
-// timers, driven only by the calls of transport::Engine (docs/spec/wire.md §3-§6).
+// The transport state machine: spraying, per-path SACK, selective retransmission, NAKs, ECN
+// AIMD, fair-share pacing, path failure and re-probing, tail-loss probes, RNR back-off and the
+// timers, driven only by the calls of transport::Engine (docs/spec/wire.md §3-§6,
+// docs/spec/congestion.md).
 #include "datapath/transport/engine_impl.h"
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 namespace metaroce::transport {
 
 using detail::DescState;
+using detail::kNil;
 using detail::kNoSlot;
 
 namespace {
@@ -24,6 +27,13 @@ EngineConfig sanitize(EngineConfig c) {
       c.max_packet, static_cast<uint32_t>(wire::kAckHeadersLen + kNakSlots * wire::kNakRecordLen));
   c.mtu_payload = std::max<uint32_t>(c.mtu_payload, 1);
   if (c.rto_min > c.rto_max) c.rto_min = c.rto_max;
+  c.path_window_init = std::clamp<uint32_t>(c.path_window_init, 1, kPathWindow);
+  // Record indices are 16 bits with one value reserved.
+  c.conn_window_max = std::clamp<uint32_t>(c.conn_window_max, kMinConnWindow, kNil);
+  c.conn_window_init = std::clamp<uint32_t>(c.conn_window_init, kMinConnWindow, c.conn_window_max);
+  if (c.hint_interval <= Time{0}) c.hint_interval = std::chrono::microseconds(20);
+  c.rnr_retry = std::min(c.rnr_retry, kRnrInfinite);
+  if (c.rnr_delay < Time{0}) c.rnr_delay = Time{0};
   return c;
 }
 
@@ -31,7 +41,18 @@ bool sack_bit(const std::array<uint64_t, 4>& sack, uint32_t i) {
   return i < wire::kSackBits && ((sack[i / 64] >> (i % 64)) & 1);
 }
 
+uint32_t window_packets(uint32_t w) { return std::max<uint32_t>(1, w / kWinUnit); }
+
 }  // namespace
+
+const char* to_string(PathState s) {
+  switch (s) {
+    case PathState::kActive: return "active";
+    case PathState::kFailed: return "failed";
+    case PathState::kProbing: return "probing";
+  }
+  return "?";
+}
 
 std::unique_ptr<Engine> Engine::create(const EngineConfig& cfg, Host& host) {
   return std::make_unique<EngineImpl>(cfg, host);
@@ -46,7 +67,7 @@ EngineImpl::EngineImpl(const EngineConfig& cfg, Host& host)
   done_.reserve(64);
 }
 
-// splitmix64: tiny, seedable, good enough for ids, tokens and port bases.
+// splitmix64: tiny, seedable, good enough for ids, tokens and ports.
 uint64_t EngineImpl::next_random() {
   uint64_t z = (rng_state_ += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -54,18 +75,34 @@ uint64_t EngineImpl::next_random() {
   return z ^ (z >> 31);
 }
 
+uint16_t EngineImpl::random_port() {
+  return static_cast<uint16_t>(kEphemeralPortBase + next_random() % (65536u - kEphemeralPortBase));
+}
+
 EngineImpl::Connection& EngineImpl::conn_for(uint32_t peer_ip) {
   if (auto it = conns_.find(peer_ip); it != conns_.end()) return *it->second;
   auto c = std::make_unique<Connection>();
   c->peer_ip = peer_ip;
   const uint32_t span = 65536u - kEphemeralPortBase - cfg_.num_paths + 1;
-  c->port_base = static_cast<uint16_t>(kEphemeralPortBase + next_random() % span);
+  const auto port_base = static_cast<uint16_t>(kEphemeralPortBase + next_random() % span);
   do {
     c->conn_id = static_cast<uint32_t>(next_random());
   } while (c->conn_id == 0);
   c->token = next_random();
   c->tx.resize(cfg_.num_paths);
-  c->descs.resize(size_t{cfg_.num_paths} * kPathWindow);
+  for (uint16_t p = 0; p < cfg_.num_paths; ++p) {
+    c->tx[p].port = static_cast<uint16_t>(port_base + p);
+    c->tx[p].cwnd = cfg_.path_window_init * kWinUnit;
+  }
+  c->counters.resize(cfg_.num_paths);
+  c->cwnd = cfg_.conn_window_init * kWinUnit;
+  // The in-flight records: one pool per connection, sized by its largest window, threaded on
+  // a free list (congestion.md §7).
+  c->pool.resize(cfg_.conn_window_max);
+  for (uint32_t i = 0; i < cfg_.conn_window_max; ++i) {
+    c->pool[i].next = i + 1 < cfg_.conn_window_max ? static_cast<uint16_t>(i + 1) : kNil;
+  }
+  c->free_head = 0;
   c->rr_next = static_cast<uint16_t>(next_random() % cfg_.num_paths);
   Connection& ref = *c;
   conn_list_.push_back(c.get());
@@ -81,18 +118,65 @@ uint32_t EngineImpl::conn_id(uint32_t peer_ip) const {
 // RFC 6298 from the path's own samples, clamped, then exponential back-off (spec §6.3).
 Time EngineImpl::rto(const TxPath& tp) const {
   Time base = cfg_.rto_initial;
-  if (tp.srtt_ns != 0) base = Time(tp.srtt_ns + std::max<int64_t>(4 * tp.rttvar_ns, 1000));
+  if (tp.srtt_ns != 0) base = Time(int64_t{tp.srtt_ns} + std::max<int64_t>(4 * int64_t{tp.rttvar_ns}, 1000));
   base = std::clamp(base, cfg_.rto_min, cfg_.rto_max);
   for (uint8_t i = 0; i < tp.backoff && base < cfg_.rto_max; ++i) base *= 2;
   return std::min(base, cfg_.rto_max);
 }
 
-uint16_t EngineImpl::port_of(const Connection& c, uint16_t path) const {
-  return static_cast<uint16_t>(c.port_base + path % cfg_.num_paths);
-}
-
 uint8_t EngineImpl::plane_of(uint16_t path) const {
   return static_cast<uint8_t>(path % cfg_.num_planes);
+}
+
+uint32_t EngineImpl::seg_len(uint32_t slot, uint32_t offset) const {
+  const MessageDesc& m = slots_[slot].m;
+  if (m.op == Op::kReadReq) return 0;
+  return std::min(seg_size_, m.length - offset);
+}
+
+// The path's own smoothed RTT, or before its first sample the smallest of its siblings'; 0 when
+// the connection has none.
+int64_t EngineImpl::srtt_ref(const Connection& c, const TxPath& tp) const {
+  if (tp.srtt_ns) return tp.srtt_ns;
+  uint32_t best = 0;
+  for (const TxPath& o : c.tx) {
+    if (o.srtt_ns && o.state == PathState::kActive && (!best || o.srtt_ns < best)) best = o.srtt_ns;
+  }
+  return best;
+}
+
+bool EngineImpl::path_open(const TxPath& tp) const {
+  return tp.state == PathState::kActive && tp.next_seq - tp.una < kPathWindow &&
+         tp.in_flight < window_packets(tp.cwnd);
+}
+
+// Spraying (congestion.md §2.4): round-robin over open paths, preferring those without a recent
+// CE mark, then those whose smoothed RTT is within 1.5x of the connection's best.
+uint16_t EngineImpl::choose_path(const Connection& c, Time now) const {
+  const uint16_t np = cfg_.num_paths;
+  uint32_t min_srtt = 0;
+  for (const TxPath& tp : c.tx) {
+    if (tp.state == PathState::kActive && tp.srtt_ns && (!min_srtt || tp.srtt_ns < min_srtt)) {
+      min_srtt = tp.srtt_ns;
+    }
+  }
+  uint16_t best = np;
+  int best_class = 4;
+  for (uint16_t k = 0; k < np; ++k) {
+    const auto p = static_cast<uint16_t>((c.rr_next + k) % np);
+    const TxPath& tp = c.tx[p];
+    if (!path_open(tp)) continue;
+    int cls = 0;
+    const int64_t rtt = std::max<int64_t>(tp.srtt_ns, 1000);
+    if (now.count() - tp.last_md_ns < 2 * rtt) cls += 2;
+    if (min_srtt && uint64_t{tp.srtt_ns} * 2 > uint64_t{min_srtt} * 3) cls += 1;
+    if (cls < best_class) {
+      best = p;
+      best_class = cls;
+      if (cls == 0) break;
+    }
+  }
+  return best;
 }
 
 uint32_t EngineImpl::alloc_slot() {
@@ -103,6 +187,71 @@ uint32_t EngineImpl::alloc_slot() {
   }
   slots_.emplace_back();
   return static_cast<uint32_t>(slots_.size() - 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-flight records
+
+void EngineImpl::list_append(Connection& c, uint16_t path, uint16_t idx) {
+  TxPath& tp = c.tx[path];
+  TxDesc& d = c.pool[idx];
+  d.next = kNil;
+  d.path = path;
+  d.state = DescState::kInFlight;
+  if (tp.tail != kNil) c.pool[tp.tail].next = idx;
+  else tp.head = idx;
+  tp.tail = idx;
+  ++tp.in_flight;
+}
+
+void EngineImpl::list_remove(Connection& c, uint16_t path, uint16_t prev, uint16_t idx) {
+  TxPath& tp = c.tx[path];
+  TxDesc& d = c.pool[idx];
+  if (prev == kNil) tp.head = d.next;
+  else c.pool[prev].next = d.next;
+  if (tp.tail == idx) tp.tail = prev;
+  d.next = kNil;
+  --tp.in_flight;
+}
+
+uint16_t EngineImpl::find_in_flight(const Connection& c, uint16_t path, uint32_t seq) const {
+  for (uint16_t i = c.tx[path].head; i != kNil; i = c.pool[i].next) {
+    if (c.pool[i].seq == seq) return i;
+  }
+  return kNil;
+}
+
+void EngineImpl::free_desc(Connection& c, uint16_t idx) {
+  TxDesc& d = c.pool[idx];
+  d = TxDesc{};
+  d.next = c.free_head;
+  c.free_head = idx;
+  --c.in_flight;
+}
+
+// The record left every list: release the pin its failover copy held on the original path.
+void EngineImpl::resolve(Connection& c, uint16_t idx) {
+  const TxDesc& d = c.pool[idx];
+  if (d.flags & detail::kCopy) {
+    TxPath& op = c.tx[d.orig_path];
+    if (op.moved && --op.moved == 0) update_una(c, d.orig_path);
+  }
+  free_desc(c, idx);
+}
+
+void EngineImpl::update_una(Connection& c, uint16_t path) {
+  TxPath& tp = c.tx[path];
+  uint32_t u = tp.head != kNil ? c.pool[tp.head].seq : tp.next_seq;
+  // A moved packet is unresolved until its copy is: the receiver must still be able to tell
+  // whether the original arrived (congestion.md §4.3).
+  if (tp.moved && seq_lt(tp.moved_floor, u)) u = tp.moved_floor;
+  tp.una = u;
+}
+
+void EngineImpl::queue_retx(Connection& c, uint16_t idx) {
+  TxDesc& d = c.pool[idx];
+  d.flags |= detail::kRetxQueued;
+  retx_.push_back({&c, idx, d.path, d.seq});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -125,24 +274,37 @@ void EngineImpl::submit(const MessageDesc& msg) {
   if (c.cursor == kNoSlot) c.cursor = idx;
 }
 
-bool EngineImpl::emit_data(Time now, Connection& c, uint16_t path, uint32_t seq, TxSink& sink,
-                           bool retx) {
-  TxDesc& d = desc(c, path, seq);
+// Token bucket on the engine's clock: credit in Mbit/s * ns, a byte costs 8000 (congestion.md §3.3).
+void EngineImpl::refill(Connection& c, Time now) {
+  if (!c.hint_mbps) return;
+  int64_t el = now.count() - c.credit_ns;
+  c.credit_ns = now.count();
+  if (el <= 0) return;
+  el = std::min<int64_t>(el, 1'000'000'000);
+  const int64_t cap = int64_t{kPaceBurst} * cfg_.max_packet * 8000;
+  c.credit = std::min(cap, c.credit + el * c.hint_mbps);
+}
+
+bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, TxKind kind) {
+  TxDesc& d = c.pool[idx];
   const MessageDesc& m = slots_[d.slot].m;
-  const uint32_t len = wire::kDataHeadersLen + d.len;
+  const uint32_t plen = seg_len(d.slot, d.offset);
+  const uint32_t len = wire::kDataHeadersLen + plen;
   std::span<uint8_t> buf = sink.begin(len);
   if (buf.size() < len) return false;
-  TxPath& tp = c.tx[path];
+  TxPath& tp = c.tx[d.path];
+  const bool copy = d.flags & detail::kCopy;
 
   wire::BaseHeader b;
   b.opcode = static_cast<wire::Opcode>(m.op);
+  b.flags = copy ? wire::failover_flags(d.orig_path) : 0;
   b.conn_id = c.conn_id;
   b.token = c.token;
-  b.path_id = path;
+  b.path_id = d.path;
   b.path_count = cfg_.num_paths;
-  b.path_seq = seq;
+  b.path_seq = d.seq;
   b.timestamp = ts32(now);
-  b.ack_floor = tp.una;
+  b.ack_floor = tp.una;  // never above d.seq: una <= every listed seq <= next_seq
   wire::DataHeader h;
   h.dst_stream = m.dst_stream;
   h.src_stream = m.src_stream;
@@ -153,23 +315,60 @@ bool EngineImpl::emit_data(Time now, Connection& c, uint16_t path, uint32_t seq,
   h.remote_addr = m.remote_addr;
   h.rkey = m.rkey;
   h.imm = m.imm;
-  h.payload_len = d.len;
+  h.payload_len = plen;
+  h.orig_seq = copy ? d.orig_seq : 0;
   wire::encode_data(buf, b, h);
-  if (d.len) host_.gather(m.cookie, d.offset, buf.subspan(wire::kDataHeadersLen, d.len));
-  sink.commit(c.peer_ip, port_of(c, path), plane_of(path), len);
+  if (plen) host_.gather(m.cookie, d.offset, buf.subspan(wire::kDataHeadersLen, plen));
+  sink.commit(c.peer_ip, tp.port, plane_of(d.path), len);
 
-  d.sent_ns = now.count();
   d.tx_order = tp.tx_order++;
-  d.retx_queued = false;
-  ++tp.tx_packets;
-  tp.tx_bytes += len;
+  d.flags &= static_cast<uint8_t>(~detail::kRetxQueued);
+  detail::PathCounters& pc = c.counters[d.path];
+  ++pc.tx_packets;
+  pc.tx_bytes += len;
   ++stats_.tx_packets;
   stats_.tx_bytes += len;
-  if (retx) {
-    ++tp.retransmits;
+  if (kind == TxKind::kRetx) {
+    ++pc.retransmits;
     ++stats_.retransmits;
+  } else if (kind == TxKind::kCopy) {
+    ++stats_.failover_resends;
   }
-  if (tp.rto_deadline == Time::max()) tp.rto_deadline = now + rto(tp);
+  if (c.hint_mbps) {
+    refill(c, now);
+    const int64_t cap = int64_t{kPaceBurst} * cfg_.max_packet * 8000;
+    c.credit = std::max(c.credit - int64_t{len} * 8000, -4 * cap);
+  }
+  if (tp.deadline == Time::max()) tp.deadline = now + rto(tp);
+  return true;
+}
+
+bool EngineImpl::emit_probe(Time now, Connection& c, uint16_t path, TxSink& sink) {
+  std::span<uint8_t> buf = sink.begin(wire::kBaseHeaderLen);
+  if (buf.size() < wire::kBaseHeaderLen) return false;
+  TxPath& tp = c.tx[path];
+  // Entropy re-pick: every probe tries another route through the fabric (congestion.md §4.4).
+  tp.port = random_port();
+  wire::BaseHeader b;
+  b.opcode = wire::Opcode::kProbe;
+  b.conn_id = c.conn_id;
+  b.token = c.token;
+  b.path_id = path;
+  b.path_count = cfg_.num_paths;
+  b.path_seq = tp.next_seq;
+  b.timestamp = ts32(now);
+  b.ack_floor = tp.una;
+  wire::encode_base(buf, b);
+  sink.commit(c.peer_ip, tp.port, plane_of(path), wire::kBaseHeaderLen);
+  tp.state = PathState::kProbing;
+  Time interval = std::max(Time(2 * srtt_ref(c, tp)), cfg_.rto_min);
+  for (uint8_t i = 0; i < tp.backoff && interval < cfg_.rto_max; ++i) interval *= 2;
+  if (tp.backoff < kMaxBackoff) ++tp.backoff;
+  tp.deadline = now + std::min(interval, cfg_.rto_max);
+  ++c.counters[path].probes;
+  ++stats_.probes_sent;
+  ++stats_.tx_packets;
+  stats_.tx_bytes += wire::kBaseHeaderLen;
   return true;
 }
 
@@ -204,14 +403,93 @@ bool EngineImpl::emit_ack(Time now, Connection& c, RecvDir& d, uint16_t path, Tx
   a.sack = rp.win.sack();
   a.echo_timestamp = rp.echo_ts;
   a.ecn_ce_count = rp.ce_since_ack;
+  a.rate_hint = c.rx_hint_mbps;
   wire::encode_ack(buf, b, a, std::span(naks.data(), n));
-  sink.commit(c.peer_ip, port_of(c, path), plane_of(path), len);
+  // The ACK mirrors the data's source port, so a sender's entropy re-pick moves both
+  // directions of the path (spec §3.3).
+  const uint16_t port = rp.port ? rp.port : c.tx[path % cfg_.num_paths].port;
+  sink.commit(c.peer_ip, port, plane_of(path), len);
 
+  // An RNR record is said once: the packet is still missing, so if this ACK is lost the
+  // sender's loss recovery resends it and a new refusal makes a new record (congestion.md §6).
+  kept = 0;
+  for (uint8_t i = 0; i < rp.nak_count; ++i) {
+    if (rp.naks[i].syndrome != static_cast<uint8_t>(Syndrome::kRnr)) rp.naks[kept++] = rp.naks[i];
+  }
+  rp.nak_count = kept;
   rp.ack_pending = false;
   rp.ce_since_ack = 0;
   ++stats_.acks_sent;
   ++stats_.tx_packets;
   stats_.tx_bytes += len;
+  return true;
+}
+
+// Failover copies go first among data, on whichever open path the sprayer picks.
+bool EngineImpl::send_moving(Time now, Connection& c, TxSink& sink, uint32_t& sent) {
+  while (c.move_head != kNil) {
+    const uint16_t p = choose_path(c, now);
+    if (p == cfg_.num_paths) return true;
+    const uint16_t idx = c.move_head;
+    TxDesc& d = c.pool[idx];
+    TxPath& tp = c.tx[p];
+    d.path = p;
+    d.seq = tp.next_seq;
+    if (!emit_data(now, c, idx, sink, TxKind::kCopy)) return false;
+    c.move_head = d.next;
+    if (c.move_head == kNil) c.move_tail = kNil;
+    if (tp.in_flight == 0) tp.last_progress_ns = now.count();
+    list_append(c, p, idx);
+    ++tp.next_seq;
+    update_una(c, p);
+    c.rr_next = static_cast<uint16_t>((p + 1) % cfg_.num_paths);
+    ++sent;
+  }
+  return true;
+}
+
+bool EngineImpl::send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent) {
+  c.pace_at = Time::min();
+  while (c.cursor != kNoSlot) {
+    if (c.in_flight >= window_packets(c.cwnd) || c.free_head == kNil) return true;
+    const uint16_t p = choose_path(c, now);
+    if (p == cfg_.num_paths) return true;
+    detail::MsgSlot& s = slots_[c.cursor];
+    const uint32_t len = seg_len(c.cursor, s.next_offset);
+    if (c.hint_mbps) {
+      refill(c, now);
+      const auto cost = static_cast<int64_t>(wire::kDataHeadersLen + len) * 8000;
+      if (c.credit < cost) {
+        const int64_t wait = (cost - c.credit + c.hint_mbps - 1) / c.hint_mbps;
+        c.pace_at = now + Time(wait);
+        ++stats_.pacing_waits;
+        return true;
+      }
+    }
+    TxPath& tp = c.tx[p];
+    const uint16_t idx = c.free_head;
+    TxDesc& d = c.pool[idx];
+    c.free_head = d.next;
+    ++c.in_flight;
+    d = TxDesc{};
+    d.slot = c.cursor;
+    d.offset = s.next_offset;
+    d.path = p;
+    d.seq = tp.next_seq;
+    d.state = DescState::kInFlight;
+    if (!emit_data(now, c, idx, sink, TxKind::kNew)) {
+      free_desc(c, idx);
+      return false;
+    }
+    if (tp.in_flight == 0) tp.last_progress_ns = now.count();
+    list_append(c, p, idx);
+    ++tp.next_seq;
+    update_una(c, p);
+    ++sent;
+    c.rr_next = static_cast<uint16_t>((p + 1) % cfg_.num_paths);
+    s.next_offset += len;
+    if (++s.pkts_sent == s.pkts_total) c.cursor = s.next;
+  }
   return true;
 }
 
@@ -229,53 +507,35 @@ uint32_t EngineImpl::poll_tx(Time now, TxSink& sink) {
   acks_.erase(acks_.begin(), acks_.begin() + static_cast<std::ptrdiff_t>(i));
   if (!acks_.empty()) return sent;  // the sink is full
 
-  // 2. Retransmissions, oldest request first.
+  // 2. Probes of failed paths.
+  for (Connection* c : conn_list_) {
+    if (!c->failed_paths) continue;
+    for (uint16_t p = 0; p < c->tx.size(); ++p) {
+      if (c->tx[p].state != PathState::kFailed) continue;
+      if (!emit_probe(now, *c, p, sink)) return sent;
+      ++sent;
+    }
+  }
+
+  // 3. Retransmissions, oldest request first.
   for (; retx_head_ < retx_.size(); ++retx_head_) {
     const RetxRef r = retx_[retx_head_];
-    TxPath& tp = r.conn->tx[r.path];
-    if (!seq_le(tp.una, r.seq) || !seq_lt(r.seq, tp.next_seq)) continue;
-    TxDesc& d = desc(*r.conn, r.path, r.seq);
-    if (d.state != DescState::kInFlight || !d.retx_queued) continue;
-    if (!emit_data(now, *r.conn, r.path, r.seq, sink, true)) return sent;
+    TxDesc& d = r.conn->pool[r.idx];
+    if (d.state != DescState::kInFlight || d.path != r.path || d.seq != r.seq ||
+        !(d.flags & detail::kRetxQueued)) {
+      continue;
+    }
+    if (!emit_data(now, *r.conn, r.idx, sink, TxKind::kRetx)) return sent;
     ++sent;
   }
   retx_.clear();
   retx_head_ = 0;
 
-  // 3. New packets, sprayed one by one over the paths that have window (spec §6.1).
+  // 4. Failover copies, then new packets, sprayed one by one over open paths (spec §6.1).
   for (Connection* c : conn_list_) {
-    while (c->cursor != kNoSlot) {
-      const uint16_t np = cfg_.num_paths;
-      uint16_t path = np;
-      for (uint16_t k = 0; k < np; ++k) {
-        const uint16_t p = static_cast<uint16_t>((c->rr_next + k) % np);
-        if (c->tx[p].next_seq - c->tx[p].una < kPathWindow) {
-          path = p;
-          break;
-        }
-      }
-      if (path == np) break;
-      detail::MsgSlot& s = slots_[c->cursor];
-      TxPath& tp = c->tx[path];
-      const uint32_t seq = tp.next_seq;
-      TxDesc& d = desc(*c, path, seq);
-      d = TxDesc{};
-      d.slot = c->cursor;
-      d.offset = s.next_offset;
-      d.len = s.m.op == Op::kReadReq ? 0 : std::min(seg_size_, s.m.length - s.next_offset);
-      d.state = DescState::kInFlight;
-      if (!emit_data(now, *c, path, seq, sink, false)) {
-        d.state = DescState::kFree;
-        return sent;
-      }
-      ++sent;
-      ++tp.next_seq;
-      ++tp.in_flight;
-      ++c->in_flight;
-      c->rr_next = static_cast<uint16_t>((path + 1) % np);
-      s.next_offset += d.len;
-      if (++s.pkts_sent == s.pkts_total) c->cursor = s.next;
-    }
+    if (!send_moving(now, *c, sink, sent)) return sent;
+    if (!send_new(now, *c, sink, sent)) return sent;
+    if (c->tlp_deadline == Time::max()) arm_tlp(now, *c);
   }
   return sent;
 }
@@ -283,7 +543,7 @@ uint32_t EngineImpl::poll_tx(Time now, TxSink& sink) {
 // ---------------------------------------------------------------------------------------------
 // Receiving
 
-void EngineImpl::on_packet(Time now, uint32_t peer_ip, uint16_t /*udp_src_port*/, bool ecn_ce,
+void EngineImpl::on_packet(Time now, uint32_t peer_ip, uint16_t udp_src_port, bool ecn_ce,
                            std::span<const uint8_t> udp_payload) {
   ++stats_.rx_packets;
   stats_.rx_bytes += udp_payload.size();
@@ -296,13 +556,13 @@ void EngineImpl::on_packet(Time now, uint32_t peer_ip, uint16_t /*udp_src_port*/
     return;
   }
   if (wire::is_data_opcode(pkt.base.opcode)) {
-    handle_data(now, conn_for(peer_ip), ecn_ce, pkt);
+    handle_data(now, conn_for(peer_ip), udp_src_port, ecn_ce, pkt);
   } else if (pkt.base.opcode == wire::Opcode::kAck) {
     handle_ack(now, peer_ip, pkt);
   } else {
     auto it = conns_.find(peer_ip);
     if (it == conns_.end()) ++stats_.drop_unknown_conn;
-    else handle_probe(now, *it->second, ecn_ce, pkt);
+    else handle_probe(now, *it->second, udp_src_port, ecn_ce, pkt);
   }
   flush_completions();
 }
@@ -346,7 +606,86 @@ void EngineImpl::request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t 
   }
 }
 
-void EngineImpl::handle_data(Time now, Connection& c, bool ecn_ce, const wire::Packet& pkt) {
+void EngineImpl::add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn,
+                         Syndrome why) {
+  for (uint8_t i = 0; i < rp.nak_count; ++i) {
+    if (rp.naks[i].seq == seq) {
+      rp.naks[i] = {seq, src_stream, msn, static_cast<uint8_t>(why)};
+      return;
+    }
+  }
+  if (rp.nak_count < kNakSlots) rp.naks[rp.nak_count++] = {seq, src_stream, msn, static_cast<uint8_t>(why)};
+}
+
+// Arrival accounting for fair-share hints (congestion.md §3.1).
+void EngineImpl::account_rx(Time now, Connection& c, size_t bytes) {
+  if (!cfg_.rx_capacity_mbps) return;
+  if (interval_start_ == Time::min()) interval_start_ = now;
+  else if (now - interval_start_ >= cfg_.hint_interval) close_rate_interval(now);
+  c.rx_bytes_interval += bytes;
+  c.rx_heard_interval = interval_idx_ + 1;
+}
+
+// Max-min fair division of our inbound capacity among the senders heard in the last few
+// intervals, by water-filling over their demands: a sender's demand is its measured rate plus a
+// quarter (room to grow); capacity a sender does not demand is shared by the others
+// (congestion.md §3.2). Once per interval, not per packet.
+void EngineImpl::close_rate_interval(Time now) {
+  const int64_t elapsed = std::max<int64_t>((now - interval_start_).count(), 1);
+  const uint64_t cap = uint64_t{cfg_.rx_capacity_mbps} * kHintPercent / 100;
+  uint32_t n = 0, active = 0;
+  for (Connection* c : conn_list_) {
+    const bool heard = c->rx_heard_interval != 0 &&
+                       interval_idx_ + 1 - c->rx_heard_interval < kActiveIntervals;
+    if (heard) {
+      const auto sample = static_cast<uint32_t>(
+          std::min<uint64_t>(c->rx_bytes_interval * 8000 / static_cast<uint64_t>(elapsed), UINT32_MAX / 2));
+      // Smoothed over intervals (gain 1/4): an interval holds only a few packets of a slow
+      // sender. A sender that was silent before starts from its sample.
+      const bool fresh = c->rx_rate_mbps == 0;
+      c->rx_rate_mbps = fresh ? sample
+                              : static_cast<uint32_t>((3 * uint64_t{c->rx_rate_mbps} + sample) / 4);
+      c->rx_frozen = false;
+      ++n;
+    } else {
+      c->rx_rate_mbps = 0;
+      c->rx_hint_mbps = 0;
+      c->rx_frozen = true;
+    }
+    c->rx_bytes_interval = 0;
+  }
+  active = n;
+  auto demand = [](const Connection* c) { return uint64_t{c->rx_rate_mbps} * 5 / 4 + 1; };
+  uint64_t remaining = cap;
+  for (bool changed = true; changed && n;) {
+    changed = false;
+    const uint64_t level = remaining / n;
+    for (Connection* c : conn_list_) {
+      if (c->rx_frozen || demand(c) > level) continue;
+      c->rx_hint_mbps = static_cast<uint32_t>(demand(c));
+      c->rx_frozen = true;
+      remaining -= demand(c);
+      --n;
+      changed = true;
+    }
+  }
+  // Unsatisfied senders share the rest equally; when everyone is satisfied, the rest is spread
+  // over all of them so the hints add up to the capacity.
+  const uint64_t level = n ? remaining / n : 0;
+  const uint64_t spare = (!n && active) ? remaining / active : 0;
+  for (Connection* c : conn_list_) {
+    if (!c->rx_heard_interval || interval_idx_ + 1 - c->rx_heard_interval >= kActiveIntervals) {
+      continue;
+    }
+    if (!c->rx_frozen) c->rx_hint_mbps = static_cast<uint32_t>(std::max<uint64_t>(level, 1));
+    else c->rx_hint_mbps = static_cast<uint32_t>(std::min<uint64_t>(c->rx_hint_mbps + spare, cap));
+  }
+  ++interval_idx_;
+  interval_start_ = now;
+}
+
+void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_ce,
+                             const wire::Packet& pkt) {
   const wire::BaseHeader& b = pkt.base;
   RecvDir* d = find_dir(c, b.conn_id);
   if (!d) {
@@ -359,7 +698,9 @@ void EngineImpl::handle_data(Time now, Connection& c, bool ecn_ce, const wire::P
     return;
   }
   d->last_used_ns = now.count();
+  account_rx(now, c, wire::kDataHeadersLen + pkt.payload.size());
   RxPath& rp = d->paths[b.path_id];
+  rp.port = sport;
   rp.win.advance_to(b.ack_floor);
 
   switch (rp.win.check(b.path_seq)) {
@@ -377,6 +718,32 @@ void EngineImpl::handle_data(Time now, Connection& c, bool ecn_ce, const wire::P
   }
 
   const wire::DataHeader& h = pkt.data;
+  // A failover copy is delivered only if its original has not arrived; the original's receive
+  // window on its own path is the record of that (congestion.md §4.3).
+  const bool copy = wire::is_failover_copy(b.flags);
+  const uint16_t opath = wire::orig_path_of(b.flags);
+  bool mark_orig = false;
+  if (copy && opath < d->paths.size()) {
+    RxPath& o = d->paths[opath];
+    const SackWindow::Check oc = o.win.check(h.orig_seq);
+    if (oc == SackWindow::Check::kDuplicate) {
+      ++stats_.failover_duplicates;
+      ++rp.rx_packets;
+      rp.rx_bytes += pkt.payload.size();
+      // A rejection the original earned must reach the sender through the copy too.
+      for (uint8_t i = 0; i < o.nak_count; ++i) {
+        if (o.naks[i].seq == h.orig_seq && o.naks[i].syndrome != static_cast<uint8_t>(Syndrome::kRnr)) {
+          add_nak(rp, b.path_seq, o.naks[i].src_stream, o.naks[i].msn,
+                  static_cast<Syndrome>(o.naks[i].syndrome));
+        }
+      }
+      rp.win.mark(b.path_seq);
+      request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
+      return;
+    }
+    mark_orig = oc == SackWindow::Check::kNew;
+  }
+
   Segment seg;
   seg.peer_ip = c.peer_ip;
   seg.op = static_cast<Op>(b.opcode);
@@ -404,19 +771,27 @@ void EngineImpl::handle_data(Time now, Connection& c, bool ecn_ce, const wire::P
   r.rx_bytes += pkt.payload.size();
   if (why == Syndrome::kOk) {
     r.win.mark(b.path_seq);
+    if (mark_orig) d->paths[opath].win.mark(h.orig_seq);
   } else if (why == Syndrome::kRnr || r.nak_count == kNakSlots) {
-    // Not marked: the sender sees the hole and retransmits. A full NAK list is treated the same
-    // way, so that no rejection goes unreported (spec §5.3).
+    // Not marked: the sender resends it. An RNR is reported (once) so that the sender backs
+    // off instead of treating it as loss; a full NAK list is treated the same way, so that no
+    // rejection goes unreported (spec §5.3).
     ++stats_.drop_rnr;
+    if (why == Syndrome::kRnr && r.nak_count < kNakSlots) {
+      add_nak(r, b.path_seq, h.src_stream, h.msn, Syndrome::kRnr);
+      ++stats_.rnr_naks_sent;
+    }
   } else {
-    r.naks[r.nak_count++] = {b.path_seq, h.src_stream, h.msn, static_cast<uint8_t>(why)};
+    add_nak(r, b.path_seq, h.src_stream, h.msn, why);
     r.win.mark(b.path_seq);
+    if (mark_orig) d->paths[opath].win.mark(h.orig_seq);
     ++stats_.naks_sent;
   }
   request_ack(c, *d, path, b.timestamp, ecn_ce);
 }
 
-void EngineImpl::handle_probe(Time now, Connection& c, bool ecn_ce, const wire::Packet& pkt) {
+void EngineImpl::handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_ce,
+                              const wire::Packet& pkt) {
   const wire::BaseHeader& b = pkt.base;
   RecvDir* d = find_dir(c, b.conn_id);
   if (!d) {
@@ -432,7 +807,9 @@ void EngineImpl::handle_probe(Time now, Connection& c, bool ecn_ce, const wire::
     return;
   }
   d->last_used_ns = now.count();
-  d->paths[b.path_id].win.advance_to(b.ack_floor);
+  RxPath& rp = d->paths[b.path_id];
+  rp.port = sport;
+  rp.win.advance_to(b.ack_floor);
   request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
 }
 
@@ -461,83 +838,147 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
     return;
   }
   ++stats_.acks_received;
-  ++tp.acks_received;
-  tp.ce_echoed += a.ecn_ce_count;
+  detail::PathCounters& pc = c.counters[path];
+  ++pc.acks_received;
+  pc.ce_echoed += a.ecn_ce_count;
+
+  // The receiver's fair share for us; pacing starts with a small burst of credit.
+  if (a.rate_hint != c.hint_mbps) {
+    if (!c.hint_mbps) {
+      c.credit = int64_t{kPaceBurst} * cfg_.max_packet * 8000;
+      c.credit_ns = now.count();
+    } else {
+      refill(c, now);
+    }
+    c.hint_mbps = a.rate_hint;
+  }
 
   // NAKs before acknowledgements: a rejected packet is also marked received (spec §5.3).
   for (size_t i = 0; i < a.nak_count; ++i) {
     const wire::NakRecord r = pkt.nak(i);
     ++stats_.naks_received;
-    if (!seq_le(tp.una, r.path_seq) || !seq_lt(r.path_seq, tp.next_seq)) continue;
-    TxDesc& d = desc(c, path, r.path_seq);
-    if (d.state != DescState::kInFlight) continue;
-    const MessageDesc& m = slots_[d.slot].m;
+    const uint16_t idx = find_in_flight(c, path, r.path_seq);
+    if (idx == kNil) continue;
+    const MessageDesc& m = slots_[c.pool[idx].slot].m;
     if (m.src_stream != r.src_stream || m.msn != r.msn) continue;
-    fail_message(c, d.slot, static_cast<Syndrome>(r.syndrome), now);
+    if (r.syndrome == static_cast<uint8_t>(Syndrome::kRnr)) rnr_nak(now, c, idx);
+    else fail_message(c, c.pool[idx].slot, static_cast<Syndrome>(r.syndrome), now);
   }
 
-  bool progress = false;
-  for (uint32_t seq = tp.una; seq != tp.next_seq; ++seq) {
-    TxDesc& d = desc(c, path, seq);
-    if (d.state != DescState::kInFlight) continue;
-    const bool acked = seq_lt(seq, a.cum_seq) ||
-                       (seq != a.cum_seq && sack_bit(a.sack, seq - a.cum_seq - 1));
-    if (!acked) continue;
-    if (seq_lt(tp.delivered_order, d.tx_order + 1)) tp.delivered_order = d.tx_order + 1;
-    ack_desc(c, tp, d);
-    progress = true;
+  uint32_t newly = 0;
+  for (uint16_t prev = kNil, idx = tp.head; idx != kNil;) {
+    TxDesc& d = c.pool[idx];
+    const uint16_t next = d.next;
+    const bool acked = seq_lt(d.seq, a.cum_seq) ||
+                       (d.seq != a.cum_seq && sack_bit(a.sack, d.seq - a.cum_seq - 1));
+    if (acked) {
+      if (seq_lt(tp.delivered_order, d.tx_order + 1)) tp.delivered_order = d.tx_order + 1;
+      list_remove(c, path, prev, idx);
+      ack_desc(c, idx);
+      ++newly;
+    } else {
+      prev = idx;
+    }
+    idx = next;
   }
 
   // Paths are FIFO: a packet transmitted before one that arrived, and still missing, is lost.
   // Retransmitted once; it is not suspected again until something sent after it arrives.
-  for (uint32_t seq = tp.una; seq != tp.next_seq; ++seq) {
-    TxDesc& d = desc(c, path, seq);
-    if (d.state == DescState::kInFlight && !d.retx_queued &&
+  for (uint16_t idx = tp.head; idx != kNil; idx = c.pool[idx].next) {
+    TxDesc& d = c.pool[idx];
+    if (!(d.flags & (detail::kRetxQueued | detail::kRnrWait)) &&
         seq_lt(d.tx_order, tp.delivered_order)) {
-      queue_retx(c, path, seq);
+      queue_retx(c, idx);
+      ++pc.sack_gaps;
+      ++stats_.sack_gaps;
     }
   }
 
   const uint32_t sample = ts32(now) - a.echo_timestamp;
   if (static_cast<int32_t>(sample) >= 0) {
-    const int64_t r = sample;
-    if (tp.srtt_ns == 0) {
-      tp.srtt_ns = std::max<int64_t>(r, 1);
-      tp.rttvar_ns = r / 2;
-    } else {
-      const int64_t dev = tp.srtt_ns > r ? tp.srtt_ns - r : r - tp.srtt_ns;
-      tp.rttvar_ns = (3 * tp.rttvar_ns + dev) / 4;
-      tp.srtt_ns = std::max<int64_t>((7 * tp.srtt_ns + r) / 8, 1);
+    if (tp.state == PathState::kProbing) {
+      // Only an answer to a probe (or to data sent after the failure) proves the new route.
+      if (seq_diff(static_cast<uint32_t>(tp.last_progress_ns), a.echo_timestamp) >= 0) {
+        path_recovered(now, c, path, sample);
+      }
+    } else if (tp.state == PathState::kActive) {
+      const int64_t r = sample;
+      if (tp.srtt_ns == 0) {
+        tp.srtt_ns = static_cast<uint32_t>(std::max<int64_t>(r, 1));
+        tp.rttvar_ns = static_cast<uint32_t>(r / 2);
+      } else {
+        const int64_t dev = tp.srtt_ns > r ? tp.srtt_ns - r : r - tp.srtt_ns;
+        tp.rttvar_ns = static_cast<uint32_t>((3 * int64_t{tp.rttvar_ns} + dev) / 4);
+        tp.srtt_ns = static_cast<uint32_t>(std::max<int64_t>((7 * int64_t{tp.srtt_ns} + r) / 8, 1));
+      }
     }
   }
-  advance_una(c, path);
-  if (progress) {
+  update_una(c, path);
+  congestion_on_ack(now, c, path, newly, a.ecn_ce_count);
+  if (newly && tp.state == PathState::kActive) {
     tp.backoff = 0;
-    tp.rto_deadline = tp.in_flight ? now + rto(tp) : Time::max();
+    tp.deadline = tp.in_flight ? now + rto(tp) : Time::max();
+    tp.last_progress_ns = now.count();
+    c.last_progress_ns = now.count();
+    c.tlp_spent = false;
+    arm_tlp(now, c);
   }
+}
+
+// ECN AIMD (congestion.md §2): a CE echo halves the path's window, at most once per its RTT,
+// and takes the same amount off the connection window; unmarked progress adds one packet per
+// window's worth of acknowledgements to both, outside the RTT that follows a decrease.
+void EngineImpl::congestion_on_ack(Time now, Connection& c, uint16_t path, uint32_t newly,
+                                   uint16_t ce) {
+  TxPath& tp = c.tx[path];
+  const int64_t rtt = std::max<int64_t>(srtt_ref(c, tp), 1000);
+  const bool settled = now.count() - tp.last_md_ns >= rtt;
+  if (ce) {
+    if (!settled) return;
+    const uint32_t old = tp.cwnd;
+    tp.cwnd = std::max(old / 2, kWinUnit);
+    const uint32_t dec = std::min(old - tp.cwnd, c.cwnd / 2);
+    c.cwnd = std::max(c.cwnd - dec, kMinConnWindow * kWinUnit);
+    tp.last_md_ns = now.count();
+    ++stats_.ecn_decreases;
+    return;
+  }
+  if (!newly || !settled) return;
+  const uint64_t u2 = uint64_t{kWinUnit} * kWinUnit;
+  tp.cwnd = static_cast<uint32_t>(
+      std::min<uint64_t>(tp.cwnd + newly * u2 / tp.cwnd, kPathWindow * kWinUnit));
+  c.cwnd = static_cast<uint32_t>(
+      std::min<uint64_t>(c.cwnd + newly * u2 / c.cwnd, uint64_t{cfg_.conn_window_max} * kWinUnit));
+}
+
+// An RNR NAK (congestion.md §6): wait out the back-off, then resend; not a loss, not an RTO
+// retry. The message fails with kRnr only after rnr_retry refusals (7: never).
+void EngineImpl::rnr_nak(Time now, Connection& c, uint16_t idx) {
+  TxDesc& d = c.pool[idx];
+  ++stats_.rnr_naks_received;
+  if (d.flags & detail::kRnrWait) return;
+  if (d.rnr_retries < UINT8_MAX) ++d.rnr_retries;
+  if (cfg_.rnr_retry != kRnrInfinite && d.rnr_retries > cfg_.rnr_retry) {
+    fail_message(c, d.slot, Syndrome::kRnr, now);
+    return;
+  }
+  d.flags = static_cast<uint8_t>((d.flags | detail::kRnrWait) & ~detail::kRetxQueued);
+  c.rnr_deadline = now + cfg_.rnr_delay;
+  // The path answered, and will be quiet until the back-off ends: silence counts from then.
+  TxPath& tp = c.tx[d.path];
+  tp.last_progress_ns = std::max(tp.last_progress_ns, (now + cfg_.rnr_delay).count());
 }
 
 // ---------------------------------------------------------------------------------------------
 // Resolution of packets and messages
 
-void EngineImpl::ack_desc(Connection& c, TxPath& tp, TxDesc& d) {
-  d.state = DescState::kDone;
-  --tp.in_flight;
-  --c.in_flight;
-  detail::MsgSlot& s = slots_[d.slot];
+void EngineImpl::ack_desc(Connection& c, uint16_t idx) {
+  const uint32_t slot = c.pool[idx].slot;
+  resolve(c, idx);
+  detail::MsgSlot& s = slots_[slot];
   if (++s.pkts_acked == s.pkts_total) {
     done_.push_back({s.m.cookie, Syndrome::kOk});
-    unlink(c, d.slot);
-  }
-}
-
-void EngineImpl::advance_una(Connection& c, uint16_t path) {
-  TxPath& tp = c.tx[path];
-  while (tp.una != tp.next_seq) {
-    TxDesc& d = desc(c, path, tp.una);
-    if (d.state == DescState::kInFlight) break;
-    d.state = DescState::kFree;
-    ++tp.una;
+    unlink(c, slot);
   }
 }
 
@@ -547,19 +988,34 @@ void EngineImpl::abandon(Connection& c, uint32_t slot, Time now) {
   for (uint16_t p = 0; p < c.tx.size(); ++p) {
     TxPath& tp = c.tx[p];
     bool changed = false;
-    for (uint32_t seq = tp.una; seq != tp.next_seq; ++seq) {
-      TxDesc& d = desc(c, p, seq);
-      if (d.state == DescState::kInFlight && d.slot == slot) {
-        d.state = DescState::kDone;
-        --tp.in_flight;
-        --c.in_flight;
+    for (uint16_t prev = kNil, idx = tp.head; idx != kNil;) {
+      const uint16_t next = c.pool[idx].next;
+      if (c.pool[idx].slot == slot) {
+        list_remove(c, p, prev, idx);
+        resolve(c, idx);
         changed = true;
+      } else {
+        prev = idx;
       }
+      idx = next;
     }
     if (!changed) continue;
-    advance_una(c, p);
-    if (tp.in_flight == 0) tp.rto_deadline = Time::max();
-    else if (now != Time::min()) tp.rto_deadline = now + rto(tp);
+    update_una(c, p);
+    if (tp.state != PathState::kActive) continue;
+    if (tp.in_flight == 0) tp.deadline = Time::max();
+    else if (now != Time::min()) tp.deadline = now + rto(tp);
+  }
+  for (uint16_t prev = kNil, idx = c.move_head; idx != kNil;) {
+    const uint16_t next = c.pool[idx].next;
+    if (c.pool[idx].slot == slot) {
+      if (prev == kNil) c.move_head = next;
+      else c.pool[prev].next = next;
+      if (c.move_tail == idx) c.move_tail = prev;
+      resolve(c, idx);
+    } else {
+      prev = idx;
+    }
+    idx = next;
   }
 }
 
@@ -578,11 +1034,6 @@ void EngineImpl::unlink(Connection& c, uint32_t slot) {
   else c.tail = s.prev;
   s.prev = s.next = kNoSlot;
   free_slots_.push_back(slot);
-}
-
-void EngineImpl::queue_retx(Connection& c, uint16_t path, uint32_t seq) {
-  desc(c, path, seq).retx_queued = true;
-  retx_.push_back({&c, path, seq});
 }
 
 // Host callbacks run last, once our state is consistent: they may submit or drop streams.
@@ -609,32 +1060,166 @@ void EngineImpl::drop_stream(uint32_t src_stream) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Path failure (congestion.md §4)
+
+// When the path will count as failed if nothing changes; Time::max() when it cannot. The one
+// rule for both on_timer and next_deadline, so they can never disagree.
+Time EngineImpl::fail_deadline(const Connection& c, const TxPath& tp) const {
+  if (tp.state != PathState::kActive || tp.in_flight == 0 || cfg_.fail_rtts == 0) return Time::max();
+  // Silence only means failure while the connection's other paths are delivering.
+  if (c.last_progress_ns <= tp.last_progress_ns) return Time::max();
+  if (cfg_.num_paths - c.failed_paths < 2) return Time::max();
+  // Before the path has its own sample, judge it by its slowest sibling, not its fastest.
+  int64_t ref = tp.srtt_ns;
+  if (!ref) {
+    for (const TxPath& o : c.tx) {
+      if (o.state == PathState::kActive) ref = std::max<int64_t>(ref, o.srtt_ns);
+    }
+  }
+  if (!ref) return Time::max();
+  return Time(tp.last_progress_ns + int64_t{cfg_.fail_rtts} * ref);
+}
+
+bool EngineImpl::check_failure(Time now, Connection& c, uint16_t path) {
+  if (fail_deadline(c, c.tx[path]) > now) return false;
+  fail_path(now, c, path);
+  return true;
+}
+
+// Moves every unresolved packet of the path to the failover queue (oldest first) and makes a
+// probe due. The originals keep the path's ack floor down until their copies resolve.
+void EngineImpl::fail_path(Time now, Connection& c, uint16_t path) {
+  TxPath& tp = c.tx[path];
+  ++stats_.paths_failed;
+  ++c.counters[path].failures;
+  tp.state = PathState::kFailed;
+  ++c.failed_paths;
+  for (uint16_t idx = tp.head; idx != kNil;) {
+    TxDesc& d = c.pool[idx];
+    const uint16_t next = d.next;
+    if (!(d.flags & detail::kCopy)) {
+      d.flags |= detail::kCopy;
+      d.orig_path = path;
+      d.orig_seq = d.seq;
+      if (tp.moved == 0 || seq_lt(d.seq, tp.moved_floor)) tp.moved_floor = d.seq;
+      ++tp.moved;
+    }
+    d.flags &= static_cast<uint8_t>(~(detail::kRetxQueued | detail::kRnrWait));
+    d.rto_retries = 0;
+    d.state = DescState::kMoving;
+    d.next = kNil;
+    if (c.move_tail != kNil) c.pool[c.move_tail].next = idx;
+    else c.move_head = idx;
+    c.move_tail = idx;
+    idx = next;
+  }
+  tp.head = tp.tail = kNil;
+  tp.in_flight = 0;
+  update_una(c, path);
+  tp.backoff = 0;
+  tp.deadline = Time::max();
+  tp.last_progress_ns = now.count();  // probing since
+}
+
+void EngineImpl::path_recovered(Time now, Connection& c, uint16_t path, int64_t sample) {
+  TxPath& tp = c.tx[path];
+  tp.state = PathState::kActive;
+  --c.failed_paths;
+  ++stats_.paths_recovered;
+  // A new route: its own RTT, a fresh window.
+  tp.srtt_ns = static_cast<uint32_t>(std::max<int64_t>(sample, 1));
+  tp.rttvar_ns = static_cast<uint32_t>(sample / 2);
+  tp.backoff = 0;
+  tp.cwnd = cfg_.path_window_init * kWinUnit;
+  tp.last_md_ns = INT64_MIN / 2;
+  tp.last_progress_ns = now.count();
+  tp.deadline = Time::max();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Timers
+
+// Tail-loss probe (congestion.md §5): armed when everything is sent and something is in flight,
+// two of the slowest busy path's smoothed RTTs ahead.
+void EngineImpl::arm_tlp(Time now, Connection& c) {
+  c.tlp_deadline = Time::max();
+  if (!cfg_.tail_loss_probe || c.tlp_spent || c.cursor != kNoSlot || c.in_flight == 0) return;
+  int64_t rtt = 0;
+  for (const TxPath& tp : c.tx) {
+    if (tp.state == PathState::kActive && tp.in_flight) rtt = std::max<int64_t>(rtt, tp.srtt_ns);
+  }
+  if (rtt) c.tlp_deadline = now + Time(2 * rtt);
+}
+
+// Resends the newest unresolved packet of every busy path: if it was lost it is recovered now;
+// if it arrived, its ACK exposes any earlier hole on that path to the SACK rule.
+void EngineImpl::tail_probe(Time /*now*/, Connection& c) {
+  c.tlp_deadline = Time::max();
+  c.tlp_spent = true;
+  for (TxPath& tp : c.tx) {
+    if (tp.state != PathState::kActive || tp.tail == kNil) continue;
+    TxDesc& d = c.pool[tp.tail];
+    if (d.flags & (detail::kRetxQueued | detail::kRnrWait)) continue;
+    queue_retx(c, tp.tail);
+    ++stats_.tail_probes;
+  }
+}
 
 void EngineImpl::expire(Time now, Connection& c, uint16_t path) {
   TxPath& tp = c.tx[path];
   if (tp.in_flight == 0) {
-    tp.rto_deadline = Time::max();
+    tp.deadline = Time::max();
+    return;
+  }
+  // The oldest packet not waiting out an RNR back-off (una stops at the oldest unresolved one).
+  uint16_t idx = tp.head;
+  while (idx != kNil && (c.pool[idx].flags & detail::kRnrWait)) idx = c.pool[idx].next;
+  if (idx == kNil) {
+    tp.deadline = now + rto(tp);
     return;
   }
   ++stats_.timeouts;
-  ++tp.timeouts;
-  TxDesc& d = desc(c, path, tp.una);  // in flight: una stops at the oldest unresolved packet
+  ++c.counters[path].timeouts;
+  TxDesc& d = c.pool[idx];
   if (d.rto_retries >= cfg_.max_retries) {
     fail_message(c, d.slot, Syndrome::kRetryExceeded, now);
     return;
   }
   ++d.rto_retries;
   if (tp.backoff < kMaxBackoff) ++tp.backoff;
-  if (!d.retx_queued) queue_retx(c, path, tp.una);
-  tp.rto_deadline = now + rto(tp);
+  if (!(d.flags & detail::kRetxQueued)) queue_retx(c, idx);
+  // A timeout is a loss, not a congestion signal: a bounded quarter off the path (§2.3).
+  tp.cwnd = std::max(tp.cwnd - tp.cwnd / 4, kWinUnit);
+  tp.deadline = now + rto(tp);
 }
 
 void EngineImpl::on_timer(Time now) {
   for (Connection* c : conn_list_) {
-    if (c->in_flight == 0) continue;
     for (uint16_t p = 0; p < c->tx.size(); ++p) {
-      if (c->tx[p].rto_deadline <= now) expire(now, *c, p);
+      TxPath& tp = c->tx[p];
+      if (tp.state == PathState::kActive) {
+        if (tp.in_flight == 0) {
+          tp.deadline = Time::max();
+          continue;
+        }
+        if (check_failure(now, *c, p)) continue;
+        if (tp.deadline <= now) expire(now, *c, p);
+      } else if (tp.state == PathState::kProbing && tp.deadline <= now) {
+        tp.state = PathState::kFailed;  // the next poll_tx sends another probe
+        tp.deadline = Time::max();
+      }
+    }
+    if (c->tlp_deadline <= now) tail_probe(now, *c);
+    if (c->rnr_deadline <= now) {
+      c->rnr_deadline = Time::max();
+      for (uint16_t p = 0; p < c->tx.size(); ++p) {
+        for (uint16_t idx = c->tx[p].head; idx != kNil; idx = c->pool[idx].next) {
+          TxDesc& d = c->pool[idx];
+          if (!(d.flags & detail::kRnrWait)) continue;
+          d.flags &= static_cast<uint8_t>(~detail::kRnrWait);
+          queue_retx(*c, idx);
+        }
+      }
     }
   }
   flush_completions();
@@ -643,8 +1228,16 @@ void EngineImpl::on_timer(Time now) {
 Time EngineImpl::next_deadline() const {
   Time t = Time::max();
   for (const Connection* c : conn_list_) {
-    if (c->in_flight == 0) continue;
-    for (const TxPath& tp : c->tx) t = std::min(t, tp.rto_deadline);
+    for (const TxPath& tp : c->tx) {
+      if (tp.state == PathState::kProbing) {
+        t = std::min(t, tp.deadline);
+        continue;
+      }
+      if (tp.state != PathState::kActive || tp.in_flight == 0) continue;
+      t = std::min({t, tp.deadline, fail_deadline(*c, tp)});
+    }
+    if (c->in_flight) t = std::min({t, c->tlp_deadline, c->rnr_deadline});
+    if (c->cursor != kNoSlot && c->pace_at != Time::min()) t = std::min(t, c->pace_at);
   }
   return t;
 }
@@ -653,6 +1246,9 @@ bool EngineImpl::idle() const {
   if (!acks_.empty() || retx_head_ < retx_.size()) return false;
   for (const Connection* c : conn_list_) {
     if (c->cursor != kNoSlot || c->in_flight != 0) return false;
+    for (const TxPath& tp : c->tx) {
+      if (tp.state == PathState::kFailed) return false;  // a probe is due
+    }
   }
   return true;
 }
@@ -671,19 +1267,25 @@ std::vector<PathStats> EngineImpl::path_stats(uint32_t peer_ip) const {
   }
   for (uint16_t p = 0; p < c.tx.size(); ++p) {
     const TxPath& tp = c.tx[p];
+    const detail::PathCounters& pc = c.counters[p];
     PathStats s;
     s.path_id = p;
-    s.udp_src_port = port_of(c, p);
+    s.udp_src_port = tp.port;
     s.plane = plane_of(p);
-    s.tx_packets = tp.tx_packets;
-    s.tx_bytes = tp.tx_bytes;
-    s.retransmits = tp.retransmits;
-    s.timeouts = tp.timeouts;
-    s.acks_received = tp.acks_received;
-    s.ecn_ce_echoed = tp.ce_echoed;
+    s.state = tp.state;
+    s.tx_packets = pc.tx_packets;
+    s.tx_bytes = pc.tx_bytes;
+    s.retransmits = pc.retransmits;
+    s.timeouts = pc.timeouts;
+    s.acks_received = pc.acks_received;
+    s.ecn_ce_echoed = pc.ce_echoed;
+    s.sack_gaps = pc.sack_gaps;
+    s.failures = pc.failures;
+    s.probes = pc.probes;
     s.next_seq = tp.next_seq;
     s.ack_floor = tp.una;
     s.in_flight = tp.in_flight;
+    s.window = tp.cwnd / kWinUnit;
     s.srtt_ns = tp.srtt_ns;
     s.rto_ns = rto(tp).count();
     if (newest && p < newest->paths.size()) {
@@ -699,9 +1301,29 @@ std::vector<PathStats> EngineImpl::path_stats(uint32_t peer_ip) const {
   return out;
 }
 
+ConnStats EngineImpl::conn_stats(uint32_t peer_ip) const {
+  ConnStats s;
+  auto it = conns_.find(peer_ip);
+  if (it == conns_.end()) return s;
+  const Connection& c = *it->second;
+  s.exists = true;
+  s.window = c.cwnd / kWinUnit;
+  s.in_flight = c.in_flight;
+  s.rate_hint_mbps = c.hint_mbps;
+  s.paths_active = cfg_.num_paths - c.failed_paths;
+  s.rx_rate_mbps = c.rx_rate_mbps;
+  s.rx_hint_mbps = c.rx_hint_mbps;
+  return s;
+}
+
 std::vector<PathStats> path_stats(const Engine& engine, uint32_t peer_ip) {
   const auto* e = dynamic_cast<const EngineImpl*>(&engine);
   return e ? e->path_stats(peer_ip) : std::vector<PathStats>{};
+}
+
+ConnStats conn_stats(const Engine& engine, uint32_t peer_ip) {
+  const auto* e = dynamic_cast<const EngineImpl*>(&engine);
+  return e ? e->conn_stats(peer_ip) : ConnStats{};
 }
 
 std::array<uint64_t, static_cast<size_t>(wire::DecodeError::kCount)> decode_drops(

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The transport engine behind transport::Engine: connections per peer, paths with their send
-// rings and receive windows, message segmentation, SACK/NAK handling and retransmission timers
-// (docs/spec/wire.md §3-§6). Exposed in a header only so the unit tests can pin struct sizes.
+// The transport engine behind transport::Engine: connections per peer, paths with their windows,
+// receive windows, message segmentation, SACK/NAK handling, congestion control, path failure,
+// timers (docs/spec/wire.md §3-§6, docs/spec/congestion.md). Exposed in a header only so the unit
+// tests can pin struct sizes.
 #pragma once
 
 #include <array>
@@ -17,43 +18,77 @@
 
 namespace metaroce::transport {
 
-inline constexpr uint32_t kPathWindow = 64;   // packets in flight per path (spec §6.1)
+inline constexpr uint32_t kPathWindow = 64;   // max packets outstanding per path (spec §6.1)
 inline constexpr uint32_t kNakSlots = 4;      // NAK records a receiver path remembers
 inline constexpr uint32_t kMaxRecvDirs = 4;   // directions (peer conn_ids) kept per peer
 inline constexpr uint8_t kMaxBackoff = 16;
 inline constexpr uint16_t kEphemeralPortBase = 49152;
+inline constexpr uint32_t kWinUnit = 256;     // windows are fixed point, 1/256 packet
+inline constexpr uint32_t kMinConnWindow = 2; // packets
+inline constexpr uint32_t kActiveIntervals = 3;  // a sender counts for hints this many intervals
+inline constexpr uint32_t kHintPercent = 95;  // hints share this much of rx_capacity_mbps
+inline constexpr uint32_t kPaceBurst = 2;     // packets a paced connection may send back to back
+inline constexpr uint8_t kRnrInfinite = 7;
 static_assert(kPathWindow <= SackWindow::kSpan, "in-flight packets must fit the SACK span");
 static_assert(kNakSlots <= wire::kMaxNakRecords);
 
 namespace detail {
 
 inline constexpr uint32_t kNoSlot = UINT32_MAX;
+inline constexpr uint16_t kNil = UINT16_MAX;  // no in-flight record
 
-enum class DescState : uint8_t { kFree, kInFlight, kDone };
-
-// One transmitted, not yet resolved packet. The payload stays with the NIC (Host::gather).
-struct TxDesc {
-  int64_t sent_ns = 0;      // last transmission
-  uint32_t slot = kNoSlot;  // message
-  uint32_t offset = 0;
-  uint32_t len = 0;
-  uint32_t tx_order = 0;    // position among all transmissions on the path (FIFO loss test)
-  DescState state = DescState::kFree;
-  uint8_t rto_retries = 0;
-  bool retx_queued = false;
+enum class DescState : uint8_t {
+  kFree,      // on the connection's free list
+  kInFlight,  // on its path's list, in sequence order
+  kMoving,    // on the connection's failover queue, waiting for a path (congestion.md §4.2)
+};
+enum DescFlag : uint8_t {
+  kRetxQueued = 1,  // a retransmission of it is queued
+  kRnrWait = 2,     // refused with RNR: resent when the connection's RNR timer fires
+  kCopy = 4,        // failover copy: orig_path/orig_seq name where it was first sent
 };
 
+// One transmitted, not yet resolved packet. The payload stays with the NIC (Host::gather); its
+// length follows from the message and the offset. Lives in the connection's pool.
+struct TxDesc {
+  uint32_t slot = kNoSlot;  // message
+  uint32_t offset = 0;
+  uint32_t seq = 0;         // on `path`
+  uint32_t tx_order = 0;    // position among all transmissions on the path (FIFO loss test)
+  uint32_t orig_seq = 0;    // kCopy
+  uint16_t next = kNil;     // path list, failover queue or free list
+  uint16_t path = 0;
+  uint16_t orig_path = 0;   // kCopy
+  DescState state = DescState::kFree;
+  uint8_t flags = 0;
+  uint8_t rto_retries = 0;
+  uint8_t rnr_retries = 0;
+};
+
+// Protocol state of one sending path. Telemetry lives apart (PathCounters).
 struct TxPath {
   uint32_t next_seq = 0;
-  uint32_t una = 0;              // oldest unresolved seq = the ack floor sent in packets
+  uint32_t una = 0;              // ack floor: oldest unresolved seq, or oldest moved-away one
   uint32_t tx_order = 0;         // next transmission's order
   uint32_t delivered_order = 0;  // highest order known delivered
-  uint32_t in_flight = 0;
-  uint8_t backoff = 0;
-  int64_t srtt_ns = 0, rttvar_ns = 0;  // srtt 0: no sample yet
-  Time rto_deadline = Time::max();
+  uint32_t cwnd = 0;             // congestion window, 1/kWinUnit packets
+  uint32_t srtt_ns = 0, rttvar_ns = 0;  // srtt 0: no sample yet
+  uint32_t moved_floor = 0;      // oldest seq whose failover copy is unresolved (moved > 0)
+  uint16_t head = kNil, tail = kNil;  // in-flight records in sequence order
+  uint16_t in_flight = 0;
+  uint16_t moved = 0;            // failover copies of this path's packets still unresolved
+  uint16_t port = 0;             // UDP source port (entropy), re-picked when probing
+  PathState state = PathState::kActive;
+  uint8_t backoff = 0;           // RTO back-off; probe back-off while probing
+  Time deadline = Time::max();   // RTO while active, next probe while probing
+  int64_t last_progress_ns = 0;  // last ACK progress, or first send after idle; probing: since
+  int64_t last_md_ns = INT64_MIN / 2;  // last multiplicative decrease (ECN)
+};
+
+struct PathCounters {
   uint64_t tx_packets = 0, tx_bytes = 0, retransmits = 0, timeouts = 0, acks_received = 0,
-           ce_echoed = 0;
+           ce_echoed = 0, sack_gaps = 0;
+  uint32_t failures = 0, probes = 0;
 };
 
 struct NakEntry {
@@ -65,6 +100,7 @@ struct RxPath {
   SackWindow win;
   uint32_t echo_ts = 0;
   uint16_t ce_since_ack = 0;
+  uint16_t port = 0;             // the peer's current source port: our ACKs mirror it
   bool ack_pending = false;
   uint8_t nak_count = 0;
   std::array<NakEntry, kNakSlots> naks{};
@@ -88,15 +124,33 @@ struct MsgSlot {
 
 struct Connection {
   uint32_t peer_ip = 0;
-  uint16_t port_base = 0;   // path p leaves from UDP port port_base + p
-  uint16_t rr_next = 0;     // spraying position
   uint32_t conn_id = 0;     // our data direction to the peer
   uint64_t token = 0;
   uint32_t head = kNoSlot, tail = kNoSlot;  // outstanding messages, submission order
   uint32_t cursor = kNoSlot;                // first message with packets still to send
-  uint32_t in_flight = 0;
+  uint32_t in_flight = 0;                   // allocated records (on paths or moving)
+  uint32_t cwnd = 0;                        // connection window, 1/kWinUnit packets
+  uint16_t rr_next = 0;                     // spraying position
+  uint16_t free_head = kNil;                // pool free list
+  uint16_t move_head = kNil, move_tail = kNil;  // failover queue
+  uint16_t failed_paths = 0;                // paths not kActive
+  bool tlp_spent = false;                   // the tail probe fired; re-armed by progress
+  // Sender pacing to the peer's hint: credit in byte*8000 units (= Mbit/s * ns).
+  uint32_t hint_mbps = 0;
+  int64_t credit = 0;
+  int64_t credit_ns = 0;
+  Time pace_at = Time::min();               // new data waits for credit until then
+  Time tlp_deadline = Time::max();
+  Time rnr_deadline = Time::max();
+  int64_t last_progress_ns = 0;             // newest ACK progress on any path
+  // Receiver side: what arrived from this peer, for fair-share hints.
+  uint64_t rx_bytes_interval = 0;
+  uint32_t rx_heard_interval = 0;           // index of the last interval with arrivals, + 1
+  uint32_t rx_rate_mbps = 0, rx_hint_mbps = 0;
+  bool rx_frozen = false;                   // water-filling scratch
   std::vector<TxPath> tx;
-  std::vector<TxDesc> descs;  // tx.size() * kPathWindow, indexed by path and seq % window
+  std::vector<TxDesc> pool;                 // conn_window_max records
+  std::vector<PathCounters> counters;
   std::vector<RecvDir> rx;
 };
 
@@ -117,8 +171,9 @@ class EngineImpl final : public Engine {
   const EngineStats& stats() const override { return stats_; }
 
   std::vector<PathStats> path_stats(uint32_t peer_ip) const;
+  ConnStats conn_stats(uint32_t peer_ip) const;
   const auto& decode_drops() const { return decode_drops_; }
-  // Our data direction's id to a peer, 0 when there is no connection (tests, telemetry).
+  // Our data direction's id to a peer, 0 when there is none (tests, telemetry).
   uint32_t conn_id(uint32_t peer_ip) const;
 
  private:
@@ -135,6 +190,7 @@ class EngineImpl final : public Engine {
   };
   struct RetxRef {
     Connection* conn;
+    uint16_t idx;
     uint16_t path;
     uint32_t seq;
   };
@@ -142,34 +198,57 @@ class EngineImpl final : public Engine {
     uint64_t cookie;
     Syndrome why;  // kOk: acked
   };
+  enum class TxKind : uint8_t { kNew, kRetx, kCopy };
 
   uint64_t next_random();
+  uint16_t random_port();
   Connection& conn_for(uint32_t peer_ip);
-  TxDesc& desc(Connection& c, uint16_t path, uint32_t seq) {
-    return c.descs[size_t{path} * kPathWindow + seq % kPathWindow];
-  }
   Time rto(const TxPath& tp) const;
-  uint16_t port_of(const Connection& c, uint16_t path) const;
   uint8_t plane_of(uint16_t path) const;
+  uint32_t seg_len(uint32_t slot, uint32_t offset) const;
+  int64_t srtt_ref(const Connection& c, const TxPath& tp) const;
+  uint16_t choose_path(const Connection& c, Time now) const;
+  bool path_open(const TxPath& tp) const;
 
-  void handle_data(Time now, Connection& c, bool ecn_ce, const wire::Packet& pkt);
+  void handle_data(Time now, Connection& c, uint16_t sport, bool ecn_ce, const wire::Packet& pkt);
   void handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt);
-  void handle_probe(Time now, Connection& c, bool ecn_ce, const wire::Packet& pkt);
+  void handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_ce, const wire::Packet& pkt);
   RecvDir* find_dir(Connection& c, uint32_t conn_id);
   RecvDir& create_dir(Connection& c, const wire::BaseHeader& b, Time now);
   void request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce);
+  void add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn, Syndrome why);
+  void account_rx(Time now, Connection& c, size_t bytes);
+  void close_rate_interval(Time now);
 
-  void ack_desc(Connection& c, TxPath& tp, TxDesc& d);
+  void congestion_on_ack(Time now, Connection& c, uint16_t path, uint32_t newly_acked,
+                         uint16_t ce);
+  void rnr_nak(Time now, Connection& c, uint16_t idx);
+  uint16_t find_in_flight(const Connection& c, uint16_t path, uint32_t seq) const;
+  void list_append(Connection& c, uint16_t path, uint16_t idx);
+  void list_remove(Connection& c, uint16_t path, uint16_t prev, uint16_t idx);
+  void free_desc(Connection& c, uint16_t idx);
+  void resolve(Connection& c, uint16_t idx);
+  void ack_desc(Connection& c, uint16_t idx);
   void abandon(Connection& c, uint32_t slot, Time now);
   void fail_message(Connection& c, uint32_t slot, Syndrome why, Time now);
   void unlink(Connection& c, uint32_t slot);
-  void advance_una(Connection& c, uint16_t path);
-  void queue_retx(Connection& c, uint16_t path, uint32_t seq);
+  void update_una(Connection& c, uint16_t path);
+  void queue_retx(Connection& c, uint16_t idx);
   void expire(Time now, Connection& c, uint16_t path);
+  Time fail_deadline(const Connection& c, const TxPath& tp) const;
+  bool check_failure(Time now, Connection& c, uint16_t path);
+  void fail_path(Time now, Connection& c, uint16_t path);
+  void path_recovered(Time now, Connection& c, uint16_t path, int64_t sample);
+  void tail_probe(Time now, Connection& c);
+  void arm_tlp(Time now, Connection& c);
   void flush_completions();
+  void refill(Connection& c, Time now);
 
   bool emit_ack(Time now, Connection& c, RecvDir& d, uint16_t path, TxSink& sink);
-  bool emit_data(Time now, Connection& c, uint16_t path, uint32_t seq, TxSink& sink, bool retx);
+  bool emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, TxKind kind);
+  bool emit_probe(Time now, Connection& c, uint16_t path, TxSink& sink);
+  bool send_moving(Time now, Connection& c, TxSink& sink, uint32_t& sent);
+  bool send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent);
   uint32_t alloc_slot();
 
   EngineConfig cfg_;
@@ -186,6 +265,9 @@ class EngineImpl final : public Engine {
   std::vector<RetxRef> retx_;
   size_t retx_head_ = 0;
   std::vector<Completion> done_;
+  // Receiver rate measurement (congestion.md §3).
+  Time interval_start_ = Time::min();
+  uint32_t interval_idx_ = 0;
 };
 
 }  // namespace metaroce::transport

@@ -16,7 +16,7 @@ inline constexpr size_t kVersion = 0, kOpcode = 1, kFlags = 2, kConnId = 4, kTok
 namespace data_off {
 inline constexpr size_t kDstStream = 0, kSrcStream = 4, kMsn = 8, kRsn = 12, kOffset = 16,
                         kTotalLength = 20, kRemoteAddr = 24, kRkey = 32, kImm = 36,
-                        kPayloadLen = 40, kReserved = 44, kEnd = 48;
+                        kPayloadLen = 40, kOrigSeq = 44, kEnd = 48;
 }
 namespace ack_off {
 inline constexpr size_t kCumSeq = 0, kSack = 4, kEchoTimestamp = 36, kEcnCe = 40,
@@ -33,8 +33,8 @@ static_assert(ack_off::kEchoTimestamp - ack_off::kSack == kSackBits / 8);
 static_assert(kAckHeadersLen + kMaxNakRecords * kNakRecordLen <= 512,
               "an ACK must fit any sane packet buffer");
 
-// NAK syndromes a receiver may send: transport::Syndrome kRemoteAccess..kRemoteOp.
-constexpr uint8_t kMinNakSyndrome = 2, kMaxNakSyndrome = 5;
+// NAK syndromes a receiver may send: transport::Syndrome kRnr..kRemoteOp.
+constexpr uint8_t kMinNakSyndrome = 1, kMaxNakSyndrome = 5;
 
 bool known_opcode(uint8_t op) {
   return (op >= 1 && op <= 6) || op == static_cast<uint8_t>(Opcode::kAck) ||
@@ -42,8 +42,14 @@ bool known_opcode(uint8_t op) {
 }
 
 bool base_fields_ok(const BaseHeader& b) {
-  return b.conn_id != 0 && b.path_count >= 1 && b.path_count <= kMaxPathCount &&
-         b.path_id < b.path_count;
+  if (b.conn_id == 0 || b.path_count < 1 || b.path_count > kMaxPathCount ||
+      b.path_id >= b.path_count)
+    return false;
+  // Only data can be a failover copy, and only of another existing path of the direction.
+  if (is_failover_copy(b.flags)) {
+    return is_data_opcode(b.opcode) && orig_path_of(b.flags) < b.path_count;
+  }
+  return true;
 }
 
 // The floor may not lie above the sequence the packet carries (wrap-aware). How far below it
@@ -102,7 +108,7 @@ size_t encode_data(std::span<uint8_t> out, const BaseHeader& b, const DataHeader
   store_be32(p + data_off::kRkey, d.rkey);
   store_be32(p + data_off::kImm, d.imm);
   store_be32(p + data_off::kPayloadLen, d.payload_len);
-  store_be32(p + data_off::kReserved, 0);
+  store_be32(p + data_off::kOrigSeq, d.orig_seq);
   return kDataHeadersLen;
 }
 
@@ -165,6 +171,7 @@ DecodeError decode(std::span<const uint8_t> in, Packet& out) {
     d.rkey = load_be32(q + data_off::kRkey);
     d.imm = load_be32(q + data_off::kImm);
     d.payload_len = load_be32(q + data_off::kPayloadLen);
+    d.orig_seq = load_be32(q + data_off::kOrigSeq);
     if (d.payload_len != in.size() - kDataHeadersLen) return DecodeError::kLengthMismatch;
     if (!floor_ok(b) || !data_fields_ok(b.opcode, d)) return DecodeError::kBadField;
     out.payload = in.subspan(kDataHeadersLen);

@@ -23,6 +23,18 @@ inline constexpr uint16_t kMaxPathCount = 256;
 inline constexpr uint16_t kMaxNakRecords = 16;  // per ACK; more is malformed
 inline constexpr uint32_t kSackBits = 256;
 
+// Base header flags (spec §2.1). A failover copy is a packet first sent on another path that was
+// declared failed; bits 0..7 then name that path and DataHeader::orig_seq its sequence there, so
+// the receiver can tell whether the original already arrived (spec §3.4).
+inline constexpr uint16_t kFlagFailoverCopy = 0x8000;
+inline constexpr uint16_t kFlagOrigPathMask = 0x00ff;
+inline constexpr bool is_failover_copy(uint16_t flags) { return flags & kFlagFailoverCopy; }
+inline constexpr uint16_t orig_path_of(uint16_t flags) { return flags & kFlagOrigPathMask; }
+inline constexpr uint16_t failover_flags(uint16_t orig_path) {
+  return static_cast<uint16_t>(kFlagFailoverCopy | (orig_path & kFlagOrigPathMask));
+}
+static_assert(kFlagOrigPathMask + 1 >= 256, "any path id must fit the original-path bits");
+
 enum class Opcode : uint8_t {
   kWrite = 1,
   kWriteImm = 2,
@@ -53,7 +65,7 @@ enum class DecodeError : uint8_t {
 struct BaseHeader {
   uint8_t version = kMrhVersion;
   Opcode opcode = Opcode::kWrite;
-  uint16_t flags = 0;        // none defined; sender writes 0, receiver ignores
+  uint16_t flags = 0;        // kFlagFailoverCopy | original path (data only); other bits 0/ignored
   uint32_t conn_id = 0;      // data direction id chosen by its sender, never 0
   uint64_t token = 0;        // per-direction random secret; must match the direction's
   uint16_t path_id = 0;      // < path_count
@@ -75,6 +87,7 @@ struct DataHeader {
   uint32_t rkey = 0;
   uint32_t imm = 0;           // network byte order as verbs hands it; carried opaquely
   uint32_t payload_len = 0;   // bytes after the headers
+  uint32_t orig_seq = 0;      // failover copy: its sequence on the original path; else 0
 };
 
 // One NAK record inside an ACK, 16 bytes (spec §2.4).
@@ -82,7 +95,7 @@ struct NakRecord {
   uint32_t path_seq = 0;
   uint32_t src_stream = 0;  // the data sender's stream, as it was in the rejected packet
   uint32_t msn = 0;
-  uint8_t syndrome = 0;     // transport::Syndrome 2..5
+  uint8_t syndrome = 0;     // transport::Syndrome 1 (RNR: not received, retry later) .. 5
 };
 
 // ACK extension, 48 bytes, followed by nak_count NAK records (spec §2.3).

@@ -285,19 +285,21 @@ TEST(SackWindow, SurvivesSequenceWrap) {
 
 TEST(TransportSizes, CoreStructsStaySmall) {
   using namespace detail;
-  std::printf("sizeof: SackWindow %zu, TxDesc %zu, TxPath %zu, RxPath %zu, RecvDir %zu, "
-              "MsgSlot %zu, Connection %zu\n",
-              sizeof(SackWindow), sizeof(TxDesc), sizeof(TxPath), sizeof(RxPath),
-              sizeof(RecvDir), sizeof(MsgSlot), sizeof(Connection));
-  const size_t per_path_tx = sizeof(TxPath) + kPathWindow * sizeof(TxDesc);
-  std::printf("per path: send %zu B (ring of %u), receive %zu B; 8-path connection ~%zu B\n",
-              per_path_tx, kPathWindow, sizeof(RxPath),
-              sizeof(Connection) + 8 * (per_path_tx + sizeof(RxPath)) + sizeof(RecvDir));
+  std::printf("sizeof: SackWindow %zu, TxDesc %zu, TxPath %zu, PathCounters %zu, RxPath %zu, "
+              "RecvDir %zu, MsgSlot %zu, Connection %zu\n",
+              sizeof(SackWindow), sizeof(TxDesc), sizeof(TxPath), sizeof(PathCounters),
+              sizeof(RxPath), sizeof(RecvDir), sizeof(MsgSlot), sizeof(Connection));
+  const EngineConfig cfg;
+  std::printf("8-path connection: %zu B fixed + %zu B per path (send %zu + counters %zu + "
+              "receive %zu) + in-flight pool %u x %zu B\n",
+              sizeof(Connection) + sizeof(RecvDir),
+              sizeof(TxPath) + sizeof(PathCounters) + sizeof(RxPath), sizeof(TxPath),
+              sizeof(PathCounters), sizeof(RxPath), cfg.conn_window_max, sizeof(TxDesc));
   EXPECT_LE(sizeof(SackWindow), 48u);
   EXPECT_LE(sizeof(TxDesc), 32u);
-  EXPECT_LE(sizeof(TxPath), 128u);
-  EXPECT_LE(sizeof(RxPath), 192u);
-  EXPECT_LE(sizeof(Connection), 160u);
+  EXPECT_LE(sizeof(TxPath), 72u);
+  EXPECT_LE(sizeof(RxPath), 160u);
+  EXPECT_LE(sizeof(Connection), 256u);
   EXPECT_LE(sizeof(MsgSlot), 96u);
 }
 
@@ -333,9 +335,14 @@ TEST(Transport, ManyMessagesBothWaysArriveByteExact) {
     EXPECT_GT(p.srtt_ns, 0);
     EXPECT_EQ(p.in_flight, 0u);
   }
+  // Data leaves from its path's port; ACKs mirror the port of the data they acknowledge.
+  auto peer_ps = path_stats(*f.node[1].e, kIpA);
   for (const Sent& s : f.log) {
-    if (s.from == 0) {
+    if (s.from != 0) continue;
+    if (wire::is_data_opcode(s.pkt.base.opcode)) {
       EXPECT_EQ(s.sport, ps[s.pkt.base.path_id].udp_src_port);
+    } else {
+      EXPECT_EQ(s.sport, peer_ps[s.pkt.base.path_id].udp_src_port);
     }
   }
 }
@@ -425,6 +432,7 @@ TEST(Transport, ReorderingAcrossPathsCausesNoRetransmission) {
   EXPECT_EQ(f.node[0].e->stats().retransmits, 0u);
   EXPECT_EQ(f.node[0].e->stats().timeouts, 0u);
   EXPECT_EQ(f.node[1].e->stats().duplicates, 0u);
+  EXPECT_EQ(f.node[0].e->stats().paths_failed, 0u);  // a slower path is not a failed one
   // And reordering really happened: some packet arrived before one sent earlier.
   bool overtaken = false;
   for (size_t i = 1; i < f.arrivals.size(); ++i) {
@@ -435,7 +443,16 @@ TEST(Transport, ReorderingAcrossPathsCausesNoRetransmission) {
   EXPECT_TRUE(overtaken);
 }
 
-TEST(Transport, LossOfTheLastPacketIsRecoveredByRto) {
+// Offsets of every transmission of the packet at `offset` from node 0.
+std::vector<const Sent*> transmissions_of(const Fabric& f, uint32_t offset) {
+  std::vector<const Sent*> out;
+  for (const Sent* s : f.data_from(0)) {
+    if (s->pkt.data.offset == offset) out.push_back(s);
+  }
+  return out;
+}
+
+TEST(Transport, LossOfTheLastPacketIsRecoveredByTailProbeWithinTwoRtts) {
   Fabric f;
   const uint64_t cookie = f.submit(0, 1, 0, 8 * kMtu);
   bool dropped = false;
@@ -451,19 +468,47 @@ TEST(Transport, LossOfTheLastPacketIsRecoveredByRto) {
   ASSERT_TRUE(dropped);
   EXPECT_EQ(f.node[0].host.acked, std::vector<uint64_t>{cookie});
   EXPECT_EQ(f.node[1].host.received.at({1, 0}), sent_bytes(f, 0, cookie));
-  EXPECT_EQ(f.node[0].e->stats().timeouts, 1u);
+  EXPECT_EQ(f.node[0].e->stats().timeouts, 0u);
+  EXPECT_EQ(f.node[0].e->stats().tail_probes, 1u);
   EXPECT_EQ(f.node[0].e->stats().retransmits, 1u);
-  // The retransmission left one RTO after the original: at least rto_min, well under rto_max.
-  auto data = f.data_from(0);
-  const Sent* first = nullptr;
-  const Sent* second = nullptr;
-  for (const Sent* s : data) {
-    if (s->pkt.data.offset != 7 * kMtu) continue;
-    (first ? second : first) = s;
+  // The probe left two smoothed RTTs after the last ACK progress, far below rto_min.
+  auto tx = transmissions_of(f, 7 * kMtu);
+  ASSERT_EQ(tx.size(), 2u);
+  const Time rtt = 2 * f.delay;
+  Time last_ack = Time{0};
+  for (const Sent& s : f.log) {
+    if (s.from == 1 && s.pkt.base.opcode == Opcode::kAck && s.arrival < tx[1]->tx_time) {
+      last_ack = std::max(last_ack, s.arrival);
+    }
   }
-  ASSERT_TRUE(first && second);
-  EXPECT_GE(second->tx_time - first->tx_time, f.cfg.rto_min);
-  EXPECT_LE(second->tx_time - first->tx_time, f.cfg.rto_initial);
+  EXPECT_EQ(tx[1]->tx_time - last_ack, 2 * rtt);
+  EXPECT_LT(tx[1]->tx_time - tx[0]->tx_time, f.cfg.rto_min);
+}
+
+TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByRto) {
+  Fabric f;
+  const uint64_t cookie = f.submit(0, 1, 0, 8 * kMtu);
+  int dropped = 0;
+  f.fate = [&](const Sent& s) {
+    if (dropped < 2 && s.from == 0 && wire::is_data_opcode(s.pkt.base.opcode) &&
+        s.pkt.data.offset == 7 * kMtu) {
+      ++dropped;
+      return Fate::kDrop;
+    }
+    return Fate::kDeliver;
+  };
+  f.run();
+  ASSERT_EQ(dropped, 2);
+  EXPECT_EQ(f.node[0].host.acked, std::vector<uint64_t>{cookie});
+  EXPECT_EQ(f.node[1].host.received.at({1, 0}), sent_bytes(f, 0, cookie));
+  EXPECT_EQ(f.node[0].e->stats().timeouts, 1u);
+  EXPECT_EQ(f.node[0].e->stats().tail_probes, 1u);
+  EXPECT_EQ(f.node[0].e->stats().retransmits, 2u);
+  // The third transmission left one RTO after the original: at least rto_min.
+  auto tx = transmissions_of(f, 7 * kMtu);
+  ASSERT_EQ(tx.size(), 3u);
+  EXPECT_GE(tx[2]->tx_time - tx[0]->tx_time, f.cfg.rto_min);
+  EXPECT_LE(tx[2]->tx_time - tx[0]->tx_time, f.cfg.rto_initial);
 }
 
 TEST(Transport, PeerThatNeverAnswersFailsWithRetryExceeded) {
@@ -602,6 +647,679 @@ TEST(Transport, EcnMarksAreEchoedPerPath) {
   ASSERT_EQ(ps.size(), 4u);
   EXPECT_EQ(ps[2].ecn_ce_echoed, 4u);
   EXPECT_EQ(ps[0].ecn_ce_echoed + ps[1].ecn_ce_echoed + ps[3].ecn_ce_echoed, 0u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A multi-node fabric for congestion, fairness and failure: N engines, a fixed propagation
+// delay, and one FIFO bottleneck per receiving node (its downlink) that marks CE above a backlog
+// threshold and drops above a larger one. Packets are routed to one of kLinks links by a hash of
+// their UDP source port, as ECMP would, so a black-holed link eats exactly the paths whose port
+// hashes onto it and an entropy re-pick can escape it.
+
+constexpr int kLinks = 8;
+int link_of(uint16_t sport) { return static_cast<int>((sport * 2654435761u) >> 29) % kLinks; }
+
+struct NetPacket {
+  int from = 0, to = 0;
+  uint16_t sport = 0;
+  uint8_t plane = 0;
+  bool ce = false;
+  std::vector<uint8_t> bytes;
+  wire::Packet pkt;
+};
+
+class Net {
+ public:
+  struct Config {
+    int nodes = 2;
+    Time prop = 5us;
+    uint64_t bottleneck_mbps = 10000;  // 0: none
+    Time mark_backlog = 12us;          // CE above this queueing delay (~ one BDP; 0: never)
+    Time drop_backlog = 400us;         // tail drop above this
+  };
+
+  Net(Config nc, const std::vector<EngineConfig>& cfgs) : nc_(nc) {
+    node.resize(nc.nodes);
+    free_at_.assign(nc.nodes, Time{0});
+    for (int i = 0; i < nc.nodes; ++i) {
+      EngineConfig c = cfgs[std::min<size_t>(i, cfgs.size() - 1)];
+      node[i].ip = 0x0a000001 + i;
+      c.local_ip = node[i].ip;
+      c.seed = 100 + i;
+      node[i].host = std::make_unique<FakeHost>();
+      node[i].e = Engine::create(c, *node[i].host);
+      node[i].sink = std::make_unique<Sink>(*this, i);
+    }
+  }
+
+  static EngineConfig config(uint16_t paths = 8) {
+    EngineConfig c = Fabric::default_config();
+    c.num_paths = paths;
+    c.num_planes = 1;
+    return c;
+  }
+
+  int index_of(uint32_t ip) const { return static_cast<int>(ip - 0x0a000001); }
+
+  uint64_t submit(int from, int to, uint32_t stream, uint32_t msn, uint32_t size) {
+    const uint64_t cookie = next_cookie_++;
+    std::vector<uint8_t> bytes(size);
+    for (auto& x : bytes) x = static_cast<uint8_t>(rng_());
+    node[from].host->outgoing[cookie] = std::move(bytes);
+    MessageDesc m;
+    m.peer_ip = node[to].ip;
+    m.dst_stream = stream + 1000;
+    m.src_stream = stream;
+    m.msn = msn;
+    m.op = Op::kWrite;
+    m.length = size;
+    m.remote_addr = 0x10000;
+    m.rkey = 7;
+    m.cookie = cookie;
+    node[from].e->submit(m);
+    return cookie;
+  }
+
+  // Something to do at a given virtual time (app-limited senders).
+  void at(Time t, std::function<void()> fn) { actions_.emplace(t, std::move(fn)); }
+
+  bool step() {
+    for (auto& n : node) n.e->poll_tx(now, *n.sink);
+    Time next = Time::max();
+    if (!wire_.empty()) next = wire_.begin()->first;
+    if (!actions_.empty()) next = std::min(next, actions_.begin()->first);
+    for (auto& n : node) next = std::min(next, n.e->next_deadline());
+    if (next == Time::max()) return false;
+    now = std::max(now, next);
+    while (!actions_.empty() && actions_.begin()->first <= now) {
+      auto fn = std::move(actions_.begin()->second);
+      actions_.erase(actions_.begin());
+      fn();
+    }
+    while (!wire_.empty() && wire_.begin()->first <= now) {
+      NetPacket p = std::move(wire_.begin()->second);
+      wire_.erase(wire_.begin());
+      if (wire::is_data_opcode(p.pkt.base.opcode)) {
+        // Whole UDP payloads, MRH included: that is what the receiver measures and hints in.
+        delivered.push_back({now, p.from, p.to, static_cast<uint32_t>(p.bytes.size())});
+      }
+      if (on_arrival) on_arrival(p, now);
+      node[p.to].e->on_packet(now, node[p.from].ip, p.sport, p.ce, p.bytes);
+    }
+    for (auto& n : node) {
+      if (n.e->next_deadline() <= now) n.e->on_timer(now);
+    }
+    return true;
+  }
+
+  void run_until(Time limit) {
+    while (now < limit && step()) {}
+  }
+  // Until every engine is idle and the wire empty (probing paths keep timers: ignore them).
+  void run_idle(Time limit) {
+    while (now < limit) {
+      bool all_idle = wire_.empty() && actions_.empty();
+      for (auto& n : node) all_idle = all_idle && n.e->idle();
+      if (all_idle) return;
+      if (!step()) return;
+    }
+  }
+
+  // Data bytes (UDP payload) from `from` that reached `to` in [t0, t1), as Mbit/s.
+  double rate_mbps(int from, int to, Time t0, Time t1) const {
+    uint64_t bytes = 0;
+    for (const auto& d : delivered) {
+      if (d.from == from && d.to == to && d.t >= t0 && d.t < t1) bytes += d.bytes;
+    }
+    return static_cast<double>(bytes) * 8e3 / static_cast<double>((t1 - t0).count());
+  }
+
+  struct Node {
+    std::unique_ptr<Engine> e;
+    std::unique_ptr<FakeHost> host;
+    uint32_t ip = 0;
+    std::unique_ptr<TxSink> sink;
+  };
+  struct Delivery {
+    Time t;
+    int from, to;
+    uint32_t bytes;
+  };
+
+  std::vector<Node> node;
+  Time now{0};
+  std::function<bool(const NetPacket&)> drop;        // true: lost
+  std::function<Time(const NetPacket&)> extra_delay;  // per packet, before the bottleneck
+  std::function<void(const NetPacket&, Time)> on_arrival;
+  std::function<bool(const NetPacket&)> mark;         // true: CE-marked regardless of queue
+  std::vector<Delivery> delivered;
+  uint64_t queue_drops = 0, ce_marks = 0;
+
+ private:
+  class Sink : public TxSink {
+   public:
+    Sink(Net& n, int from) : n_(n), from_(from) {}
+    std::span<uint8_t> begin(uint32_t max_len) override {
+      buf_.assign(max_len, 0);
+      return buf_;
+    }
+    void commit(uint32_t peer_ip, uint16_t sport, uint8_t plane, uint32_t len) override {
+      NetPacket p;
+      p.from = from_;
+      p.to = n_.index_of(peer_ip);
+      p.sport = sport;
+      p.plane = plane;
+      p.bytes.assign(buf_.begin(), buf_.begin() + len);
+      EXPECT_EQ(wire::decode(p.bytes, p.pkt), wire::DecodeError::kNone);
+      if (n_.drop && n_.drop(p)) return;
+      if (n_.mark && n_.mark(p)) {
+        p.ce = true;
+        ++n_.ce_marks;
+      }
+      Time t = n_.now + n_.nc_.prop + (n_.extra_delay ? n_.extra_delay(p) : Time{0});
+      if (n_.nc_.bottleneck_mbps) {
+        Time& free = n_.free_at_[p.to];
+        const Time backlog = free > t ? free - t : Time{0};
+        if (backlog > n_.nc_.drop_backlog) {
+          ++n_.queue_drops;
+          return;
+        }
+        if (n_.nc_.mark_backlog > Time{0} && backlog > n_.nc_.mark_backlog) {
+          p.ce = true;
+          ++n_.ce_marks;
+        }
+        const Time ser(static_cast<int64_t>(len) * 8000 / static_cast<int64_t>(n_.nc_.bottleneck_mbps));
+        free = std::max(free, t) + ser;
+        t = free;
+      }
+      // Keep every (from, to, sport) FIFO even when extra delays differ between packets.
+      n_.wire_.emplace(t, std::move(p));
+    }
+
+   private:
+    Net& n_;
+    int from_;
+    std::vector<uint8_t> buf_;
+  };
+
+  Config nc_;
+  std::vector<Time> free_at_;
+  std::multimap<Time, NetPacket> wire_;
+  std::multimap<Time, std::function<void()>> actions_;
+  uint64_t next_cookie_ = 1;
+  std::mt19937 rng_{5};
+};
+
+// Every message node `from` submitted was acknowledged, none failed, and every segment was
+// handed to the receiver's host exactly once.
+void expect_exactly_once(const Net& n, int from, int to) {
+  const FakeHost& tx = *n.node[from].host;
+  const FakeHost& rx = *n.node[to].host;
+  EXPECT_TRUE(tx.failed.empty());
+  EXPECT_EQ(tx.acked.size(), tx.outgoing.size());
+  for (const auto& [seg, count] : rx.deliveries) EXPECT_EQ(count, 1);
+}
+
+// Submits `count` messages of `size` bytes from `from` to `to` on stream `stream`.
+void submit_bulk(Net& n, int from, int to, uint32_t stream, uint32_t count, uint32_t size) {
+  for (uint32_t i = 0; i < count; ++i) n.submit(from, to, stream, i, size);
+}
+
+// Time from the start until every message of node 0 was acknowledged.
+Time bulk_transfer_time(double loss, uint64_t seed) {
+  Net n(Net::Config{}, {Net::config()});
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  if (loss > 0) n.drop = [&](const NetPacket&) { return u(rng) < loss; };
+  submit_bulk(n, 0, 1, 1, 64, 64 * 1024);  // 4 MiB
+  n.run_idle(1s);
+  EXPECT_TRUE(n.node[0].e->idle());
+  expect_exactly_once(n, 0, 1);
+  return n.now;
+}
+
+TEST(Congestion, RandomLossWithoutEcnKeepsGoodputHigh) {
+  const Time clean = bulk_transfer_time(0, 1);
+  const Time one = bulk_transfer_time(0.01, 2);
+  const Time ten = bulk_transfer_time(0.10, 3);
+  const double g1 = static_cast<double>(clean.count()) / static_cast<double>(one.count());
+  const double g10 = static_cast<double>(clean.count()) / static_cast<double>(ten.count());
+  std::printf("4 MiB over 10 Gbit/s: clean %.1f us, 1%% loss %.1f us (%.2f), 10%% loss %.1f us "
+              "(%.2f)\n", clean.count() / 1e3, one.count() / 1e3, g1, ten.count() / 1e3, g10);
+  // The loss-free run is bottleneck-bound (4 MiB at 10 Gbit/s is ~3.5 ms of wire time).
+  EXPECT_LT(clean, 4500us);
+  EXPECT_GE(g1, 0.9);
+  EXPECT_GE(g10, 0.7);
+}
+
+// Runs a bulk transfer with no bottleneck and returns the sender's windows at the end.
+struct Windows {
+  uint32_t conn = 0, min_path = UINT32_MAX, max_path = 0;
+  uint64_t decreases = 0, sack_gaps = 0;
+};
+Windows windows_after(const std::function<bool(const NetPacket&)>& drop,
+                      const std::function<bool(const NetPacket&)>& mark) {
+  Net::Config nc;
+  nc.bottleneck_mbps = 0;
+  Net n(nc, {Net::config()});
+  n.drop = drop;
+  n.mark = mark;
+  submit_bulk(n, 0, 1, 1, 32, 64 * 1024);
+  n.run_idle(1s);
+  expect_exactly_once(n, 0, 1);
+  Windows w;
+  w.conn = conn_stats(*n.node[0].e, n.node[1].ip).window;
+  for (const auto& p : path_stats(*n.node[0].e, n.node[1].ip)) {
+    w.min_path = std::min(w.min_path, p.window);
+    w.max_path = std::max(w.max_path, p.window);
+  }
+  w.decreases = n.node[0].e->stats().ecn_decreases;
+  w.sack_gaps = n.node[0].e->stats().sack_gaps;
+  return w;
+}
+
+TEST(Congestion, RandomLossDoesNotCollapseTheWindowsTheWayCeMarksDo) {
+  std::mt19937_64 rng(9);
+  auto is_data = [](const NetPacket& p) { return wire::is_data_opcode(p.pkt.base.opcode); };
+  const Windows lossy = windows_after([&](const NetPacket& p) { return is_data(p) && rng() % 10 == 0; },
+                                      nullptr);
+  const Windows marked = windows_after(nullptr, [&](const NetPacket& p) { return is_data(p) && rng() % 10 == 0; });
+  std::printf("windows after 2 MiB: 10%% loss conn %u path %u..%u; 10%% CE conn %u path %u..%u\n",
+              lossy.conn, lossy.min_path, lossy.max_path, marked.conn, marked.min_path,
+              marked.max_path);
+  const EngineConfig cfg = Net::config();
+  EXPECT_GT(lossy.sack_gaps, 100u);
+  EXPECT_EQ(lossy.decreases, 0u);
+  // Loss never shrinks the connection window; a path loses at most a bounded share (RTOs).
+  EXPECT_GE(lossy.conn, cfg.conn_window_init);
+  EXPECT_GE(lossy.min_path, cfg.path_window_init / 2);
+  // The same rate of CE marks is congestion: both windows come down hard.
+  EXPECT_GT(marked.decreases, 20u);
+  EXPECT_LT(marked.conn * 4, lossy.conn);
+  EXPECT_LT(marked.max_path, lossy.min_path);
+}
+
+TEST(Congestion, CeMarksShrinkOnlyTheMarkedPathAndSteerTrafficAway) {
+  Net::Config nc;
+  nc.bottleneck_mbps = 0;
+  Net n(nc, {Net::config(4)});
+  n.mark = [](const NetPacket& p) {
+    return p.from == 0 && wire::is_data_opcode(p.pkt.base.opcode) && p.pkt.base.path_id == 2;
+  };
+  // First half: the path-2 marks start; second half: traffic after the windows settled.
+  submit_bulk(n, 0, 1, 1, 16, 64 * 1024);
+  n.run_idle(1s);
+  expect_exactly_once(n, 0, 1);
+  auto mid = path_stats(*n.node[0].e, n.node[1].ip);
+  const uint32_t conn_mid = conn_stats(*n.node[0].e, n.node[1].ip).window;
+  submit_bulk(n, 0, 1, 2, 16, 64 * 1024);
+  n.run_idle(2s);
+  expect_exactly_once(n, 0, 1);
+  auto end = path_stats(*n.node[0].e, n.node[1].ip);
+  const EngineConfig cfg = Net::config(4);
+  EXPECT_LE(mid[2].window, 2u);
+  for (int p : {0, 1, 3}) {
+    EXPECT_GE(mid[p].window, cfg.path_window_init) << p;
+    EXPECT_EQ(mid[p].ecn_ce_echoed, 0u);
+  }
+  EXPECT_GT(mid[2].ecn_ce_echoed, 0u);
+  EXPECT_LT(conn_mid, cfg.conn_window_init + 16 * 64);  // it was decreased too
+  // Steering: in the second transfer the marked path carried a small fraction of the packets.
+  uint64_t marked = end[2].tx_packets - mid[2].tx_packets, clear = 0;
+  for (int p : {0, 1, 3}) clear += end[p].tx_packets - mid[p].tx_packets;
+  std::printf("second transfer: marked path %llu packets, the three clear paths %llu\n",
+              static_cast<unsigned long long>(marked), static_cast<unsigned long long>(clear));
+  EXPECT_LT(marked * 12, clear);
+  EXPECT_GT(n.node[0].e->stats().ecn_decreases, 0u);
+}
+
+TEST(Congestion, AnAppLimitedSenderSteersAwayFromAMarkedPathItsWindowDoesNotLimit) {
+  // One packet every 3 us never fills any window: only the spraying preference can keep
+  // traffic off the marked path.
+  Net::Config nc;
+  nc.bottleneck_mbps = 0;
+  Net n(nc, {Net::config(4)});
+  n.mark = [](const NetPacket& p) {
+    return p.from == 0 && wire::is_data_opcode(p.pkt.base.opcode) && p.pkt.base.path_id == 2;
+  };
+  uint32_t msn = 0;
+  std::function<void()> tick = [&] {
+    n.submit(0, 1, 1, msn++, kMtu);
+    if (msn < 1000) n.at(n.now + 3us, tick);
+  };
+  n.at(Time{0}, tick);
+  n.run_idle(1s);
+  expect_exactly_once(n, 0, 1);
+  uint64_t total = 0;
+  auto ps = path_stats(*n.node[0].e, n.node[1].ip);
+  for (const auto& p : ps) total += p.tx_packets;
+  std::printf("app-limited: marked path carried %llu of %llu packets\n",
+              static_cast<unsigned long long>(ps[2].tx_packets), static_cast<unsigned long long>(total));
+  EXPECT_LT(ps[2].tx_packets * 6, total);  // round-robin alone would give it a quarter
+}
+
+// Two or N senders into one receiver behind a 10 Gbit/s downlink, with unequal windows, so
+// that without hints the bigger window would take most of the link.
+void fair_share_test(int senders) {
+  std::vector<EngineConfig> cfgs;
+  EngineConfig rx = Net::config();
+  rx.rx_capacity_mbps = 10000;
+  cfgs.push_back(rx);
+  for (int i = 0; i < senders; ++i) {
+    EngineConfig c = Net::config();
+    c.conn_window_init = i == 0 ? 64 : 16;  // the first sender is much more aggressive
+    c.path_window_init = i == 0 ? 8 : 2;
+    cfgs.push_back(c);
+  }
+  Net::Config nc;
+  nc.nodes = senders + 1;
+  Net n(nc, cfgs);
+  for (int i = 1; i <= senders; ++i) submit_bulk(n, i, 0, 1, 64, 64 * 1024);
+  Time first_hint = Time::max();
+  int64_t rtt = 0;  // "two RTTs": the largest smoothed RTT of any sender when the hint arrived
+  n.on_arrival = [&](const NetPacket& p, Time t) {
+    if (p.to != 0 && p.pkt.base.opcode == Opcode::kAck && p.pkt.ack.rate_hint &&
+        first_hint == Time::max()) {
+      first_hint = t;
+      for (int i = 1; i <= senders; ++i) {
+        for (const auto& ps : path_stats(*n.node[i].e, n.node[0].ip)) rtt = std::max(rtt, ps.srtt_ns);
+      }
+    }
+  };
+  n.run_until(3ms);
+  ASSERT_NE(first_hint, Time::max());
+  ASSERT_GT(rtt, 0);
+  std::printf("first hint at %.1f us, RTT then %.1f us\n", first_hint.count() / 1e3, rtt / 1e3);
+  const Time t0 = first_hint + 2 * Time(rtt);
+  const Time t1 = t0 + 500us;
+  ASSERT_LT(t1, n.now);
+  const double share = 10000.0 * kHintPercent / 100 / senders;
+  double total = 0;
+  for (int i = 1; i <= senders; ++i) {
+    const double r = n.rate_mbps(i, 0, t0, t1);
+    total += r;
+    const ConnStats cs = conn_stats(*n.node[i].e, n.node[0].ip);
+    std::printf("sender %d: %.0f Mbit/s (share %.0f), hint in force %u, window %u, in flight %u, "
+                "ecn decreases %llu, pacing waits %llu\n", i, r, share, cs.rate_hint_mbps, cs.window,
+                cs.in_flight, static_cast<unsigned long long>(n.node[i].e->stats().ecn_decreases),
+                static_cast<unsigned long long>(n.node[i].e->stats().pacing_waits));
+    EXPECT_NEAR(r, share, 0.1 * share) << "sender " << i;
+  }
+  EXPECT_GT(total, 0.85 * 10000);
+  // Without hints the aggressive sender would have had far more than its share: check that it
+  // did before the hint (this is what makes the test able to fail).
+  EXPECT_GT(n.rate_mbps(1, 0, Time{0}, first_hint), 1.5 * n.rate_mbps(2, 0, Time{0}, first_hint));
+  EXPECT_GT(n.node[1].e->stats().pacing_waits, 0u);
+}
+
+TEST(FairShare, TwoSendersReachTheirSharesWithinTwoRttsOfTheFirstHint) { fair_share_test(2); }
+TEST(FairShare, FourSendersReachTheirSharesWithinTwoRttsOfTheFirstHint) { fair_share_test(4); }
+
+TEST(FairShare, ASenderUsingLessThanItsShareLeavesTheRestToTheOthers) {
+  std::vector<EngineConfig> cfgs;
+  EngineConfig rx = Net::config();
+  rx.rx_capacity_mbps = 10000;
+  cfgs.push_back(rx);
+  cfgs.push_back(Net::config());
+  Net::Config nc;
+  nc.nodes = 4;
+  Net n(nc, cfgs);
+  // Node 1 is app-limited to 1 Gbit/s (4 KiB every 32.768 us); nodes 2 and 3 are greedy.
+  uint32_t msn = 0;
+  std::function<void()> tick = [&] {
+    n.submit(1, 0, 1, msn++, 4096);
+    if (n.now < 3ms) n.at(n.now + 32768ns, tick);
+  };
+  n.at(Time{0}, tick);
+  for (int i = 2; i <= 3; ++i) submit_bulk(n, i, 0, 1, 64, 64 * 1024);
+  n.run_until(3ms);
+  const Time t0 = 1ms, t1 = 3ms;
+  const double limited = n.rate_mbps(1, 0, t0, t1);
+  const double greedy_share = (10000.0 * kHintPercent / 100 - limited) / 2;
+  std::printf("limited %.0f Mbit/s, greedy %.0f and %.0f (max-min share %.0f, equal split %.0f)\n",
+              limited, n.rate_mbps(2, 0, t0, t1), n.rate_mbps(3, 0, t0, t1), greedy_share,
+              10000.0 * kHintPercent / 100 / 3);
+  // 1000 Mbit/s of payload is 1078 on the wire (80 header bytes per 1024).
+  EXPECT_NEAR(limited, 1000.0 * (kMtu + wire::kDataHeadersLen) / kMtu, 50);
+  for (int i = 2; i <= 3; ++i) EXPECT_NEAR(n.rate_mbps(i, 0, t0, t1), greedy_share, 0.1 * greedy_share);
+}
+
+TEST(FairShare, PacingShowsInNextDeadline) {
+  // One sender, hint far below the link: packets leave spaced by the hint, and the engine asks
+  // to be woken for the next one.
+  std::vector<EngineConfig> cfgs;
+  EngineConfig rx = Net::config();
+  rx.rx_capacity_mbps = 2000;
+  cfgs.push_back(rx);
+  cfgs.push_back(Net::config());
+  Net::Config nc;
+  nc.bottleneck_mbps = 0;
+  Net n(nc, cfgs);
+  submit_bulk(n, 1, 0, 1, 16, 64 * 1024);
+  n.run_until(500us);
+  const ConnStats cs = conn_stats(*n.node[1].e, n.node[0].ip);
+  ASSERT_GT(cs.rate_hint_mbps, 0u);
+  EXPECT_LE(cs.rate_hint_mbps, 2000u);
+  // Wire rate (headers included) matches the hint within 5%.
+  const double wire_mbps = n.rate_mbps(1, 0, 200us, 500us);
+  EXPECT_NEAR(wire_mbps, cs.rate_hint_mbps, 0.05 * cs.rate_hint_mbps);
+  // Right after a poll that sent what the credit allowed, the engine wants to be woken when
+  // the next packet's credit is there: after now, and within one packet time at the hint.
+  struct Discard : TxSink {
+    std::vector<uint8_t> buf;
+    std::span<uint8_t> begin(uint32_t n) override { buf.assign(n, 0); return buf; }
+    void commit(uint32_t, uint16_t, uint8_t, uint32_t) override {}
+  } sink;
+  n.node[1].e->poll_tx(n.now, sink);
+  const Time wake = n.node[1].e->next_deadline();
+  const Time packet_time((kMtu + wire::kDataHeadersLen) * 8000 / cs.rate_hint_mbps + 1);
+  EXPECT_GT(wake, n.now);
+  EXPECT_LE(wake, n.now + packet_time);
+  EXPECT_GT(n.node[1].e->stats().pacing_waits, 100u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Path failure
+
+TEST(PathFailure, OneBlackHoledPathOfEightIsDetectedWithinThreeRttsAndRePicked) {
+  Net::Config nc;
+  nc.bottleneck_mbps = 0;
+  Net n(nc, {Net::config()});
+  ASSERT_TRUE(path_stats(*n.node[0].e, n.node[1].ip).empty());  // no connection yet
+  // Warm up so every path has an RTT, then black-hole the link of path 3's port.
+  submit_bulk(n, 0, 1, 1, 4, 16 * 1024);
+  n.run_idle(10ms);
+  auto before = path_stats(*n.node[0].e, n.node[1].ip);
+  const int bad = link_of(before[3].udp_src_port);
+  int victims = 0;
+  for (const auto& p : before) victims += link_of(p.udp_src_port) == bad;
+  const Time hole = n.now;
+  n.drop = [&](const NetPacket& p) { return p.from == 0 && link_of(p.sport) == bad; };
+  submit_bulk(n, 0, 1, 2, 32, 64 * 1024);
+  // The first probe leaves the moment the path is declared failed; find it in the run.
+  Time first_probe_tx = Time::max();
+  uint64_t probes_before = n.node[0].e->stats().probes_sent;
+  while (n.now < hole + 50ms) {
+    if (!n.step()) break;
+    if (first_probe_tx == Time::max() && n.node[0].e->stats().probes_sent > probes_before) {
+      first_probe_tx = n.now;
+    }
+    bool idle = n.node[0].e->idle() && n.node[1].e->idle();
+    if (idle && n.node[0].e->stats().paths_recovered >= static_cast<uint64_t>(victims)) break;
+  }
+  expect_exactly_once(n, 0, 1);
+  EXPECT_TRUE(n.node[0].host->failed.empty());  // no application-visible error
+  const auto& st = n.node[0].e->stats();
+  EXPECT_EQ(st.paths_failed, static_cast<uint64_t>(victims));
+  EXPECT_GT(st.failover_resends, 0u);
+  ASSERT_NE(first_probe_tx, Time::max());
+  const Time rtt = 2 * nc.prop;
+  // The first packet into the hole left at `hole`; its path was declared failed within 3 RTTs
+  // of the last acknowledgement it could have had (hole + 1 RTT).
+  std::printf("%d victim path(s); declared failed %.1f us after the hole (RTT %.1f us)\n", victims,
+              (first_probe_tx - hole).count() / 1e3, rtt.count() / 1e3);
+  EXPECT_LE(first_probe_tx - hole, 4 * rtt + 2us);
+  // Re-picked: a new source port whose link works, and back in service.
+  auto after = path_stats(*n.node[0].e, n.node[1].ip);
+  EXPECT_EQ(st.paths_recovered, static_cast<uint64_t>(victims));
+  for (size_t p = 0; p < after.size(); ++p) {
+    EXPECT_EQ(after[p].state, PathState::kActive) << p;
+    if (link_of(before[p].udp_src_port) == bad) {
+      EXPECT_NE(after[p].udp_src_port, before[p].udp_src_port);
+      EXPECT_NE(link_of(after[p].udp_src_port), bad);
+      EXPECT_EQ(after[p].failures, 1u);
+      EXPECT_GE(after[p].probes, 1u);
+    } else {
+      EXPECT_EQ(after[p].udp_src_port, before[p].udp_src_port);
+      EXPECT_EQ(after[p].failures, 0u);
+    }
+  }
+  // The receiver saw each segment once even though copies and originals share nothing but
+  // (stream, msn, offset).
+  EXPECT_EQ(n.node[1].host->deliveries.size(), 4u * 16 + 32u * 64);
+}
+
+TEST(PathFailure, CopiesOfPacketsThatHadArrivedAreNotDeliveredTwice) {
+  // Path 1's ACKs are black-holed on the way back: its data arrives, the sender hears nothing,
+  // declares it failed and resends its packets elsewhere. The receiver already has them.
+  Net::Config nc;
+  nc.bottleneck_mbps = 0;
+  Net n(nc, {Net::config(4)});
+  submit_bulk(n, 0, 1, 1, 2, 8 * 1024);
+  n.run_idle(10ms);
+  const uint16_t port1 = path_stats(*n.node[0].e, n.node[1].ip)[1].udp_src_port;
+  n.drop = [&](const NetPacket& p) {
+    return p.from == 1 && p.pkt.base.opcode == Opcode::kAck && p.sport == port1;
+  };
+  submit_bulk(n, 0, 1, 2, 8, 32 * 1024);
+  n.run_idle(100ms);
+  expect_exactly_once(n, 0, 1);
+  EXPECT_EQ(n.node[0].e->stats().paths_failed, 1u);
+  EXPECT_GT(n.node[0].e->stats().failover_resends, 0u);
+  EXPECT_GT(n.node[1].e->stats().failover_duplicates, 0u);
+  for (uint32_t m = 0; m < 8; ++m) {
+    EXPECT_EQ(n.node[1].host->received.at({2, m}), n.node[0].host->outgoing.at(3 + m)) << m;
+  }
+  // The ACK mirrors the probe's new port, so the re-pick repaired the return direction too.
+  EXPECT_EQ(n.node[0].e->stats().paths_recovered, 1u);
+}
+
+TEST(PathFailure, ASlowPathDeclaredFailedIsNotDeliveredTwiceWhenItsOriginalsArrive) {
+  // Path 1 is not dead but 2 ms late: it is declared failed, its packets are resent elsewhere,
+  // and then the originals arrive too. The receiver must hand each segment over once.
+  Net::Config nc;
+  nc.bottleneck_mbps = 0;
+  Net n(nc, {Net::config(4)});
+  submit_bulk(n, 0, 1, 1, 2, 8 * 1024);
+  n.run_idle(10ms);
+  const uint16_t slow_port = path_stats(*n.node[0].e, n.node[1].ip)[1].udp_src_port;
+  n.extra_delay = [&](const NetPacket& p) {
+    return p.from == 0 && p.sport == slow_port ? Time(2ms) : Time{0};
+  };
+  submit_bulk(n, 0, 1, 2, 8, 32 * 1024);
+  n.run_idle(100ms);
+  n.extra_delay = nullptr;
+  n.run_until(n.now + 5ms);  // let the late originals land
+  expect_exactly_once(n, 0, 1);
+  EXPECT_GE(n.node[0].e->stats().paths_failed, 1u);
+  EXPECT_GT(n.node[0].e->stats().failover_resends, 0u);
+  EXPECT_GT(n.node[1].e->stats().duplicates, 0u);  // the originals, recognised as such
+  for (uint32_t m = 0; m < 8; ++m) {
+    EXPECT_EQ(n.node[1].host->received.at({2, m}), n.node[0].host->outgoing.at(3 + m)) << m;
+  }
+}
+
+TEST(PathFailure, WhenAllPathsOfAPlaneFailTrafficFailsOverToTheOtherPlane) {
+  Net::Config nc;
+  nc.bottleneck_mbps = 0;
+  EngineConfig cfg = Net::config(8);
+  cfg.num_planes = 2;
+  Net n(nc, {cfg});
+  submit_bulk(n, 0, 1, 1, 2, 16 * 1024);
+  n.run_idle(10ms);
+  bool plane1_down = true;
+  n.drop = [&](const NetPacket& p) { return plane1_down && p.from == 0 && p.plane == 1; };
+  submit_bulk(n, 0, 1, 2, 16, 64 * 1024);
+  n.run_idle(20ms);
+  expect_exactly_once(n, 0, 1);
+  auto ps = path_stats(*n.node[0].e, n.node[1].ip);
+  for (const auto& p : ps) {
+    if (p.plane == 1) {
+      EXPECT_NE(p.state, PathState::kActive) << p.path_id;
+      EXPECT_EQ(p.failures, 1u) << p.path_id;
+    } else {
+      EXPECT_EQ(p.state, PathState::kActive) << p.path_id;
+    }
+  }
+  EXPECT_EQ(conn_stats(*n.node[0].e, n.node[1].ip).paths_active, 4u);
+  // The plane comes back: probes are answered and its paths return.
+  plane1_down = false;
+  n.run_until(n.now + 300ms);
+  for (const auto& p : path_stats(*n.node[0].e, n.node[1].ip)) {
+    EXPECT_EQ(p.state, PathState::kActive) << p.path_id;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RNR
+
+TEST(Rnr, ARefusedPacketIsResentAfterTheBackOffAndNotCountedAsLoss) {
+  EngineConfig cfg = Fabric::default_config();
+  cfg.rnr_delay = 300us;
+  cfg.max_retries = 1;  // an RNR counted as a timeout retry would fail the message
+  Fabric f(cfg);
+  int refusals = 0;
+  f.node[1].host.verdict = [&](const Segment& s) {
+    if (s.offset == 0 && refusals < 5) {
+      ++refusals;
+      return Syndrome::kRnr;
+    }
+    return Syndrome::kOk;
+  };
+  const uint64_t c = f.submit(0, 1, 0, 4 * kMtu);
+  f.run();
+  EXPECT_EQ(refusals, 5);
+  EXPECT_EQ(f.node[0].host.acked, std::vector<uint64_t>{c});
+  EXPECT_TRUE(f.node[0].host.failed.empty());
+  EXPECT_EQ(f.node[0].e->stats().rnr_naks_received, 5u);
+  EXPECT_EQ(f.node[1].e->stats().rnr_naks_sent, 5u);
+  // Each resend of the refused packet left at least rnr_delay after the NAK that refused it.
+  auto tx = transmissions_of(f, 0);
+  ASSERT_EQ(tx.size(), 6u);
+  for (size_t i = 1; i < tx.size(); ++i) {
+    EXPECT_GE(tx[i]->tx_time - tx[i - 1]->tx_time, cfg.rnr_delay + 2 * f.delay) << i;
+    EXPECT_LT(tx[i]->tx_time - tx[i - 1]->tx_time, cfg.rnr_delay + cfg.rto_min) << i;
+  }
+}
+
+TEST(Rnr, RetriesAreBoundedByRnrRetryAndSevenMeansForever) {
+  for (uint8_t limit : {0, 3, 7}) {
+    EngineConfig cfg = Fabric::default_config();
+    cfg.rnr_delay = 50us;
+    cfg.rnr_retry = limit;
+    Fabric f(cfg);
+    int refusals = 0;
+    f.node[1].host.verdict = [&](const Segment& s) {
+      if (s.offset == kMtu && refusals < 20) {
+        ++refusals;
+        return Syndrome::kRnr;
+      }
+      return Syndrome::kOk;
+    };
+    const uint64_t c = f.submit(0, 1, 0, 3 * kMtu);
+    f.run();
+    if (limit == 7) {
+      EXPECT_EQ(refusals, 20);
+      EXPECT_EQ(f.node[0].host.acked, std::vector<uint64_t>{c});
+      EXPECT_TRUE(f.node[0].host.failed.empty());
+    } else {
+      EXPECT_EQ(refusals, limit + 1) << int{limit};
+      ASSERT_EQ(f.node[0].host.failed.size(), 1u) << int{limit};
+      EXPECT_EQ(f.node[0].host.failed[0].second, Syndrome::kRnr);
+      EXPECT_TRUE(f.node[0].host.acked.empty());
+    }
+    EXPECT_TRUE(f.node[0].e->idle());
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
