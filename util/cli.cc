@@ -2,6 +2,7 @@
 // The `metaroce` command: link records plus the sysfs tree and device node through which an
 // unmodified libibverbs discovers a MetaRoCE device on a host without RDMA in the kernel.
 #include "util/cli.h"
+#include "util/stat.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -65,17 +66,23 @@ constexpr const char* kMainHelp =
     "  link add NAME --fabric FABRIC:ENDPOINT --ip ADDR/PREFIX [...]\n"
     "  link del NAME\n"
     "  link show [NAME] [--json]\n"
+    "  link apply [FILE]        add the links of FILE (default /etc/metaroce/links.conf)\n"
+    "  link flush               delete every link\n"
     "  env                      print the shell settings that make libibverbs find the links\n"
+    "  exec [--] PROGRAM [ARGS...]   run PROGRAM with those settings\n"
+    "  stat NAME [--json] [--watch S]   live per-path counters of the processes using a link\n"
     "  fabric run|set|stat|stop NAME ...   the fabric emulator (see 'metaroce fabric --help')\n"
     "\n"
     "Links live in $METAROCE_RUNDIR (default /run/metaroce). Typical use:\n"
     "  metaroce link add mr0 --dpdk net_memif0,role=server --ip 10.0.0.1/24\n"
-    "  eval \"$(metaroce env)\"; ib_write_bw -d mr0\n";
+    "  metaroce exec -- ib_write_bw -d mr0       (or: eval \"$(metaroce env)\"; ib_write_bw ...)\n";
 
 constexpr const char* kLinkHelp =
     "Usage: metaroce link add NAME --dpdk DEVARGS --ip ADDR/PREFIX [OPTIONS]\n"
     "       metaroce link del NAME\n"
     "       metaroce link show [NAME] [--json]\n"
+    "       metaroce link apply [FILE] [--check]   (see 'metaroce link apply --help')\n"
+    "       metaroce link flush\n"
     "\n"
     "  NAME            device name, 1..63 of [A-Za-z0-9_-] (what `ibv_devices` lists)\n"
     "  --dpdk DEVARGS  DPDK device: driver[,key=value]*, e.g. net_memif0,role=server\n"
@@ -477,14 +484,26 @@ Outcome usage(const std::string& what) { return {kExitUsage, what}; }
 Outcome fail(const std::string& what) { return {kExitError, what}; }
 Outcome ok() { return {kExitOk, {}}; }
 
-Outcome link_add(const std::vector<std::string>& args, const Context& ctx) {
+// The record `link add ARGS` would create, checked against everything but the run dir's current
+// links; `link apply` validates a whole file with it before adding anything. *help: --help given.
+std::optional<nic::LinkConfig> parse_link_add(const std::vector<std::string>& args,
+                                              const Context& ctx, bool* help, Outcome* error) {
+  *help = false;
+  auto usage = [&](const std::string& what) {
+    *error = {kExitUsage, what};
+    return std::nullopt;
+  };
+  auto fail = [&](const std::string& what) {
+    *error = {kExitError, what};
+    return std::nullopt;
+  };
   std::optional<std::string> name;
   std::map<std::string, std::string> opt;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
-      *ctx.out << kLinkHelp;
-      return ok();
+      *help = true;
+      return std::nullopt;
     }
     if (a.size() > 1 && a[0] == '-') {
       std::string key = a, value;
@@ -558,7 +577,12 @@ Outcome link_add(const std::vector<std::string>& args, const Context& ctx) {
       if (!check_devargs(one, &err)) return fail(err);
   }
   c.node_guid = node_guid_for_ip(c.ip);
+  return c;
+}
 
+// Creates the link of a record that parse_link_add accepted; all or nothing.
+Outcome create_link(nic::LinkConfig c, const Context& ctx) {
+  std::string err;
   if (!ctx.is_root && !writable(ctx.rundir))
     return fail("permission denied: cannot write " + ctx.rundir + " (run as root)");
   RunDirLock lock;
@@ -602,6 +626,18 @@ Outcome link_add(const std::vector<std::string>& args, const Context& ctx) {
     return undo(describe("cannot create " + verbs_dest, errno));
   fs::remove_all(staging, ec);
   return ok();
+}
+
+Outcome link_add(const std::vector<std::string>& args, const Context& ctx) {
+  bool help = false;
+  Outcome error{kExitOk, {}};
+  auto c = parse_link_add(args, ctx, &help, &error);
+  if (help) {
+    *ctx.out << kLinkHelp;
+    return ok();
+  }
+  if (!c) return error;
+  return create_link(std::move(*c), ctx);
 }
 
 Outcome link_del(const std::vector<std::string>& args, const Context& ctx) {
@@ -723,18 +759,8 @@ Outcome env(const std::vector<std::string>& args, const Context& ctx) {
     }
     return usage("env: unexpected argument '" + args[0] + "'");
   }
-  *ctx.out << "export SYSFS_PATH=" << shell_quote(ctx.sysfs()) << "\n";
-  // A binary run from the build tree points libibverbs at the provider built next to it; an
-  // installed one relies on /etc/libibverbs.d.
-  if (!ctx.build_root.empty() && !ctx.exe_dir.empty()) {
-    std::error_code ec;
-    fs::path root = fs::weakly_canonical(ctx.build_root, ec);
-    fs::path exe = fs::weakly_canonical(ctx.exe_dir, ec);
-    auto rel = exe.lexically_relative(root);
-    if (!ec && !rel.empty() && *rel.begin() != "..")
-      *ctx.out << "export RDMAV_DRIVERS="
-               << shell_quote(root.string() + "/providers/metaroce/libmetaroce") << "\n";
-  }
+  for (const auto& [key, value] : verbs_environment(ctx))
+    *ctx.out << "export " << key << "=" << shell_quote(value) << "\n";
   return ok();
 }
 
@@ -1038,6 +1064,188 @@ Outcome fabric_command(const std::vector<std::string>& rest, const Context& ctx)
   return usage("fabric: unknown subcommand '" + sub + "'");
 }
 
+// --- links from a file, flush, exec ----------------------------------------------------------
+
+constexpr const char* kLinksConfDefault = "/etc/metaroce/links.conf";
+constexpr std::uintmax_t kMaxLinksConfBytes = 1 << 20;  // a links file is a few lines; refuse junk
+
+constexpr const char* kApplyHelp =
+    "Usage: metaroce link apply [FILE] [--check]\n"
+    "       metaroce link flush\n"
+    "\n"
+    "apply: adds the links of FILE (default /etc/metaroce/links.conf), one line per link holding\n"
+    "the arguments of `metaroce link add`; '#' starts a comment. The whole file is checked first:\n"
+    "one bad line and nothing is added. A link that already exists with the same settings is\n"
+    "kept, so apply can run again; with different settings it is an error. --check: only check.\n"
+    "flush: deletes every link of the run dir.\n";
+
+// Same settings as far as a user can give them (uverbs and node GUID are derived, not given).
+bool same_settings(const nic::LinkConfig& a, const nic::LinkConfig& b) {
+  return a.name == b.name && a.devargs == b.devargs && a.ip == b.ip && a.prefix == b.prefix &&
+         a.mtu == b.mtu && a.udp_port == b.udp_port && a.paths == b.paths && a.planes == b.planes;
+}
+
+// Words of one line of a links file; '#' at the start of a word starts a comment. No quoting:
+// nothing `link add` accepts may contain blanks.
+std::vector<std::string> split_words(const std::string& line) {
+  std::vector<std::string> words;
+  std::istringstream in(line);
+  std::string w;
+  while (in >> w) {
+    if (w[0] == '#') break;
+    words.push_back(w);
+  }
+  return words;
+}
+
+Outcome link_apply(const std::vector<std::string>& args, const Context& ctx) {
+  Outcome error{kExitOk, {}};
+  auto parsed = parse_args("link apply", args, {}, {"--check"}, &error);
+  if (!parsed) return error;
+  if (parsed->help) {
+    *ctx.out << kApplyHelp;
+    return ok();
+  }
+  if (parsed->positional.size() > 1)
+    return usage("link apply: unexpected argument '" + parsed->positional[1] + "'");
+  const bool explicit_file = !parsed->positional.empty();
+  const std::string file = explicit_file ? parsed->positional[0] : kLinksConfDefault;
+  std::error_code ec;
+  if (!explicit_file && !fs::exists(file, ec)) return ok();  // nothing configured
+  if (!fs::is_regular_file(file, ec)) return fail("cannot read " + file + ": not a regular file");
+  if (fs::file_size(file, ec) > kMaxLinksConfBytes)
+    return fail(file + ": larger than " + std::to_string(kMaxLinksConfBytes) + " bytes");
+  std::ifstream in(file);
+  if (!in) return fail(describe("cannot read " + file, errno));
+
+  // Pass 1: every line parsed and checked, against each other and against existing links.
+  struct Pending {
+    nic::LinkConfig config;
+    unsigned line;
+  };
+  std::vector<Pending> pending;
+  std::vector<std::pair<nic::LinkConfig, unsigned>> wanted;
+  const Store store = load_store(Paths(ctx));
+  std::string line;
+  for (unsigned n = 1; std::getline(in, line); ++n) {
+    const std::string where = file + ":" + std::to_string(n) + ": ";
+    auto words = split_words(line);
+    if (words.empty()) continue;
+    bool help = false;
+    auto c = parse_link_add(words, ctx, &help, &error);
+    if (help) return fail(where + "--help is not a link setting");
+    if (!c) return {error.status, where + error.message};
+    for (const auto& [other, other_line] : wanted) {
+      if (other.name == c->name)
+        return fail(where + "link " + c->name + " is also defined on line " +
+                    std::to_string(other_line));
+      if (other.ip == c->ip)
+        return fail(where + "address " + nic::format_ipv4(c->ip) + " is also used on line " +
+                    std::to_string(other_line));
+    }
+    wanted.emplace_back(*c, n);
+    bool present = false;
+    for (const auto& have : store.links) {
+      if (have.name == c->name) {
+        if (!same_settings(have, *c))
+          return fail(where + "link " + c->name +
+                      " already exists with other settings (metaroce link del " + c->name +
+                      " first)");
+        present = true;
+      } else if (have.ip == c->ip) {
+        return fail(where + "address " + nic::format_ipv4(c->ip) +
+                    " is already used by link " + have.name);
+      }
+    }
+    if (!present) pending.push_back({std::move(*c), n});
+  }
+  if (in.bad()) return fail(describe("cannot read " + file, errno));
+  if (parsed->opt.count("--check")) return ok();
+
+  // Pass 2: add them; a failure (no privilege, disk full, a racing `link add`) takes back the
+  // links this run added, so the file is applied whole or not at all.
+  std::vector<std::string> added;
+  for (auto& p : pending) {
+    const std::string name = p.config.name;
+    Outcome r = create_link(std::move(p.config), ctx);
+    if (r.status != kExitOk) {
+      for (auto it = added.rbegin(); it != added.rend(); ++it) (void)link_del({*it}, ctx);
+      return {r.status, file + ":" + std::to_string(p.line) + ": " + r.message +
+                            (added.empty() ? "" : " (links added before it were deleted again)")};
+    }
+    added.push_back(name);
+  }
+  return ok();
+}
+
+Outcome link_flush(const std::vector<std::string>& args, const Context& ctx) {
+  if (!args.empty()) {
+    if (args[0] == "--help" || args[0] == "-h") {
+      *ctx.out << kApplyHelp;
+      return ok();
+    }
+    return usage("link flush: unexpected argument '" + args[0] + "'");
+  }
+  // Every folder of class/infiniband, readable record or not: a damaged one must go too.
+  const Paths p(ctx);
+  std::vector<std::string> names;
+  std::error_code ec;
+  if (fs::is_directory(p.ib_class, ec)) {
+    for (const auto& e : fs::directory_iterator(p.ib_class, ec)) {
+      std::string name = e.path().filename().string(), err;
+      if (e.is_directory(ec) && check_name(name, &err)) names.push_back(name);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  Outcome first = ok();
+  for (const auto& name : names) {
+    Outcome r = link_del({name}, ctx);
+    if (r.status != kExitOk && first.status == kExitOk) first = r;
+  }
+  return first;
+}
+
+Outcome exec_program(const std::vector<std::string>& args, const Context& ctx) {
+  size_t at = 0;
+  if (at < args.size() && (args[at] == "--help" || args[at] == "-h")) {
+    *ctx.out << "Usage: metaroce exec [--] PROGRAM [ARGS...]\n"
+                "Runs PROGRAM with the settings of `metaroce env`, so libibverbs finds the links.\n";
+    return ok();
+  }
+  if (at < args.size() && args[at] == "--") ++at;
+  if (at >= args.size()) return usage("exec: missing PROGRAM (metaroce exec -- PROGRAM ARGS...)");
+  const std::string& program = args[at];
+  if (program.empty()) return {kExitNotFound, "exec: empty program name"};
+
+  // A fresh environment block: the settings replace inherited values of the same name, and this
+  // process's own environment stays untouched should execvpe return.
+  const auto settings = verbs_environment(ctx);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string_view kv(*e);
+    const auto key = kv.substr(0, kv.find('='));
+    bool replaced = std::any_of(settings.begin(), settings.end(),
+                                [&](const auto& s) { return s.first == key; });
+    if (!replaced) env_strings.emplace_back(kv);
+  }
+  for (const auto& [key, value] : settings) env_strings.push_back(key + "=" + value);
+  std::vector<char*> envp, argv;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_strings(args.begin() + static_cast<std::ptrdiff_t>(at), args.end());
+  for (auto& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  ctx.out->flush();
+  ctx.err->flush();
+  ::execvpe(argv[0], argv.data(), envp.data());
+  const int e = errno;
+  // The statuses a shell gives a command it cannot find or cannot run.
+  if (e == ENOENT || e == ENOTDIR)
+    return {kExitNotFound, "exec: " + program + ": command not found"};
+  return {kExitCannotRun, describe("exec: cannot run " + program, e)};
+}
+
 Outcome dispatch(const std::vector<std::string>& args, const Context& ctx) {
   if (args.empty()) return usage("missing command (try 'metaroce --help')");
   const std::string& cmd = args[0];
@@ -1051,9 +1259,15 @@ Outcome dispatch(const std::vector<std::string>& args, const Context& ctx) {
     return ok();
   }
   if (cmd == "env") return env(rest, ctx);
+  if (cmd == "exec") return exec_program(rest, ctx);
   if (cmd == "fabric") return fabric_command(rest, ctx);
+  if (cmd == "stat") {
+    std::string why;
+    const int status = stat_command(rest, ctx, &why);
+    return {status, why};
+  }
   if (cmd != "link") return usage("unknown command '" + cmd + "' (try 'metaroce --help')");
-  if (rest.empty()) return usage("link: missing subcommand (add, del, show)");
+  if (rest.empty()) return usage("link: missing subcommand (add, del, show, apply, flush)");
   const std::string& sub = rest[0];
   std::vector<std::string> sub_args(rest.begin() + 1, rest.end());
   if (sub == "--help" || sub == "-h" || sub == "help") {
@@ -1063,6 +1277,8 @@ Outcome dispatch(const std::vector<std::string>& args, const Context& ctx) {
   if (sub == "add") return link_add(sub_args, ctx);
   if (sub == "del" || sub == "delete") return link_del(sub_args, ctx);
   if (sub == "show" || sub == "list") return link_show(sub_args, ctx);
+  if (sub == "apply") return link_apply(sub_args, ctx);
+  if (sub == "flush") return link_flush(sub_args, ctx);
   return usage("link: unknown subcommand '" + sub + "'");
 }
 
@@ -1187,6 +1403,21 @@ std::string format_gid(const uint8_t gid[16]) {
     s += buf;
   }
   return s;
+}
+
+std::vector<std::pair<std::string, std::string>> verbs_environment(const Context& ctx) {
+  std::vector<std::pair<std::string, std::string>> settings = {{"SYSFS_PATH", ctx.sysfs()}};
+  // A binary run from the build tree points libibverbs at the provider built next to it; an
+  // installed one relies on /etc/libibverbs.d.
+  if (!ctx.build_root.empty() && !ctx.exe_dir.empty()) {
+    std::error_code ec;
+    fs::path root = fs::weakly_canonical(ctx.build_root, ec);
+    fs::path exe = fs::weakly_canonical(ctx.exe_dir, ec);
+    auto rel = exe.lexically_relative(root);
+    if (!ec && !rel.empty() && *rel.begin() != "..")
+      settings.emplace_back("RDMAV_DRIVERS", root.string() + "/providers/metaroce/libmetaroce");
+  }
+  return settings;
 }
 
 Context process_context() {

@@ -7,6 +7,7 @@
 #include <iosfwd>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "datapath/nic/link_config.h"
@@ -17,6 +18,9 @@ namespace metaroce::util {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitError = 1;  // the request was understood but cannot be done
 inline constexpr int kExitUsage = 2;  // unknown command or option, missing argument
+// `metaroce exec`: what a shell returns for a program it cannot run / cannot find.
+inline constexpr int kExitCannotRun = 126;
+inline constexpr int kExitNotFound = 127;
 
 // Limits `link add` enforces (the record's own parser is more lenient on purpose).
 inline constexpr uint32_t kMinMtu = 576;   // smallest IPv4 datagram every host must accept
@@ -45,6 +49,10 @@ Context process_context();
 int run(const std::vector<std::string>& args, const Context& ctx);
 
 // Pieces exposed for tests and for the provider's tools.
+
+// The variables that make libibverbs find the links of ctx, in the order `metaroce env` prints
+// them: SYSFS_PATH always, RDMAV_DRIVERS only for a binary running from its build tree.
+std::vector<std::pair<std::string, std::string>> verbs_environment(const Context& ctx);
 
 // "1.2.3.4/24" -> (ip, prefix); nullopt and *err when malformed or not a usable unicast address.
 std::optional<std::pair<uint32_t, uint8_t>> parse_address(const std::string& text,

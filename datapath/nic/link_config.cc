@@ -96,6 +96,8 @@ std::optional<LinkConfig> LinkConfig::load(const std::string& path, std::string*
       ok = parse_uint(val, c.paths) && c.paths >= 1 && c.paths <= 256;
     } else if (key == "node_guid") {
       ok = parse_uint(val, c.node_guid, 16);
+    } else if (key == "rx_capacity_mbps") {
+      ok = parse_uint(val, c.rx_capacity_mbps);
     } else if (key == "uverbs") {
       c.uverbs = val;
     } else if (key == "planes") {
@@ -108,6 +110,10 @@ std::optional<LinkConfig> LinkConfig::load(const std::string& path, std::string*
   if (parts != c.planes)
     return fail("planes=" + std::to_string(c.planes) + " but devargs holds " +
                 std::to_string(parts) + " device string(s)");
+  // <run dir>/sys/class/infiniband/<name>/metaroce.conf -> <run dir>
+  const std::string tail = "/sys/class/infiniband/" + c.name + "/" + kConfigFile;
+  if (path.size() > tail.size() && path.compare(path.size() - tail.size(), tail.size(), tail) == 0)
+    c.run_dir = path.substr(0, path.size() - tail.size());
   return c;
 }
 
@@ -124,6 +130,7 @@ bool LinkConfig::save(const std::string& path, std::string* err) const {
     << "node_guid=0x" << std::hex << node_guid << std::dec << "\n"
     << "uverbs=" << uverbs << "\n"
     << "planes=" << planes << "\n";
+  if (rx_capacity_mbps) o << "rx_capacity_mbps=" << rx_capacity_mbps << "\n";
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) {

@@ -37,6 +37,12 @@ struct LinkConfig {
   uint64_t node_guid = 0;       // derived from the IP unless given
   std::string uverbs;           // e.g. "uverbs0": the entry under class/infiniband_verbs
   uint16_t planes = 1;          // device strings in devargs (1..kMaxPlanes)
+  // Inbound capacity the receiver shares among senders with fair-share rate hints
+  // (docs/spec/congestion.md §3); 0: no hints.
+  uint32_t rx_capacity_mbps = 0;
+  // Not stored: the run dir the record was loaded from (<run dir>/sys/class/infiniband/<name>/),
+  // empty when the file lies elsewhere. The NIC publishes its live counters there.
+  std::string run_dir;
 
   // Parses the file at path; on failure returns nullopt and a one-line reason in *err.
   static std::optional<LinkConfig> load(const std::string& path, std::string* err);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -701,6 +702,205 @@ TEST_F(CliTest, FabricCommandsRejectBadArgumentsWithOneLine) {
   }
   EXPECT_EQ(run({"fabric", "--help"}), kExitOk);
   EXPECT_NE(out_.str().find("Usage: metaroce fabric run"), std::string::npos);
+}
+
+
+// --- link apply / flush / exec ------------------------------------------------------------
+
+class CliApplyTest : public CliTest {
+ protected:
+  std::string write_conf(const std::string& text) {
+    std::string path = root_ + "/links.conf";
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::set<std::string> link_names() {
+    std::set<std::string> names;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(ctx_.sysfs() + "/class/infiniband", ec))
+      names.insert(e.path().filename().string());
+    return names;
+  }
+};
+
+TEST_F(CliApplyTest, ApplyAddsEveryLinkAndCanRunAgain) {
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  const std::string conf = write_conf(
+      "# links of this host\n"
+      "\n"
+      "mr0 --dpdk net_memif0,role=server --ip 198.18.0.1/24   # the server side\n"
+      "   mr1 --ip=198.18.0.2/24 --dpdk net_memif1,role=client --mtu 4200\n");
+  ASSERT_EQ(run({"link", "apply", conf}), kExitOk) << err_.str();
+  EXPECT_EQ(link_names(), (std::set<std::string>{"mr0", "mr1"}));
+  std::string err;
+  auto mr1 = nic::LinkConfig::load(ctx_.sysfs() + "/class/infiniband/mr1/metaroce.conf", &err);
+  ASSERT_TRUE(mr1) << err;
+  EXPECT_EQ(mr1->mtu, 4200u);
+  EXPECT_EQ(mr1->devargs, "net_memif1,role=client");
+  // Unchanged links are kept as they are (a service reload), a new line is added.
+  const auto before = state();
+  ASSERT_EQ(run({"link", "apply", conf}), kExitOk) << err_.str();
+  EXPECT_EQ(state(), before);
+  std::ofstream(conf, std::ios::app) << "mr2 --dpdk net_memif2 --ip 198.18.0.3/24\n";
+  ASSERT_EQ(run({"link", "apply", conf}), kExitOk) << err_.str();
+  EXPECT_EQ(link_names(), (std::set<std::string>{"mr0", "mr1", "mr2"}));
+}
+
+TEST_F(CliApplyTest, ApplyRejectsABadFileWithoutAddingAnything) {
+  struct Bad {
+    std::string text;
+    int status;
+    const char* says;
+  };
+  const std::string good = "mr0 --dpdk net_memif0 --ip 198.18.0.1/24\n";
+  const std::vector<Bad> cases = {
+      {good + "mr1 --dpdk net_memif1 --ip 198.18.0.300/24\n", kExitError, ":2: bad --ip"},
+      {good + "mr1 --dpdk net_memif1\n", kExitUsage, ":2: link add: missing --ip"},
+      {good + "mr1 --dpdk net_memif1 --ip 198.18.0.2/24 --frob 1\n", kExitUsage, ":2: link add: unknown option"},
+      {good + "\n# comment\nmr0 --dpdk net_memif1 --ip 198.18.0.2/24\n", kExitError,
+       ":4: link mr0 is also defined on line 1"},
+      {good + "mr1 --dpdk net_memif1 --ip 198.18.0.1/24\n", kExitError,
+       ":2: address 198.18.0.1 is also used on line 1"},
+      {good + "mr1 --dpdk 'net_memif1' --ip 198.18.0.2/24\n", kExitError, ":2: bad --dpdk"},
+      {good + "mr1 --help\n", kExitError, ":2: --help is not a link setting"},
+  };
+  for (const auto& c : cases) {
+    const std::string conf = write_conf(c.text);
+    const auto before = state();
+    EXPECT_EQ(run({"link", "apply", conf}), c.status) << c.text;
+    expect_one_error_line();
+    EXPECT_NE(err_.str().find(conf + c.says), std::string::npos) << err_.str();
+    EXPECT_EQ(state(), before) << c.text;
+    EXPECT_EQ(run({"link", "apply", "--check", conf}), c.status) << c.text;
+  }
+  EXPECT_EQ(run({"link", "apply", root_ + "/missing.conf"}), kExitError);
+  expect_one_error_line();
+  EXPECT_EQ(run({"link", "apply", "a", "b"}), kExitUsage);
+  EXPECT_EQ(run({"link", "apply", "--frob"}), kExitUsage);
+}
+
+TEST_F(CliApplyTest, ApplyRefusesToChangeAnExistingLink) {
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  ASSERT_EQ(add("mr0", "198.18.0.1/24"), kExitOk) << err_.str();  // net_memif0,role=server
+  const auto before = state();
+  std::string conf = write_conf(
+      "mrX --dpdk net_memif5 --ip 198.18.0.9/24\n"
+      "mr0 --dpdk net_memif0,role=server --ip 198.18.0.1/24 --paths 4\n");
+  EXPECT_EQ(run({"link", "apply", conf}), kExitError);
+  EXPECT_NE(err_.str().find(":2: link mr0 already exists with other settings"), std::string::npos)
+      << err_.str();
+  EXPECT_EQ(state(), before);
+  conf = write_conf("mr1 --dpdk net_memif1 --ip 198.18.0.1/24\n");
+  EXPECT_EQ(run({"link", "apply", conf}), kExitError);
+  EXPECT_NE(err_.str().find(":1: address 198.18.0.1 is already used by link mr0"), std::string::npos)
+      << err_.str();
+  EXPECT_EQ(state(), before);
+  // --check touches nothing even for a good file.
+  conf = write_conf("mr1 --dpdk net_memif1 --ip 198.18.0.2/24\n");
+  EXPECT_EQ(run({"link", "apply", "--check", conf}), kExitOk) << err_.str();
+  EXPECT_EQ(state(), before);
+}
+
+TEST_F(CliApplyTest, ApplyTakesBackItsLinksWhenALaterOneCannotBeCreated) {
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  // Without privilege only a link whose node already exists can be made: the first one here.
+  make_node("uverbs0", 1, 7);
+  ctx_.is_root = false;
+  const auto before = state();
+  const std::string conf = write_conf(
+      "mr0 --dpdk net_memif0 --ip 198.18.0.1/24\n"
+      "mr1 --dpdk net_memif1 --ip 198.18.0.2/24\n");
+  EXPECT_EQ(run({"link", "apply", conf}), kExitError);
+  expect_one_error_line();
+  EXPECT_NE(err_.str().find(conf + ":2: permission denied"), std::string::npos) << err_.str();
+  EXPECT_NE(err_.str().find("deleted again"), std::string::npos) << err_.str();
+  EXPECT_TRUE(link_names().empty());
+  auto after = state();
+  // The shared skeleton (class dirs, abi_version) may stay, as after `link del`; no link does.
+  for (const auto& [path, what] : after)
+    EXPECT_TRUE(before.count(path) || path.rfind("class", 0) == 0) << path;
+  EXPECT_EQ(after.count("class/infiniband/mr0"), 0u);
+  EXPECT_EQ(after.count("class/infiniband_verbs/uverbs0"), 0u);
+}
+
+TEST_F(CliApplyTest, ApplyWithoutTheDefaultFileHasNothingToDo) {
+  // /etc/metaroce/links.conf is absent on a build machine; a present one may not be ours to read.
+  if (fs::exists("/etc/metaroce/links.conf")) GTEST_SKIP() << "a links.conf is installed here";
+  EXPECT_EQ(run({"link", "apply"}), kExitOk) << err_.str();
+  EXPECT_TRUE(state().empty());
+}
+
+TEST_F(CliApplyTest, FlushDeletesEveryLinkEvenADamagedOne) {
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  ASSERT_EQ(add("mr0", "198.18.0.1/24"), kExitOk) << err_.str();
+  ASSERT_EQ(add("mr1", "198.18.0.2/24"), kExitOk) << err_.str();
+  std::ofstream(ctx_.sysfs() + "/class/infiniband/mr1/metaroce.conf") << "garbage\n";
+  ASSERT_EQ(run({"link", "flush"}), kExitOk) << err_.str();
+  EXPECT_TRUE(link_names().empty());
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(ctx_.sysfs() + "/class/infiniband_verbs", ec))
+    EXPECT_EQ(e.path().filename(), "abi_version");
+  EXPECT_EQ(run({"link", "flush"}), kExitOk) << "nothing left to flush is fine";
+  EXPECT_EQ(run({"link", "flush", "mr0"}), kExitUsage);
+  expect_one_error_line();
+}
+
+// Runs `metaroce exec ARGS` in a child (a successful exec replaces the process) and returns its
+// exit status, or -1 when it did not exit normally.
+int exec_in_child(const Context& ctx, const std::vector<std::string>& args) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    std::ostringstream sink;
+    Context c = ctx;
+    c.out = &sink;
+    c.err = &sink;
+    ::_exit(run(args, c));
+  }
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST_F(CliApplyTest, ExecRunsTheProgramWithTheDiscoverySettings) {
+  fs::create_directories(ctx_.build_root + "/util");
+  fs::create_directories(ctx_.exe_dir);
+  const std::string out = root_ + "/seen";
+  const std::string script =
+      "printf '%s|%s|%s' \"$SYSFS_PATH\" \"${RDMAV_DRIVERS-unset}\" \"$1\" > " + out + "; exit 7";
+  // Installed binary: SYSFS_PATH replaces an inherited one, RDMAV_DRIVERS is left alone.
+  ::setenv("SYSFS_PATH", "/somewhere/else", 1);
+  ::unsetenv("RDMAV_DRIVERS");
+  EXPECT_EQ(exec_in_child(ctx_, {"exec", "--", "sh", "-c", script, "sh", "arg one"}), 7);
+  EXPECT_EQ(read_all(out), ctx_.rundir + "/sys|unset|arg one");
+  // From the build tree the provider next to the binary is named too; "--" is optional.
+  ctx_.exe_dir = ctx_.build_root + "/util";
+  EXPECT_EQ(exec_in_child(ctx_, {"exec", "sh", "-c", script, "sh", "x"}), 7);
+  EXPECT_EQ(read_all(out),
+            ctx_.rundir + "/sys|" + ctx_.build_root + "/providers/metaroce/libmetaroce|x");
+  ::unsetenv("SYSFS_PATH");
+  EXPECT_EQ(verbs_environment(ctx_).size(), 2u);
+}
+
+TEST_F(CliApplyTest, ExecReportsAMissingProgramLikeAShell) {
+  EXPECT_EQ(run({"exec", "--", "metaroce-no-such-program"}), kExitNotFound);
+  expect_one_error_line();
+  EXPECT_NE(err_.str().find("metaroce-no-such-program: command not found"), std::string::npos)
+      << err_.str();
+  EXPECT_EQ(run({"exec", "--", root_ + "/nothing/here"}), kExitNotFound);
+  expect_one_error_line();
+  EXPECT_EQ(run({"exec", "--", root_}), kExitCannotRun);  // a directory
+  expect_one_error_line();
+  EXPECT_EQ(run({"exec"}), kExitUsage);
+  expect_one_error_line();
+  EXPECT_EQ(run({"exec", "--"}), kExitUsage);
+  expect_one_error_line();
 }
 
 }  // namespace
