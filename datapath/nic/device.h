@@ -25,6 +25,10 @@ inline constexpr uint32_t kMaxInline = 256;
 inline constexpr uint32_t kMaxQpWr = 16384;
 inline constexpr uint32_t kMaxCqe = 65536;
 inline constexpr uint32_t kMaxMrSize = 1u << 31;  // bytes per MR (transport offsets are 32-bit)
+inline constexpr uint32_t kMaxRdAtomic = 16;  // outstanding READ/atomic requests per QP, each way
+inline constexpr uint32_t kAtomicSize = 8;    // FETCH_ADD and CMP_SWP operate on 8 aligned bytes
+inline constexpr uint32_t kMaxSrqWr = kMaxQpWr;
+inline constexpr uint32_t kGrhLen = 40;       // what a UD receive buffer holds before the payload
 
 struct Sge {
   uint64_t addr = 0;
@@ -32,7 +36,11 @@ struct Sge {
   uint32_t lkey = 0;
 };
 
-enum class WqeOp : uint8_t { kSend, kSendImm, kWrite, kWriteImm, kRead };
+enum class WqeOp : uint8_t { kSend, kSendImm, kWrite, kWriteImm, kRead, kCmpSwp, kFetchAdd };
+
+constexpr bool is_atomic(WqeOp op) { return op == WqeOp::kCmpSwp || op == WqeOp::kFetchAdd; }
+// Operations whose WQE waits for a response from the peer (limited by max_rd_atomic).
+constexpr bool needs_response(WqeOp op) { return op == WqeOp::kRead || is_atomic(op); }
 
 struct SendWqe {
   uint64_t wr_id = 0;
@@ -43,10 +51,16 @@ struct SendWqe {
   uint32_t imm = 0;          // network byte order, as in ibv_send_wr
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
+  uint64_t compare_add = 0;  // kCmpSwp: compare value; kFetchAdd: addend (host order)
+  uint64_t swap = 0;         // kCmpSwp: value stored when the compare matches
   uint32_t num_sge = 0;      // 0 with inline_len > 0 means the payload is inline
   Sge sge[kMaxSge];
   uint32_t inline_len = 0;
   uint8_t inline_data[kMaxInline];
+  // UD only: the destination named by the work request (address handle, remote QPN, Q_Key).
+  uint32_t ud_ip = 0;        // host byte order
+  uint32_t ud_qpn = 0;
+  uint32_t ud_qkey = 0;
 };
 
 struct RecvWqe {
@@ -76,9 +90,38 @@ class Cq {
   virtual int poll(int n, Cqe* out) = 0;
   // True once a completion was lost because the queue was full (IBV_EVENT_CQ_ERR territory).
   virtual bool overflowed() const = 0;
+  // Completion events (ibv_req_notify_cq): the notifier is called once, from whichever thread
+  // pushes the first completion after arm(), or from arm() itself when completions are already
+  // waiting (a spurious event is harmless, a lost one hangs an event-driven program).
+  virtual void set_notifier(void (*fn)(void* arg), void* arg) = 0;
+  virtual void arm(bool solicited_only) = 0;
+};
+
+// A shared receive queue: receives any QP attached to it may consume (docs/spec/verbs-mapping.md
+// §6 says which entry a message takes).
+class Srq {
+ public:
+  virtual ~Srq() = default;
+  // Hot path. ENOMEM when max_wr receives are posted and not yet consumed.
+  virtual int post_recv(const RecvWqe& wqe) = 0;
+  // Arms the limit event: it fires once, from the progress thread, when a QP takes an entry and
+  // fewer than `limit` remain; then the limit reads 0 again (disarmed). 0 disarms.
+  virtual void set_limit(uint32_t limit) = 0;
+  virtual uint32_t limit() const = 0;
+  virtual void set_limit_notifier(void (*fn)(void* arg), void* arg) = 0;
 };
 
 enum class QpState : uint8_t { kReset, kInit, kRtr, kRts, kErr };
+enum class QpType : uint8_t { kRc, kUd };
+
+// Asynchronous events of a QP, reported through QpInit::event_fn (ibv_event_type in brackets).
+enum class QpEvent : uint8_t {
+  kCommEst,        // first message arrived while in RTR (IBV_EVENT_COMM_EST)
+  kFatal,          // the transport gave up: retries or RNR retries exhausted (IBV_EVENT_QP_FATAL)
+  kAccessErr,      // a peer's request broke a memory key or access right (IBV_EVENT_QP_ACCESS_ERR)
+  kReqErr,         // a peer's request was malformed (IBV_EVENT_QP_REQ_ERR)
+  kLastWqeReached, // a QP with an SRQ entered ERR (IBV_EVENT_QP_LAST_WQE_REACHED)
+};
 
 struct QpInit {
   uint32_t pd = 0;           // provider's PD handle; MRs are usable only within their PD
@@ -90,6 +133,12 @@ struct QpInit {
   uint32_t max_recv_sge = 0;
   uint32_t max_inline = 0;   // <= kMaxInline
   bool sq_sig_all = false;
+  QpType type = QpType::kRc;
+  Srq* srq = nullptr;        // receives come from here; the QP's own receive queue is unused
+  // Called from the progress thread (device lock held) for events the NIC raises itself; it
+  // must not block nor call back into the device.
+  void (*event_fn)(void* arg, QpEvent ev) = nullptr;
+  void* event_arg = nullptr;
 };
 
 // Peer and parameters from modify_qp to RTR/RTS.
@@ -102,6 +151,9 @@ struct QpRemote {
   uint8_t retry_cnt = 7;
   uint8_t rnr_retry = 7;
   uint8_t min_rnr_timer = 12;
+  uint8_t max_rd_atomic = 1;       // READ/atomic requests we may have outstanding (0 acts as 1)
+  uint8_t max_dest_rd_atomic = 1;  // recorded; the requester's limit is what bounds them
+  uint32_t qkey = 0;               // UD: datagrams carrying another Q_Key are dropped
 };
 
 class Qp {
@@ -147,6 +199,9 @@ class Device {
   virtual int destroy_cq(Cq* cq) = 0;
   virtual Qp* create_qp(const QpInit& init, int* err) = 0;
   virtual int destroy_qp(Qp* qp) = 0;
+  // Shared receive queues of a PD; destroy_srq answers EBUSY while a QP uses it.
+  virtual Srq* create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, int* err) = 0;
+  virtual int destroy_srq(Srq* srq) = 0;
 
   // Wakes the progress thread (a doorbell); post_send/post_recv ring it themselves.
   virtual void kick() = 0;

@@ -3,6 +3,9 @@
 // arriving segments are placed at their final address, completions leave in order.
 #include "datapath/nic/queue_pair.h"
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <bit>
 #include <cstring>
 
@@ -22,6 +25,10 @@ ibv_wc_opcode send_opcode(WqeOp op) {
       return IBV_WC_RDMA_WRITE;
     case WqeOp::kRead:
       return IBV_WC_RDMA_READ;
+    case WqeOp::kCmpSwp:
+      return IBV_WC_COMP_SWAP;
+    case WqeOp::kFetchAdd:
+      return IBV_WC_FETCH_ADD;
     case WqeOp::kSend:
     case WqeOp::kSendImm:
       break;
@@ -36,6 +43,8 @@ Op transport_op(WqeOp op) {
     case WqeOp::kWrite: return Op::kWrite;
     case WqeOp::kWriteImm: return Op::kWriteImm;
     case WqeOp::kRead: return Op::kReadReq;
+    case WqeOp::kCmpSwp:
+    case WqeOp::kFetchAdd: return Op::kWrite;  // with an atomic rsn tag (queue_pair.h)
   }
   return Op::kSend;
 }
@@ -59,6 +68,51 @@ ibv_wc_status remote_status(Syndrome why) {
   return IBV_WC_GENERAL_ERR;
 }
 
+// The 40 bytes a UD receive holds in front of the payload. Like a RoCEv2 NIC receiving over
+// IPv4: 20 bytes of zeros, then the IPv4 header of the datagram (ibv_init_ah_from_wc reads the
+// source address there).
+std::array<uint8_t, kGrhLen> make_grh(uint32_t src_ip, uint32_t dst_ip, uint32_t payload) {
+  std::array<uint8_t, kGrhLen> g{};
+  uint8_t* ip = g.data() + 20;
+  const uint32_t total = 20 + 8 + payload;
+  ip[0] = 0x45;
+  ip[2] = static_cast<uint8_t>(total >> 8);
+  ip[3] = static_cast<uint8_t>(total);
+  ip[8] = 64;  // TTL
+  ip[9] = 17;  // UDP
+  for (int i = 0; i < 4; ++i) {
+    ip[12 + i] = static_cast<uint8_t>(src_ip >> (24 - 8 * i));
+    ip[16 + i] = static_cast<uint8_t>(dst_ip >> (24 - 8 * i));
+  }
+  uint32_t sum = 0;
+  for (int i = 0; i < 20; i += 2) sum += (uint32_t{ip[i]} << 8) | ip[i + 1];
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  const uint16_t csum = static_cast<uint16_t>(~sum);
+  ip[10] = static_cast<uint8_t>(csum >> 8);
+  ip[11] = static_cast<uint8_t>(csum);
+  return g;
+}
+
+// Places WRITE data. A small payload is stored strictly in ascending address order, as a
+// hardware NIC's PCIe writes land: NCCL announces buffers with a 64-byte WRITE whose sequence
+// number sits mid-slot and spins on it, trusting the bytes below it to be there already (x86
+// keeps stores in program order; memcpy may store its pieces in any order).
+void place_write(uint8_t* dst, std::span<const uint8_t> data) {
+  constexpr size_t kOrdered = 256;
+  if (data.size() > kOrdered) {
+    std::memcpy(dst, data.data(), data.size());
+    return;
+  }
+  size_t i = 0;
+  for (; i + 8 <= data.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, data.data() + i, 8);
+    std::memcpy(dst + i, &w, 8);
+    asm volatile("" ::: "memory");  // keeps the compiler from merging or reordering the stores
+  }
+  for (; i < data.size(); ++i) dst[i] = data[i];
+}
+
 // Copies the used part of a WQE only: a full SendWqe is mostly unused SGE and inline space.
 void copy_send_wqe(SendWqe& dst, const SendWqe& src) {
   dst.wr_id = src.wr_id;
@@ -69,10 +123,15 @@ void copy_send_wqe(SendWqe& dst, const SendWqe& src) {
   dst.imm = src.imm;
   dst.remote_addr = src.remote_addr;
   dst.rkey = src.rkey;
+  dst.compare_add = src.compare_add;
+  dst.swap = src.swap;
   dst.num_sge = src.num_sge;
   std::memcpy(dst.sge, src.sge, sizeof(Sge) * src.num_sge);
   dst.inline_len = src.inline_len;
   std::memcpy(dst.inline_data, src.inline_data, src.inline_len);
+  dst.ud_ip = src.ud_ip;
+  dst.ud_qpn = src.ud_qpn;
+  dst.ud_qkey = src.ud_qkey;
 }
 
 }  // namespace
@@ -84,7 +143,19 @@ QueuePair::QueuePair(SoftDevice& dev, uint32_t qpn, const QpInit& init)
       sq_mask_(static_cast<uint32_t>(sq_.size()) - 1),
       rq_(std::bit_ceil(std::max(init.max_recv_wr, 1u))),
       rq_mask_(static_cast<uint32_t>(rq_.size()) - 1),
-      rx_msgs_(kRecvWindow) {}
+      rx_msgs_(kRecvWindow),
+      srq_(static_cast<SharedReceiveQueue*>(init.srq)),
+      claimed_(init.srq ? kRecvWindow : 0),
+      ud_seen_(init.type == QpType::kUd ? kUdSeen : 0) {}
+
+QueuePair::~QueuePair() {
+  for (uint32_t r = srq_retired_; r != next_claim_; ++r)
+    srq_->release(claimed_[r & (kRecvWindow - 1)]);
+}
+
+void QueuePair::raise(QpEvent ev) const {
+  if (init_.event_fn) init_.event_fn(init_.event_arg, ev);
+}
 
 int QueuePair::post_send(const SendWqe& wqe) {
   {
@@ -128,8 +199,18 @@ void QueuePair::set_state(QpState s) {
       }
       sq_next_ = 0;
       next_rsn_ = 0;
+      rd_outstanding_ = 0;
+      rd_blocked_ = false;
+      for (auto& a : atomics_) a = AtomicResult{};
       rx_next_msn_ = 0;
       for (auto& m : rx_msgs_) m = RecvMsg{};
+      // SRQ entries this QP claimed and never completed go back to the SRQ (a reset discards
+      // work without completions; from ERR they were already flushed).
+      for (uint32_t r = srq_retired_; r != next_claim_; ++r)
+        srq_->release(claimed_[r & (kRecvWindow - 1)]);
+      next_claim_ = srq_retired_ = 0;
+      comm_est_ = false;
+      for (auto& u : ud_seen_) u = UdSeen{};
       for (auto& s2 : sq_slots_) s2 = SendSlot{};
       break;
     case QpState::kRtr:
@@ -170,14 +251,21 @@ bool QueuePair::drain_send_queue() {
   if (st != QpState::kRts) return false;
   uint32_t head = sq_head_.load(std::memory_order_acquire);
   if (sq_next_ == head) return false;
+  const uint32_t rd_limit = std::max<uint32_t>(remote_.max_rd_atomic, 1);
+  rd_blocked_ = false;
   while (sq_next_ != head) {
     const SendWqe& w = sq_[sq_next_ & sq_mask_];
+    if (needs_response(w.op) && rd_outstanding_ >= rd_limit) {
+      // max_rd_atomic: this READ/atomic waits (and, in order, everything behind it).
+      rd_blocked_ = true;
+      break;
+    }
     SendSlot& s = sq_slots_[sq_next_ & sq_mask_];
     s = SendSlot{};
     s.msn = sq_next_;
     ++sq_next_;
     uint64_t length = w.inline_len;
-    const unsigned int need = w.op == WqeOp::kRead ? IBV_ACCESS_LOCAL_WRITE : 0;
+    const unsigned int need = needs_response(w.op) ? IBV_ACCESS_LOCAL_WRITE : 0;
     for (uint32_t i = 0; i < w.num_sge; ++i) {
       length += w.sge[i].length;
       if (dev_.mrs().check(w.sge[i].lkey, init_.pd, need, w.sge[i].addr, w.sge[i].length,
@@ -186,7 +274,8 @@ bool QueuePair::drain_send_queue() {
         s.status = IBV_WC_LOC_PROT_ERR;
       }
     }
-    if (length > kMaxMrSize) {
+    if (length > kMaxMrSize || (is_atomic(w.op) && (length != kAtomicSize || w.inline_len)) ||
+        (init_.type == QpType::kUd && length > dev_.active_mtu())) {
       s.failed = true;
       s.status = IBV_WC_LOC_LEN_ERR;
     }
@@ -198,11 +287,25 @@ bool QueuePair::drain_send_queue() {
     m.src_stream = qpn_;
     m.msn = s.msn;
     m.op = transport_op(w.op);
-    if (w.op == WqeOp::kSend || w.op == WqeOp::kSendImm || w.op == WqeOp::kWriteImm)
+    if (init_.type == QpType::kUd) {
+      // A datagram: its own destination, the Q_Key where an RC message carries an rkey, and
+      // no RSN (the receiver takes its next receive, docs/spec/verbs-mapping.md §7).
+      m.peer_ip = w.ud_ip;
+      m.dst_stream = w.ud_qpn;
+      dev_.resolve(w.ud_ip);
+    } else if (w.op == WqeOp::kSend || w.op == WqeOp::kSendImm || w.op == WqeOp::kWriteImm) {
       m.rsn = next_rsn_++;
+    }
     m.length = s.length;
+    s.resp_length = w.op == WqeOp::kRead ? s.length : 0;
+    if (is_atomic(w.op)) {
+      m.rsn = w.op == WqeOp::kCmpSwp ? kRsnAtomicCmpSwp : kRsnAtomicFetchAdd;
+      m.length = kAtomicRequestLen;
+      s.resp_length = kAtomicSize;
+    }
+    if (needs_response(w.op)) ++rd_outstanding_;
     m.remote_addr = w.remote_addr;
-    m.rkey = w.rkey;
+    m.rkey = init_.type == QpType::kUd ? w.ud_qkey : w.rkey;
     m.imm = w.imm;
     m.cookie = SoftDevice::cookie(qpn_, s.msn);
     s.submitted = true;
@@ -215,7 +318,7 @@ bool QueuePair::drain_send_queue() {
 bool QueuePair::send_done(const SendSlot& s, const SendWqe& w) const {
   if (s.failed) return true;
   if (!s.acked) return false;
-  return w.op != WqeOp::kRead || s.read_bytes >= s.length;
+  return !needs_response(w.op) || s.read_bytes >= s.resp_length;
 }
 
 void QueuePair::retire_sends() {
@@ -224,19 +327,25 @@ void QueuePair::retire_sends() {
     const SendWqe& w = sq_[r & sq_mask_];
     const SendSlot& s = sq_slots_[r & sq_mask_];
     if (!send_done(s, w)) break;
-    if (s.failed || w.signaled || init_.sq_sig_all) {
-      Cqe c;
+    const bool report = s.failed || w.signaled || init_.sq_sig_all;
+    Cqe c;
+    if (report) {
       c.wr_id = w.wr_id;
       c.status = s.failed ? s.status : IBV_WC_SUCCESS;
       c.opcode = send_opcode(w.op);
-      c.byte_len = w.op == WqeOp::kRead ? s.length : 0;
+      c.byte_len = needs_response(w.op) ? s.resp_length : 0;
       c.qp_num = qpn_;
-      push_cqe(static_cast<CompletionQueue*>(init_.send_cq), c);
     }
+    if (needs_response(w.op) && s.submitted && rd_outstanding_ > 0) --rd_outstanding_;
     ++r;
+    // The slot is free before its completion is visible: an application that reposts as soon
+    // as it polls the completion must find room in the queue.
     sq_retired_.store(r, std::memory_order_release);
+    if (report) push_cqe(static_cast<CompletionQueue*>(init_.send_cq), c);
     if (s.failed) {
-      enter_error();
+      const bool transport_gave_up =
+          s.status == IBV_WC_RETRY_EXC_ERR || s.status == IBV_WC_RNR_RETRY_EXC_ERR;
+      enter_error(transport_gave_up ? std::optional(QpEvent::kFatal) : std::nullopt);
       return;
     }
   }
@@ -252,6 +361,12 @@ void QueuePair::on_message_acked(uint32_t msn) {
 void QueuePair::on_message_failed(uint32_t msn, Syndrome why) {
   SendSlot& s = sq_slots_[msn & sq_mask_];
   if (s.msn != msn || !s.submitted || s.failed) return;
+  if (init_.type == QpType::kUd) {
+    // A datagram nobody took is lost, not an error of the sender (unreliable service).
+    s.acked = true;
+    retire_sends();
+    return;
+  }
   s.failed = true;
   s.status = remote_status(why);
   retire_sends();
@@ -259,6 +374,17 @@ void QueuePair::on_message_failed(uint32_t msn, Syndrome why) {
 
 void QueuePair::gather(uint32_t msn, uint32_t offset, std::span<uint8_t> out) const {
   const SendWqe& w = sq_[msn & sq_mask_];
+  if (is_atomic(w.op)) {
+    // The request's payload is its operands, not the local buffer (that receives the answer).
+    uint8_t ops[kAtomicRequestLen];
+    for (int i = 0; i < 8; ++i) {
+      ops[i] = static_cast<uint8_t>(w.compare_add >> (56 - 8 * i));
+      ops[8 + i] = static_cast<uint8_t>(w.swap >> (56 - 8 * i));
+    }
+    if (offset < kAtomicRequestLen)
+      std::memcpy(out.data(), ops + offset, std::min<size_t>(out.size(), kAtomicRequestLen - offset));
+    return;
+  }
   if (w.inline_len > 0) {
     std::memcpy(out.data(), w.inline_data + offset, out.size());
     return;
@@ -277,7 +403,7 @@ void QueuePair::gather(uint32_t msn, uint32_t offset, std::span<uint8_t> out) co
   }
 }
 
-Syndrome QueuePair::scatter(const Sge* sge, uint32_t num_sge, uint32_t offset,
+Syndrome QueuePair::scatter(uint32_t pd, const Sge* sge, uint32_t num_sge, uint32_t offset,
                             std::span<const uint8_t> data, ibv_wc_status* local_err) const {
   size_t done = 0;
   for (uint32_t i = 0; i < num_sge && done < data.size(); ++i) {
@@ -288,7 +414,7 @@ Syndrome QueuePair::scatter(const Sge* sge, uint32_t num_sge, uint32_t offset,
     }
     size_t n = std::min<size_t>(g.length - offset, data.size() - done);
     uint8_t* dst = nullptr;
-    if (dev_.mrs().check(g.lkey, init_.pd, IBV_ACCESS_LOCAL_WRITE, g.addr + offset, n, &dst) !=
+    if (dev_.mrs().check(g.lkey, pd, IBV_ACCESS_LOCAL_WRITE, g.addr + offset, n, &dst) !=
         MrCheck::kOk) {
       *local_err = IBV_WC_LOC_PROT_ERR;
       return Syndrome::kRemoteOp;
@@ -307,12 +433,13 @@ Syndrome QueuePair::scatter(const Sge* sge, uint32_t num_sge, uint32_t offset,
 Syndrome QueuePair::place_read_response(const transport::Segment& seg) {
   SendSlot& s = sq_slots_[seg.msn & sq_mask_];
   const SendWqe& w = sq_[seg.msn & sq_mask_];
-  if (s.msn != seg.msn || !s.submitted || s.failed || w.op != WqeOp::kRead) return Syndrome::kOk;
-  if (seg.src_stream != remote_.qpn || seg.total_length != s.length ||
-      uint64_t{seg.offset} + seg.payload.size() > s.length)
+  if (s.msn != seg.msn || !s.submitted || s.failed || !needs_response(w.op)) return Syndrome::kOk;
+  if (s.read_bytes >= s.resp_length) return Syndrome::kOk;  // an answer seen again
+  if (seg.src_stream != remote_.qpn || seg.total_length != s.resp_length ||
+      uint64_t{seg.offset} + seg.payload.size() > s.resp_length)
     return Syndrome::kRemoteInvalid;
   ibv_wc_status err = IBV_WC_SUCCESS;
-  if (scatter(w.sge, w.num_sge, seg.offset, seg.payload, &err) != Syndrome::kOk) {
+  if (scatter(init_.pd, w.sge, w.num_sge, seg.offset, seg.payload, &err) != Syndrome::kOk) {
     s.failed = true;
     s.status = err;
   } else {
@@ -322,7 +449,22 @@ Syndrome QueuePair::place_read_response(const transport::Segment& seg) {
   return Syndrome::kOk;
 }
 
+// The responder's event for a request it rejected (IB spec: the responder's QP reports access
+// violations and invalid requests asynchronously; the requester learns from the NAK).
+static std::optional<QpEvent> responder_event(Syndrome why) {
+  switch (why) {
+    case Syndrome::kRemoteAccess:
+    case Syndrome::kRemoteBounds:
+      return QpEvent::kAccessErr;
+    case Syndrome::kRemoteInvalid:
+      return QpEvent::kReqErr;
+    default:
+      return std::nullopt;  // a local error, reported in the receive's completion
+  }
+}
+
 Syndrome QueuePair::deliver(const transport::Segment& seg) {
+  if (init_.type == QpType::kUd) return deliver_ud(seg);
   const QpState st = state();
   if (seg.op == Op::kReadResp) {
     if (st != QpState::kRts) return Syndrome::kRemoteInvalid;
@@ -330,10 +472,36 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
   }
   if (st != QpState::kRtr && st != QpState::kRts) return Syndrome::kRemoteInvalid;
   if (seg.peer_ip != remote_.ip || seg.src_stream != remote_.qpn) return Syndrome::kRemoteInvalid;
+  if (st == QpState::kRtr && !comm_est_) {
+    comm_est_ = true;  // the connection is established: the peer reached us before our RTS
+    raise(QpEvent::kCommEst);
+  }
+  const bool atomic = seg.op == Op::kWrite &&
+                      (seg.rsn == kRsnAtomicCmpSwp || seg.rsn == kRsnAtomicFetchAdd);
   const uint32_t ahead = seg.msn - rx_next_msn_;
-  if (ahead >= 0x80000000u) return Syndrome::kOk;  // a message completed long ago: a duplicate
+  if (ahead >= 0x80000000u) {
+    // A message completed long ago: a duplicate. An atomic is answered again, not re-executed.
+    return atomic ? execute_atomic(seg, true) : Syndrome::kOk;
+  }
   if (ahead >= kRecvWindow) return Syndrome::kRnr;  // sender too far ahead: come back later
   RecvMsg& m = rx_msgs_[seg.msn & (kRecvWindow - 1)];
+  if (atomic) {
+    const bool duplicate = m.seen && m.msn == seg.msn;
+    if (!duplicate) {
+      m = RecvMsg{};
+      m.msn = seg.msn;
+      m.total = 0;  // nothing but the request itself
+    }
+    Syndrome r = execute_atomic(seg, duplicate);
+    m.seen = true;
+    if (r != Syndrome::kOk) {
+      complete_receives();
+      enter_error(responder_event(r));
+      return r;
+    }
+    complete_receives();
+    return r;
+  }
   if (!m.seen || m.msn != seg.msn) {
     m = RecvMsg{};
     m.msn = seg.msn;
@@ -344,22 +512,19 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     m.is_write = seg.op == Op::kWrite || seg.op == Op::kWriteImm;
     m.consumes_recv = seg.op != Op::kWrite && seg.op != Op::kReadReq;
   }
-  const uint32_t rq_done = rq_retired_.load(std::memory_order_relaxed);
-  const bool recv_posted =
-      seg.rsn - rq_done < rq_head_.load(std::memory_order_acquire) - rq_done;
   Syndrome result = Syndrome::kOk;
   uint32_t placed = static_cast<uint32_t>(seg.payload.size());
   switch (seg.op) {
     case Op::kWrite:
     case Op::kWriteImm: {
-      if (m.consumes_recv && !recv_posted) return Syndrome::kRnr;
+      if (m.consumes_recv && !recv_for(seg.rsn)) return Syndrome::kRnr;
       uint8_t* dst = nullptr;
       MrCheck c = (access_ & IBV_ACCESS_REMOTE_WRITE)
                       ? dev_.mrs().check(seg.rkey, init_.pd, IBV_ACCESS_REMOTE_WRITE,
                                          seg.remote_addr, seg.payload.size(), &dst)
                       : MrCheck::kNoAccess;
       if (c == MrCheck::kOk) {
-        if (!seg.payload.empty()) std::memcpy(dst, seg.payload.data(), seg.payload.size());
+        place_write(dst, seg.payload);
       } else {
         result = c == MrCheck::kOutOfBounds ? Syndrome::kRemoteBounds : Syndrome::kRemoteAccess;
         m.status = IBV_WC_REM_ACCESS_ERR;
@@ -368,8 +533,9 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     }
     case Op::kSend:
     case Op::kSendImm: {
-      if (!recv_posted) return Syndrome::kRnr;
-      const RecvWqe& r = rq_[seg.rsn & rq_mask_];
+      const RecvWqe* rp = recv_for(seg.rsn);
+      if (!rp) return Syndrome::kRnr;
+      const RecvWqe& r = *rp;
       uint64_t room = 0;
       for (uint32_t i = 0; i < r.num_sge; ++i) room += r.sge[i].length;
       if (seg.total_length > room) {
@@ -377,7 +543,8 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
         result = Syndrome::kRemoteInvalid;
       } else {
         ibv_wc_status err = IBV_WC_SUCCESS;
-        result = scatter(r.sge, r.num_sge, seg.offset, seg.payload, &err);
+        result = scatter(srq_ ? srq_->pd() : init_.pd, r.sge, r.num_sge, seg.offset, seg.payload,
+                         &err);
         if (result != Syndrome::kOk) m.status = err;
       }
       break;
@@ -413,7 +580,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     // nothing that arrives after it is placed (spec §5.6). The requester learns from the NAK.
     m.received = m.total;
     complete_receives();
-    enter_error();
+    enter_error(responder_event(result));
     return result;
   }
   m.received += placed;
@@ -421,14 +588,66 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
   return result;
 }
 
+Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate) {
+  if (duplicate) {
+    for (AtomicResult& r : atomics_)
+      if (r.valid && r.msn == seg.msn) {
+        answer_atomic(seg, r);
+        return Syndrome::kOk;
+      }
+    return Syndrome::kOk;  // executed so long ago that its answer was surely received
+  }
+  if (seg.payload.size() != kAtomicRequestLen || seg.total_length != kAtomicRequestLen ||
+      (seg.remote_addr & (kAtomicSize - 1)) != 0)
+    return Syndrome::kRemoteInvalid;  // IBV_WC_REM_INV_REQ_ERR at the requester
+  uint8_t* dst = nullptr;
+  const MrCheck c = (access_ & IBV_ACCESS_REMOTE_ATOMIC)
+                        ? dev_.mrs().check(seg.rkey, init_.pd, IBV_ACCESS_REMOTE_ATOMIC,
+                                           seg.remote_addr, kAtomicSize, &dst)
+                        : MrCheck::kNoAccess;
+  if (c != MrCheck::kOk)
+    return c == MrCheck::kOutOfBounds ? Syndrome::kRemoteBounds : Syndrome::kRemoteAccess;
+  uint64_t compare_add = 0, swap = 0;
+  for (int i = 0; i < 8; ++i) {
+    compare_add = (compare_add << 8) | seg.payload[i];
+    swap = (swap << 8) | seg.payload[8 + i];
+  }
+  // Atomic with respect to every other atomic of this NIC (IBV_ATOMIC_HCA) and, since this is
+  // a CPU atomic, to the host's own atomics too.
+  std::atomic_ref<uint64_t> target(*reinterpret_cast<uint64_t*>(dst));
+  uint64_t original;
+  if (seg.rsn == kRsnAtomicCmpSwp) {
+    original = compare_add;
+    target.compare_exchange_strong(original, swap);  // on a miss, original is what was found
+  } else {
+    original = target.fetch_add(compare_add);
+  }
+  AtomicResult& r = atomics_[seg.msn % kAtomicCache];
+  r.msn = seg.msn;
+  r.valid = true;
+  r.original = original;
+  answer_atomic(seg, r);
+  return Syndrome::kOk;
+}
+
+void QueuePair::answer_atomic(const transport::Segment& seg, AtomicResult& r) {
+  transport::MessageDesc resp;
+  resp.peer_ip = seg.peer_ip;
+  resp.dst_stream = seg.src_stream;
+  resp.src_stream = qpn_;
+  resp.msn = seg.msn;
+  resp.op = Op::kReadResp;
+  resp.length = kAtomicSize;
+  dev_.queue_read_response(resp, reinterpret_cast<uintptr_t>(&r.original));
+}
+
 void QueuePair::complete_receives() {
   for (;;) {
     RecvMsg& m = rx_msgs_[rx_next_msn_ & (kRecvWindow - 1)];
     if (!m.seen || m.msn != rx_next_msn_ || m.received < m.total) return;
     if (m.consumes_recv) {
-      const RecvWqe& r = rq_[m.rsn & rq_mask_];
       Cqe c;
-      c.wr_id = r.wr_id;
+      c.wr_id = retire_recv(m.rsn);  // room first (retire_sends)
       c.status = m.status;
       c.opcode = m.is_write ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
       c.byte_len = m.total;
@@ -437,17 +656,19 @@ void QueuePair::complete_receives() {
       c.src_qp = remote_.qpn;
       c.wc_flags = m.with_imm ? IBV_WC_WITH_IMM : 0;
       push_cqe(static_cast<CompletionQueue*>(init_.recv_cq), c);
-      rq_retired_.store(m.rsn + 1, std::memory_order_release);
     }
     m.seen = false;
     ++rx_next_msn_;
   }
 }
 
-void QueuePair::enter_error() {
+void QueuePair::enter_error(std::optional<QpEvent> why) {
   state_.store(QpState::kErr, std::memory_order_release);
   dev_.engine().drop_stream(qpn_);
   flush_all();
+  if (why) raise(*why);
+  // Every SRQ entry this QP claimed has now completed: the application may destroy it.
+  if (srq_) raise(QpEvent::kLastWqeReached);
 }
 
 void QueuePair::flush_all() {
@@ -463,6 +684,8 @@ void QueuePair::flush_all() {
   }
   sq_next_ = sq_head;
   sq_retired_.store(sq_head, std::memory_order_release);
+  rd_outstanding_ = 0;
+  rd_blocked_ = false;
   const uint32_t rq_head = rq_head_.load(std::memory_order_acquire);
   for (uint32_t r = rq_retired_.load(std::memory_order_relaxed); r != rq_head; ++r) {
     Cqe c;
@@ -473,6 +696,101 @@ void QueuePair::flush_all() {
     push_cqe(static_cast<CompletionQueue*>(init_.recv_cq), c);
   }
   rq_retired_.store(rq_head, std::memory_order_release);
+  // SRQ entries claimed by this QP are flushed; those never claimed stay in the SRQ for others.
+  for (uint32_t r = srq_retired_; r != next_claim_; ++r) {
+    Cqe c;
+    c.wr_id = retire_recv(r);
+    c.status = IBV_WC_WR_FLUSH_ERR;
+    c.opcode = IBV_WC_RECV;
+    c.qp_num = qpn_;
+    push_cqe(static_cast<CompletionQueue*>(init_.recv_cq), c);
+  }
+}
+
+const RecvWqe* QueuePair::recv_for(uint32_t rsn) {
+  if (!srq_) {
+    const uint32_t done = rq_retired_.load(std::memory_order_relaxed);
+    if (rsn - done >= rq_head_.load(std::memory_order_acquire) - done) return nullptr;
+    return &rq_[rsn & rq_mask_];
+  }
+  // RSNs are never this far ahead of the oldest open receive (the msn window bounds them);
+  // refusing keeps a malformed RSN from draining the SRQ.
+  if (rsn - srq_retired_ >= kRecvWindow) return nullptr;
+  while (rsn - next_claim_ < 0x80000000u) {  // rsn >= next_claim_: claim up to it, in order
+    uint32_t slot;
+    if (!srq_->claim(&slot)) return nullptr;
+    claimed_[next_claim_ & (kRecvWindow - 1)] = slot;
+    ++next_claim_;
+  }
+  return &srq_->entry(claimed_[rsn & (kRecvWindow - 1)]);
+}
+
+uint64_t QueuePair::retire_recv(uint32_t rsn) {
+  if (!srq_) {
+    const uint64_t id = rq_[rsn & rq_mask_].wr_id;
+    rq_retired_.store(rsn + 1, std::memory_order_release);
+    return id;
+  }
+  const uint32_t slot = claimed_[rsn & (kRecvWindow - 1)];
+  const uint64_t id = srq_->entry(slot).wr_id;
+  srq_->release(slot);
+  srq_retired_ = rsn + 1;
+  return id;
+}
+
+bool QueuePair::ud_seen_before(const transport::Segment& seg) {
+  const uint32_t h = (seg.peer_ip * 2654435761u) ^ (seg.src_stream * 40503u) ^ seg.msn;
+  UdSeen& e = ud_seen_[h & (kUdSeen - 1)];
+  if (e.valid && e.peer_ip == seg.peer_ip && e.src_qpn == seg.src_stream && e.msn == seg.msn)
+    return true;
+  e = UdSeen{seg.peer_ip, seg.src_stream, seg.msn, true};
+  return false;
+}
+
+Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
+  // Datagram semantics: what cannot be received is dropped and acknowledged, so the sender's
+  // transport does not retry it (docs/spec/verbs-mapping.md §7).
+  if (seg.op != Op::kSend && seg.op != Op::kSendImm) return Syndrome::kRemoteInvalid;
+  if (seg.offset != 0 || seg.payload.size() != seg.total_length) return Syndrome::kRemoteInvalid;
+  const QpState st = state();
+  if (st != QpState::kRtr && st != QpState::kRts) return Syndrome::kOk;
+  if (seg.rkey != remote_.qkey) return Syndrome::kOk;  // the Q_Key travels in the rkey field
+  if (ud_seen_before(seg)) return Syndrome::kOk;
+  const RecvWqe* r = nullptr;
+  uint32_t slot = 0;
+  uint32_t done = 0;
+  if (srq_) {
+    if (!srq_->claim(&slot)) return Syndrome::kOk;
+    r = &srq_->entry(slot);
+  } else {
+    done = rq_retired_.load(std::memory_order_relaxed);
+    if (rq_head_.load(std::memory_order_acquire) == done) return Syndrome::kOk;
+    r = &rq_[done & rq_mask_];
+  }
+  Cqe c;
+  c.wr_id = r->wr_id;
+  c.opcode = IBV_WC_RECV;
+  c.qp_num = qpn_;
+  c.src_qp = seg.src_stream;
+  c.imm = seg.imm;
+  c.wc_flags = IBV_WC_GRH | (seg.op == Op::kSendImm ? IBV_WC_WITH_IMM : 0);
+  c.byte_len = kGrhLen + seg.total_length;
+  uint64_t room = 0;
+  for (uint32_t i = 0; i < r->num_sge; ++i) room += r->sge[i].length;
+  if (room < c.byte_len) {
+    c.status = IBV_WC_LOC_LEN_ERR;
+  } else {
+    const uint32_t pd = srq_ ? srq_->pd() : init_.pd;
+    const auto grh = make_grh(seg.peer_ip, dev_.config().ip, seg.total_length);
+    ibv_wc_status err = IBV_WC_SUCCESS;
+    if (scatter(pd, r->sge, r->num_sge, 0, grh, &err) != Syndrome::kOk ||
+        scatter(pd, r->sge, r->num_sge, kGrhLen, seg.payload, &err) != Syndrome::kOk)
+      c.status = err;
+  }
+  if (srq_) srq_->release(slot);
+  else rq_retired_.store(done + 1, std::memory_order_release);
+  push_cqe(static_cast<CompletionQueue*>(init_.recv_cq), c);
+  return Syndrome::kOk;
 }
 
 }  // namespace metaroce::nic

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "datapath/io/dpdk_port.h"
+#include "datapath/transport/path_stats.h"
 #include "datapath/wire/frame.h"
 #include "datapath/wire/mrh.h"
 
@@ -27,10 +28,13 @@ constexpr uint64_t kReadRespTag = uint64_t{1} << 63;
 constexpr uint32_t kRxBurst = 32;
 // After the last work, spin this long before sleeping: a spinning thread is a real cost on
 // these 2-core machines, but waking up costs a scheduler round trip (docs/design.md).
-constexpr Time kSpinBeforeSleep = std::chrono::microseconds(50);
+constexpr Time kSpinBeforeSleep = std::chrono::microseconds(20);
+constexpr Time kMinSleep = std::chrono::microseconds(5);
 constexpr Time kMaxSleep = std::chrono::milliseconds(1);
 constexpr Time kArpRetry = std::chrono::milliseconds(10);
 constexpr uint32_t kL2L4Header = wire::kUdpFrameHeaderLen;
+constexpr uint32_t kEnginePathWindow = 64;      // packets: the transport's per-path maximum
+constexpr uint32_t kEngineConnWindowMax = 4096;  // packets: 16 MiB in flight at 4 KiB
 // Link goodbye (docs/spec/link.md): a port about to close tells its peer to stop touching the
 // shared link first. DPDK 22.11's memif unmaps its rings from the interrupt thread when the peer
 // disconnects, even while another thread is inside rx/tx on them.
@@ -39,6 +43,7 @@ constexpr uint8_t kGoodbye = 1, kGoodbyeAck = 2;
 constexpr uint32_t kGoodbyeFrameLen = 60;
 constexpr Time kGoodbyeWait = std::chrono::milliseconds(20);
 constexpr Time kQuietMax = std::chrono::seconds(1);
+constexpr Time kPublishEvery = std::chrono::milliseconds(100);  // `metaroce stat` refresh
 // What a data packet adds to its payload inside the link MTU (an IP packet size).
 constexpr uint32_t kFrameOverhead =
     wire::kIpv4HeaderLen + wire::kUdpHeaderLen + wire::kDataHeadersLen;
@@ -181,6 +186,15 @@ std::shared_ptr<Device> Device::open(const LinkConfig& cfg, int* err, std::strin
   opt.engine.num_paths = cfg.paths;
   opt.engine.mtu_payload = verbs_mtu_for(cfg.mtu);
   opt.engine.max_packet = opt.engine.mtu_payload + kTransportHeaderRoom;
+  // Windows start full (congestion.md §2.1: the initial window is one BDP, no slow start). A
+  // software NIC's RTT is scheduling-bound, hundreds of microseconds to milliseconds on these
+  // 2-core machines, so one BDP at tens of Gbit/s is thousands of packets: every path's full
+  // window. ECN marks and the receiver's hints bring them down where the fabric needs it.
+  opt.engine.path_window_init = kEnginePathWindow;
+  opt.engine.conn_window_max =
+      std::min<uint32_t>(uint32_t{cfg.paths} * kEnginePathWindow, kEngineConnWindowMax);
+  opt.engine.conn_window_init = opt.engine.conn_window_max;
+  opt.engine.rx_capacity_mbps = cfg.rx_capacity_mbps;
   opt.engine.seed = (uint64_t{cfg.ip} << 32) ^ static_cast<uint64_t>(getpid()) ^
                     static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   auto dev = std::make_shared<SoftDevice>(cfg, std::move(ports), opt);
@@ -206,6 +220,8 @@ SoftDevice::SoftDevice(const LinkConfig& cfg, std::vector<std::unique_ptr<io::Po
   ec.num_planes = static_cast<uint8_t>(planes_.size());
   engine_ = transport::Engine::create(ec, *this);
   sink_ = std::make_unique<Sink>(*this);
+  telemetry_ = std::make_unique<TelemetryWriter>(cfg.run_dir, cfg.name,
+                                                 static_cast<uint32_t>(planes_.size()));
   doorbell_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (opt.start_thread) thread_ = std::thread([this] { run(); });
 }
@@ -254,6 +270,8 @@ Cq* SoftDevice::create_cq(uint32_t cqe, int* err) {
   }
   std::lock_guard lock(mu_);
   cqs_.push_back(std::make_unique<CompletionQueue>(cqe));
+  // With a progress thread (not under a test's hand-driven clock), pollers help it.
+  if (thread_.joinable()) cqs_.back()->set_idle_hook(&SoftDevice::assist, this);
   return cqs_.back().get();
 }
 
@@ -263,6 +281,25 @@ int SoftDevice::destroy_cq(Cq* cq) {
   if (it == cqs_.end()) return EINVAL;
   if ((*it)->users > 0) return EBUSY;
   cqs_.erase(it);
+  return 0;
+}
+
+Srq* SoftDevice::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, int* err) {
+  if (max_wr < 1 || max_wr > kMaxSrqWr || max_sge < 1 || max_sge > kMaxSge) {
+    if (err) *err = EINVAL;
+    return nullptr;
+  }
+  std::lock_guard lock(mu_);
+  srqs_.push_back(std::make_unique<SharedReceiveQueue>(pd, max_wr, max_sge));
+  return srqs_.back().get();
+}
+
+int SoftDevice::destroy_srq(Srq* srq) {
+  std::lock_guard lock(mu_);
+  auto it = std::find_if(srqs_.begin(), srqs_.end(), [&](auto& p) { return p.get() == srq; });
+  if (it == srqs_.end()) return EINVAL;
+  if ((*it)->users > 0) return EBUSY;
+  srqs_.erase(it);
   return 0;
 }
 
@@ -281,6 +318,7 @@ Qp* SoftDevice::create_qp(const QpInit& init, int* err) {
   auto qp = std::make_unique<QueuePair>(*this, qpn, init);
   static_cast<CompletionQueue*>(init.send_cq)->users++;
   static_cast<CompletionQueue*>(init.recv_cq)->users++;
+  if (init.srq) static_cast<SharedReceiveQueue*>(init.srq)->users++;
   QueuePair* raw = qp.get();
   qps_.emplace(qpn, std::move(qp));
   qp_list_.push_back(raw);
@@ -294,6 +332,7 @@ int SoftDevice::destroy_qp(Qp* qp) {
   engine_->drop_stream(qp->qpn());
   static_cast<CompletionQueue*>(it->second->init().send_cq)->users--;
   static_cast<CompletionQueue*>(it->second->init().recv_cq)->users--;
+  if (Srq* srq = it->second->init().srq) static_cast<SharedReceiveQueue*>(srq)->users--;
   qp_list_.erase(std::find(qp_list_.begin(), qp_list_.end(), it->second.get()));
   qps_.erase(it);
   return 0;
@@ -332,8 +371,9 @@ void SoftDevice::loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_p
 
 void SoftDevice::resolve(uint32_t ip) {
   if (ip == 0 || ip == cfg_.ip || planes_[0].arp.count(ip)) return;
-  arp_asked_[ip] = Time::min();  // the progress thread sends the request
-  kick();
+  // The progress thread sends the request; a UD QP asks on every send, which must not restart
+  // the retry timer of a request already out.
+  if (arp_asked_.try_emplace(ip, Time::min()).second) kick();
 }
 
 // --- transport::Host ------------------------------------------------------------------------
@@ -466,8 +506,18 @@ void SoftDevice::handle_frame(Time t, Plane& pl, const io::RxFrame& f) {
   engine_->on_packet(t, p.src_ip, p.src_port, p.ecn == wire::Ecn::kCe, p.payload);
 }
 
+void SoftDevice::assist(void* self) {
+  auto* dev = static_cast<SoftDevice*>(self);
+  std::unique_lock lock(dev->mu_, std::try_to_lock);
+  if (lock) dev->progress_locked();
+}
+
 bool SoftDevice::progress() {
   std::lock_guard lock(mu_);
+  return progress_locked();
+}
+
+bool SoftDevice::progress_locked() {
   bool work = false;
   Time t = now();
   io::RxFrame rx[kRxBurst];
@@ -516,10 +566,11 @@ bool SoftDevice::progress() {
   // A quiet plane (peer closing) takes no packets: they count as lost and are resent.
   if (engine_->poll_tx(t, *sink_) > 0) work = true;
   sink_->flush();
+  if (t >= next_publish_) publish_stats(t);
   return work;
 }
 
-void SoftDevice::idle_wait(Time t) {
+void SoftDevice::idle_wait(Time t, Time idle_for) {
   Time deadline;
   {
     std::lock_guard lock(mu_);
@@ -538,14 +589,110 @@ void SoftDevice::idle_wait(Time t) {
     if (rx_fd >= 0) port0.rx_disarm();
     return;
   }
-  // Without an rx descriptor, arriving frames are noticed only when we wake: sleep briefly.
-  if (rx_fd < 0) sleep = std::min<Time>(sleep, std::chrono::microseconds(200));
+  // Without an rx descriptor, arriving frames are noticed only when we wake. Sleep in
+  // proportion to how long the link has been idle: a ping-pong keeps the naps short (its next
+  // packet is near), a quiet link ends up polled once a millisecond.
+  if (rx_fd < 0) sleep = std::min(sleep, std::clamp(idle_for / 2, kMinSleep, kMaxSleep));
   timespec ts{0, static_cast<long>(sleep.count())};
   ppoll(fds, rx_fd >= 0 ? 2 : 1, &ts, nullptr);
   sleeping_.store(false, std::memory_order_release);
   if (rx_fd >= 0) port0.rx_disarm();
   uint64_t drain;
   [[maybe_unused]] ssize_t r = read(doorbell_fd_, &drain, sizeof(drain));
+}
+
+void SoftDevice::publish_stats(Time t) {
+  next_publish_ = t + kPublishEvery;
+  TelemetryBlock* b = telemetry_->begin_update();
+  if (!b) return;
+  uint32_t n = 0;
+  auto put = [&](const char* name, uint64_t v) {
+    if (n == kTelemetryCounters) return;
+    std::snprintf(b->counters[n].name, sizeof(b->counters[n].name), "%s", name);
+    b->counters[n++].value = v;
+  };
+  const DeviceCounters& d = counters_;
+  put("rx_frames", d.rx_frames);
+  put("tx_frames", d.tx_frames);
+  put("rx_drop_malformed", d.rx_drop_malformed);
+  put("rx_drop_not_ours", d.rx_drop_not_ours);
+  put("arp_requests", d.arp_requests);
+  put("arp_replies", d.arp_replies);
+  put("naks_sent_access", d.naks_access);
+  put("rnr", d.rnr);
+  const transport::EngineStats& e = engine_->stats();
+  put("tx_packets", e.tx_packets);
+  put("tx_bytes", e.tx_bytes);
+  put("rx_packets", e.rx_packets);
+  put("rx_bytes", e.rx_bytes);
+  put("retransmits", e.retransmits);
+  put("timeouts", e.timeouts);
+  put("acks_sent", e.acks_sent);
+  put("acks_received", e.acks_received);
+  put("duplicates", e.duplicates);
+  put("naks_sent", e.naks_sent);
+  put("naks_received", e.naks_received);
+  put("drop_malformed", e.drop_malformed);
+  put("drop_version", e.drop_version);
+  put("drop_unknown_conn", e.drop_unknown_conn);
+  put("drop_token", e.drop_token);
+  put("drop_out_of_window", e.drop_out_of_window);
+  put("drop_rnr", e.drop_rnr);
+  put("ecn_decreases", e.ecn_decreases);
+  put("sack_gaps", e.sack_gaps);
+  put("tail_probes", e.tail_probes);
+  put("paths_failed", e.paths_failed);
+  put("paths_recovered", e.paths_recovered);
+  put("failover_resends", e.failover_resends);
+  put("pacing_waits", e.pacing_waits);
+  b->num_counters = n;
+  // Connections: one per peer some QP talks to.
+  uint32_t c = 0;
+  std::vector<uint32_t> peers;
+  for (const QueuePair* qp : qp_list_) {
+    const uint32_t ip = qp->remote().ip;
+    if (ip != 0 && std::find(peers.begin(), peers.end(), ip) == peers.end()) peers.push_back(ip);
+  }
+  for (uint32_t ip : peers) {
+    if (c == kTelemetryConns) break;
+    const transport::ConnStats cs = transport::conn_stats(*engine_, ip);
+    if (!cs.exists) continue;
+    TelemetryConn& tc = b->conns[c++];
+    tc.peer_ip = ip;
+    tc.window = cs.window;
+    tc.in_flight = cs.in_flight;
+    tc.rate_hint_mbps = cs.rate_hint_mbps;
+    tc.rx_rate_mbps = cs.rx_rate_mbps;
+    tc.rx_hint_mbps = cs.rx_hint_mbps;
+    tc.paths_active = cs.paths_active;
+    const auto paths = transport::path_stats(*engine_, ip);
+    tc.num_paths = static_cast<uint32_t>(std::min<size_t>(paths.size(), kTelemetryPaths));
+    for (uint32_t i = 0; i < tc.num_paths; ++i) {
+      const transport::PathStats& ps = paths[i];
+      TelemetryPath& tp = tc.paths[i];
+      tp.path_id = ps.path_id;
+      tp.udp_src_port = ps.udp_src_port;
+      tp.plane = ps.plane;
+      tp.state = static_cast<uint8_t>(ps.state);
+      tp.window = ps.window;
+      tp.in_flight = ps.in_flight;
+      tp.tx_packets = ps.tx_packets;
+      tp.tx_bytes = ps.tx_bytes;
+      tp.retransmits = ps.retransmits;
+      tp.timeouts = ps.timeouts;
+      tp.ecn_ce_echoed = ps.ecn_ce_echoed;
+      tp.sack_gaps = ps.sack_gaps;
+      tp.failures = ps.failures;
+      tp.rx_packets = ps.rx_packets;
+      tp.rx_bytes = ps.rx_bytes;
+      tp.duplicates = ps.duplicates;
+      tp.ecn_ce_received = ps.ecn_ce_received;
+      tp.srtt_ns = ps.srtt_ns;
+      tp.rto_ns = ps.rto_ns;
+    }
+  }
+  b->num_conns = c;
+  telemetry_->end_update();
 }
 
 bool SoftDevice::sends_pending() const {
@@ -569,7 +716,7 @@ void SoftDevice::run() {
       __builtin_ia32_pause();
       continue;
     }
-    idle_wait(t);
+    idle_wait(t, t - last_work);
   }
 }
 

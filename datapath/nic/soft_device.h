@@ -18,6 +18,8 @@
 #include "datapath/nic/device.h"
 #include "datapath/nic/mr_table.h"
 #include "datapath/nic/queue_pair.h"
+#include "datapath/nic/shared_receive_queue.h"
+#include "datapath/nic/telemetry_writer.h"
 #include "datapath/transport/engine.h"
 
 namespace metaroce::nic {
@@ -50,11 +52,15 @@ class SoftDevice final : public Device, private transport::Host {
   int destroy_cq(Cq* cq) override;
   Qp* create_qp(const QpInit& init, int* err) override;
   int destroy_qp(Qp* qp) override;
+  Srq* create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, int* err) override;
+  int destroy_srq(Srq* srq) override;
   void kick() override;
   DeviceCounters counters() const override;
 
   // One pass of the progress loop; returns true if it found work. Public for tests.
   bool progress();
+  // A pass on the caller's thread if no other thread is in one (the CQ idle hook).
+  static void assist(void* self);
   const transport::EngineStats& engine_stats() const { return engine_->stats(); }
 
   // For queue pairs (device lock held).
@@ -81,7 +87,8 @@ class SoftDevice final : public Device, private transport::Host {
   void message_failed(uint64_t cookie, transport::Syndrome why) override;
 
   void run();
-  void idle_wait(transport::Time now);
+  bool progress_locked();
+  void idle_wait(transport::Time now, transport::Time idle_for);
   // A port and what the NIC knows about the far side of it.
   struct Plane {
     std::unique_ptr<io::Port> port;
@@ -99,6 +106,8 @@ class SoftDevice final : public Device, private transport::Host {
   static std::optional<uint8_t> goodbye_kind(const io::RxFrame& f);
   QueuePair* find_qp(uint32_t qpn);
   bool sends_pending() const;
+  // Refreshes the block `metaroce stat` reads (every kPublishEvery, outside the packet path).
+  void publish_stats(transport::Time now);
   transport::Time now() const;
 
   const LinkConfig cfg_;
@@ -107,12 +116,15 @@ class SoftDevice final : public Device, private transport::Host {
   uint32_t active_mtu_;
   mutable std::mutex mu_;
   MrTable mrs_;
+  std::vector<std::unique_ptr<SharedReceiveQueue>> srqs_;  // outlive the QPs attached to them
   std::unordered_map<uint32_t, std::unique_ptr<QueuePair>> qps_;
   std::vector<QueuePair*> qp_list_;  // iteration order for draining send queues
   std::vector<std::unique_ptr<CompletionQueue>> cqs_;
   uint32_t next_qpn_;
   std::unique_ptr<transport::Engine> engine_;
   std::unique_ptr<Sink> sink_;
+  std::unique_ptr<TelemetryWriter> telemetry_;
+  transport::Time next_publish_{};
   std::unordered_map<uint64_t, ReadResponse> reads_;  // key: cookie with kReadRespTag
   std::vector<transport::MessageDesc> pending_reads_;  // submitted after on_packet returns
   uint32_t next_read_id_ = 0;

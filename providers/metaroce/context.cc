@@ -13,9 +13,11 @@
 #include <new>
 #include <string>
 
+#include "providers/metaroce/comp_channel.h"
 #include "providers/metaroce/cq.h"
 #include "providers/metaroce/pd.h"
 #include "providers/metaroce/qp.h"
+#include "providers/metaroce/srq.h"
 
 namespace metaroce::provider {
 namespace {
@@ -50,21 +52,29 @@ void free_context(ibv_context* ibctx) {
 const abi::ContextOps kContextOps = [] {
   abi::ContextOps ops{};
   ops.alloc_pd = alloc_pd;
+  ops.create_ah = create_ah;
   ops.create_cq = create_cq;
+  ops.create_cq_ex = create_cq_ex;
   ops.create_qp = create_qp;
   ops.create_qp_ex = create_qp_ex;
+  ops.create_srq = create_srq;
   ops.dealloc_pd = dealloc_pd;
   ops.dereg_mr = dereg_mr;
+  ops.destroy_ah = destroy_ah;
   ops.destroy_cq = destroy_cq;
   ops.destroy_qp = destroy_qp;
+  ops.destroy_srq = destroy_srq;
   ops.free_context = free_context;
   ops.modify_qp = modify_qp;
+  ops.modify_srq = modify_srq;
   ops.poll_cq = poll_cq;
   ops.post_recv = post_recv;
   ops.post_send = post_send;
+  ops.post_srq_recv = post_srq_recv;
   ops.query_device_ex = query_device_ex;
   ops.query_port = query_port;
   ops.query_qp = query_qp;
+  ops.query_srq = query_srq;
   ops.reg_mr = reg_mr;
   ops.req_notify_cq = req_notify_cq;
   return ops;
@@ -126,6 +136,8 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data
   ctx->vctx.context.async_fd = fds[0];
   ctx->vctx.context.num_comp_vectors = 1;
   verbs_set_ops(&ctx->vctx, &kContextOps);
+  if (!install_comp_channel_hook())
+    METAROCE_LOG(&ctx->vctx, abi::kLogWarn, "completion channels unavailable (no kernel)");
   return &ctx->vctx;
 }
 
@@ -149,6 +161,11 @@ const abi::DeviceOps kDeviceOps = {
 __attribute__((constructor)) void register_driver() { verbs_register_driver_34(&kDeviceOps); }
 
 }  // namespace
+
+bool is_ours(const ibv_context* context) noexcept {
+  const auto* vdev = reinterpret_cast<const abi::VerbsDevice*>(context->device);
+  return vdev && vdev->ops == &kDeviceOps;
+}
 
 void post_async_event(ibv_context* context, uint64_t element, ibv_event_type type) noexcept {
   // struct ib_uverbs_async_event_desc, which ibv_get_async_event reads from async_fd.

@@ -37,6 +37,9 @@ inline Context* to_context(ibv_context* c) {
 }
 inline nic::Device& nic_of(ibv_context* c) { return *to_context(c)->state->nic; }
 
+// True for a context this provider opened.
+bool is_ours(const ibv_context* context) noexcept;
+
 // Writes one async event record (struct ib_uverbs_async_event_desc) for ibv_get_async_event.
 // Never blocks: if the application does not read its events, later ones are dropped.
 void post_async_event(ibv_context* context, uint64_t element, ibv_event_type type) noexcept;

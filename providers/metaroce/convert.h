@@ -51,7 +51,7 @@ constexpr std::optional<nic::QpState> to_nic(ibv_qp_state s) {
   }
 }
 
-// The five RC operations the NIC carries; atomics, MW binds, invalidations and TSO have no WQE.
+// The seven RC operations the NIC carries; MW binds, invalidations and TSO have no WQE.
 constexpr std::optional<nic::WqeOp> to_nic(ibv_wr_opcode op) {
   switch (op) {
     case IBV_WR_SEND: return nic::WqeOp::kSend;
@@ -59,6 +59,8 @@ constexpr std::optional<nic::WqeOp> to_nic(ibv_wr_opcode op) {
     case IBV_WR_RDMA_WRITE: return nic::WqeOp::kWrite;
     case IBV_WR_RDMA_WRITE_WITH_IMM: return nic::WqeOp::kWriteImm;
     case IBV_WR_RDMA_READ: return nic::WqeOp::kRead;
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return nic::WqeOp::kCmpSwp;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return nic::WqeOp::kFetchAdd;
     default: return std::nullopt;
   }
 }
@@ -66,7 +68,8 @@ constexpr std::optional<nic::WqeOp> to_nic(ibv_wr_opcode op) {
 // ibv_qp_ex send_ops_flags we can honour, matching to_nic(ibv_wr_opcode).
 inline constexpr uint64_t kSupportedSendOps =
     IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
-    IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ;
+    IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
+    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 
 // Memory access flags a verbs MR may carry here (RELAXED_ORDERING is stripped by libibverbs
 // before we see it, ON_DEMAND and ZERO_BASED are not offered).

@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// Completion queues (ibv_create_cq, ibv_poll_cq, ibv_req_notify_cq, ibv_destroy_cq).
+// Completion queues (ibv_create_cq, ibv_create_cq_ex and its start/next/end_poll interface,
+// ibv_poll_cq, ibv_req_notify_cq, ibv_destroy_cq).
 #include "providers/metaroce/cq.h"
+
+#include <sys/socket.h>
 
 #include <cerrno>
 #include <cstring>
 #include <new>
 
+#include "providers/metaroce/comp_channel.h"
 #include "providers/metaroce/context.h"
 
 namespace metaroce::provider {
@@ -16,6 +20,92 @@ constexpr int kPollBatch = 16;
 
 // Handles only tell CQs apart in logs and dumps; no kernel ever sees them.
 std::atomic<uint32_t> next_cq_handle{1};
+
+// The CQ's completion event: one struct ib_uverbs_comp_event_desc naming the CQ, as the
+// kernel would queue it on the channel for ibv_get_cq_event.
+void notify(void* arg) {
+  Cq* cq = static_cast<Cq*>(arg);
+  const uint64_t handle = reinterpret_cast<uintptr_t>(&cq->vcq.cq);
+  // A full socket means the application ignores its events; dropping one cannot lose a
+  // wake-up, since an unread event is already waiting.
+  [[maybe_unused]] ssize_t n =
+      send(cq->event_fd, &handle, sizeof(handle), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+void report_overflow(Cq* cq) {
+  // A lost completion cannot be reported in a work completion: verbs says IBV_EVENT_CQ_ERR.
+  if (cq->nic->overflowed() && !cq->overflow_reported.exchange(true, std::memory_order_relaxed))
+    post_async_event(cq->vcq.cq.context, reinterpret_cast<uintptr_t>(&cq->vcq.cq),
+                     IBV_EVENT_CQ_ERR);
+}
+
+// Shared by create_cq and create_cq_ex: the NIC ring and the channel hookup.
+Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32_t comp_vector) {
+  if (cqe < 1 || cqe > nic::kMaxCqe ||
+      comp_vector >= static_cast<uint32_t>(context->num_comp_vectors)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  int event_fd = -1;
+  if (channel) {
+    event_fd = comp_channel_event_fd(channel);
+    if (event_fd < 0) {
+      errno = EINVAL;  // a channel of another device
+      return nullptr;
+    }
+  }
+  auto* cq = new (std::nothrow) Cq{};
+  if (!cq) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  int err = 0;
+  cq->nic = nic_of(context).create_cq(cqe, &err);
+  if (!cq->nic) {
+    delete cq;
+    errno = err ? err : ENOMEM;
+    return nullptr;
+  }
+  cq->event_fd = event_fd;
+  if (event_fd >= 0) cq->nic->set_notifier(notify, cq);
+  cq->vcq.cq.cqe = static_cast<int>(cq->nic->capacity());
+  cq->vcq.cq.handle = next_cq_handle.fetch_add(1, std::memory_order_relaxed);
+  return cq;
+}
+
+// --- ibv_cq_ex -------------------------------------------------------------------------------
+
+void make_current(Cq* cq) {
+  ibv_cq_ex& x = cq->vcq.cq_ex;
+  x.wr_id = cq->cur.wr_id;
+  x.status = cq->cur.status;
+}
+
+int start_poll(ibv_cq_ex* x, ibv_poll_cq_attr* attr) {
+  if (attr->comp_mask) return EINVAL;
+  Cq* cq = to_cq(x);
+  report_overflow(cq);
+  if (cq->nic->poll(1, &cq->cur) != 1) return ENOENT;
+  make_current(cq);
+  return 0;
+}
+int next_poll(ibv_cq_ex* x) {
+  Cq* cq = to_cq(x);
+  if (cq->nic->poll(1, &cq->cur) != 1) return ENOENT;
+  make_current(cq);
+  return 0;
+}
+void end_poll(ibv_cq_ex*) {}  // nothing is held between start_poll and end_poll
+ibv_wc_opcode read_opcode(ibv_cq_ex* x) { return to_cq(x)->cur.opcode; }
+uint32_t read_vendor_err(ibv_cq_ex* x) { return to_cq(x)->cur.vendor_err; }
+uint32_t read_byte_len(ibv_cq_ex* x) { return to_cq(x)->cur.byte_len; }
+__be32 read_imm_data(ibv_cq_ex* x) { return to_cq(x)->cur.imm; }
+uint32_t read_qp_num(ibv_cq_ex* x) { return to_cq(x)->cur.qp_num; }
+uint32_t read_src_qp(ibv_cq_ex* x) { return to_cq(x)->cur.src_qp; }
+unsigned int read_wc_flags(ibv_cq_ex* x) { return to_cq(x)->cur.wc_flags; }
+uint32_t read_slid(ibv_cq_ex*) { return 0; }  // no LIDs on Ethernet
+uint8_t read_sl(ibv_cq_ex*) { return 0; }
+uint8_t read_dlid_path_bits(ibv_cq_ex*) { return 0; }
 
 }  // namespace
 
@@ -33,29 +123,54 @@ void to_wc(const nic::Cqe& cqe, ibv_wc* wc) noexcept {
   // pkey_index, slid, sl and dlid_path_bits stay 0: there is one pkey and no LIDs on Ethernet.
 }
 
-ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* /*channel*/,
+ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel,
                   int comp_vector) noexcept {
-  if (cqe < 1 || static_cast<uint32_t>(cqe) > nic::kMaxCqe || comp_vector < 0 ||
-      comp_vector >= context->num_comp_vectors) {
+  if (cqe < 1 || comp_vector < 0) {
     errno = EINVAL;
     return nullptr;
   }
-  auto* cq = new (std::nothrow) Cq{};
-  if (!cq) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  int err = 0;
-  cq->nic = nic_of(context).create_cq(static_cast<uint32_t>(cqe), &err);
-  if (!cq->nic) {
-    delete cq;
-    errno = err ? err : ENOMEM;
-    return nullptr;
-  }
   // libibverbs (verbs_init_cq) fills context, channel, cq_context and the event fields.
-  cq->vcq.cq.cqe = static_cast<int>(cq->nic->capacity());
-  cq->vcq.cq.handle = next_cq_handle.fetch_add(1, std::memory_order_relaxed);
-  return &cq->vcq.cq;
+  Cq* cq = new_cq(context, static_cast<uint32_t>(cqe), channel, static_cast<uint32_t>(comp_vector));
+  return cq ? &cq->vcq.cq : nullptr;
+}
+
+ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) noexcept {
+  if (attr->comp_mask & ~static_cast<uint32_t>(IBV_CQ_INIT_ATTR_MASK_FLAGS)) {
+    errno = EOPNOTSUPP;  // parent domains are not offered
+    return nullptr;
+  }
+  const bool flags = attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS;
+  if (flags && (attr->flags & ~static_cast<uint32_t>(IBV_CREATE_CQ_ATTR_SINGLE_THREADED))) {
+    errno = EOPNOTSUPP;  // IGNORE_OVERRUN: a lost completion here is always reported
+    return nullptr;
+  }
+  if (attr->cqe < 1) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (attr->wc_flags & ~kSupportedWcFlags) {
+    errno = EOPNOTSUPP;  // completion timestamps, CVLAN, flow tags, TM info
+    return nullptr;
+  }
+  Cq* cq = new_cq(context, attr->cqe, attr->channel, attr->comp_vector);
+  if (!cq) return nullptr;
+  ibv_cq_ex& x = cq->vcq.cq_ex;
+  x.start_poll = start_poll;
+  x.next_poll = next_poll;
+  x.end_poll = end_poll;
+  x.read_opcode = read_opcode;
+  x.read_vendor_err = read_vendor_err;
+  x.read_wc_flags = read_wc_flags;
+  if (attr->wc_flags & IBV_WC_EX_WITH_BYTE_LEN) x.read_byte_len = read_byte_len;
+  if (attr->wc_flags & IBV_WC_EX_WITH_IMM) x.read_imm_data = read_imm_data;
+  if (attr->wc_flags & IBV_WC_EX_WITH_QP_NUM) x.read_qp_num = read_qp_num;
+  if (attr->wc_flags & IBV_WC_EX_WITH_SRC_QP) x.read_src_qp = read_src_qp;
+  if (attr->wc_flags & IBV_WC_EX_WITH_SLID) x.read_slid = read_slid;
+  if (attr->wc_flags & IBV_WC_EX_WITH_SL) x.read_sl = read_sl;
+  if (attr->wc_flags & IBV_WC_EX_WITH_DLID_PATH_BITS) x.read_dlid_path_bits = read_dlid_path_bits;
+  // No kernel command fills these for the extended constructor: do what it would have done.
+  verbs_init_cq(&cq->vcq.cq, context, attr->channel, attr->cq_context);
+  return &x;
 }
 
 int destroy_cq(ibv_cq* ibcq) noexcept {
@@ -80,15 +195,14 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
     done += got;
     if (got < want) break;
   }
-  // A lost completion cannot be reported in a work completion: verbs says IBV_EVENT_CQ_ERR.
-  if (cq->nic->overflowed() && !cq->overflow_reported.exchange(true, std::memory_order_relaxed))
-    post_async_event(ibcq->context, reinterpret_cast<uintptr_t>(ibcq), IBV_EVENT_CQ_ERR);
+  report_overflow(cq);
   return done;
 }
 
-int req_notify_cq(ibv_cq* /*cq*/, int /*solicited_only*/) noexcept {
-  // Completion channels cannot be created without a kernel yet (ibv_create_comp_channel fails
-  // cleanly), so there is nobody to notify; arming succeeds so polling programs run unchanged.
+int req_notify_cq(ibv_cq* ibcq, int solicited_only) noexcept {
+  Cq* cq = to_cq(ibcq);
+  // Without a channel there is nobody to tell; arming still succeeds, as on hardware.
+  if (cq->event_fd >= 0) cq->nic->arm(solicited_only != 0);
   return 0;
 }
 

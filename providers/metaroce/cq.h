@@ -14,20 +14,30 @@
 namespace metaroce::provider {
 
 struct Cq {
-  abi::VerbsCq vcq;               // first: the application holds &vcq.cq
+  abi::VerbsCq vcq;               // first: the application holds &vcq.cq (or &vcq.cq_ex)
   nic::Cq* nic;
   std::atomic<uint32_t> users;    // QPs using it as send or receive CQ: destroy answers EBUSY
   std::atomic<bool> overflow_reported;
+  int event_fd;                   // where completion events go (its channel's), -1 without one
+  nic::Cqe cur;                   // ibv_cq_ex: the completion start_poll/next_poll made current
 };
 static_assert(std::is_standard_layout_v<Cq>);
 
 inline Cq* to_cq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
+inline Cq* to_cq(ibv_cq_ex* c) { return reinterpret_cast<Cq*>(c); }
 
 // Converts one NIC completion into the verbs work completion the application reads.
 void to_wc(const nic::Cqe& cqe, ibv_wc* wc) noexcept;
 
+// wc_flags of ibv_create_cq_ex this provider can fill in.
+inline constexpr uint64_t kSupportedWcFlags =
+    IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
+    IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
+    IBV_WC_EX_WITH_DLID_PATH_BITS;
+
 ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel,
                   int comp_vector) noexcept;
+ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) noexcept;
 int destroy_cq(ibv_cq* cq) noexcept;
 int poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) noexcept;
 int req_notify_cq(ibv_cq* cq, int solicited_only) noexcept;

@@ -23,7 +23,9 @@ inline constexpr uint32_t kMaxQp = 16384;
 inline constexpr uint32_t kMaxCq = 16384;
 inline constexpr uint32_t kMaxMr = 1u << 20;
 inline constexpr uint32_t kMaxPd = 1u << 16;
-inline constexpr uint32_t kMaxRdAtom = 16;       // outstanding RDMA READs per QP, each way
+inline constexpr uint32_t kMaxSrq = 16384;
+inline constexpr uint32_t kMaxAh = 1u << 20;  // an AH is an IPv4 address in host memory
+inline constexpr uint32_t kMaxRdAtom = nic::kMaxRdAtomic;  // outstanding READ/atomics per QP
 inline constexpr uint32_t kVendorId = 0x4d5243;  // "MRC": no IEEE OUI is registered for us
 inline constexpr uint32_t kVendorPartId = 1;
 inline constexpr uint8_t kPortNum = 1;
@@ -64,8 +66,13 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   a.max_res_rd_atom = kMaxRdAtom * kMaxQp;
   a.max_qp_init_rd_atom = kMaxRdAtom;
   a.max_ee_init_rd_atom = 0;
-  a.atomic_cap = IBV_ATOMIC_NONE;
+  // Responder atomics are CPU atomics: atomic among themselves and with the host's own.
+  a.atomic_cap = IBV_ATOMIC_HCA;
   a.max_pkeys = 1;
+  a.max_ah = kMaxAh;
+  a.max_srq = kMaxSrq;
+  a.max_srq_wr = nic::kMaxSrqWr;
+  a.max_srq_sge = nic::kMaxSge;
   a.local_ca_ack_delay = kLocalCaAckDelay;
   a.phys_port_cnt = 1;
   ex.device_cap_flags_ex = a.device_cap_flags;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// RC queue pairs: verbs checks (caps, state machine, work requests) in front of a NIC QP whose
+// RC and UD queue pairs: verbs checks (caps, state machine, work requests) in front of a NIC QP whose
 // send and receive queues are rings that the NIC's progress thread drains.
 #pragma once
 
@@ -22,6 +22,8 @@ struct Qp {
   Pd* pd;
   Cq* send_cq;
   Cq* recv_cq;
+  struct Srq* srq;   // receives come from here when set
+  ibv_qp_type type;  // IBV_QPT_RC or IBV_QPT_UD
   ibv_qp_cap cap;    // what was granted, written back to the creator and used by post_*
   bool sq_sig_all;
   pthread_mutex_t lock;  // serialises modify_qp and query_qp

@@ -6,6 +6,7 @@
 
 #include "providers/metaroce/convert.h"
 #include "providers/metaroce/qp.h"
+#include "providers/metaroce/srq.h"
 
 namespace metaroce::provider {
 namespace {
@@ -47,6 +48,7 @@ nic::SendWqe* open_wr(ibv_qp_ex* qpx, nic::WqeOp op, uint64_t needed_flag) noexc
   w->rkey = 0;
   w->num_sge = 0;
   w->inline_len = 0;
+  w->ud_ip = w->ud_qpn = w->ud_qkey = 0;
   return w;
 }
 
@@ -61,6 +63,9 @@ int wr_complete(ibv_qp_ex* qpx) {
   Qp* qp = to_qp(qpx);
   int err = qp->wr_error;
   if (!err && qp->nic->state() != nic::QpState::kRts) err = EINVAL;
+  // A datagram without wr_set_ud_addr has nowhere to go.
+  for (uint32_t i = 0; !err && qp->type == IBV_QPT_UD && i < qp->pending_n; ++i)
+    if (qp->pending[i].ud_ip == 0) err = EINVAL;
   // A full ring part-way leaves the earlier WRs posted, as a doorbell batch on hardware would.
   for (uint32_t i = 0; !err && i < qp->pending_n; ++i) err = qp->nic->post_send(qp->pending[i]);
   qp->pending_n = 0;
@@ -104,6 +109,25 @@ void wr_rdma_read(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr) {
   }
 }
 
+void wr_atomic_cmp_swp(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr, uint64_t compare,
+                       uint64_t swap) {
+  if (auto* w = open_wr(qpx, nic::WqeOp::kCmpSwp, IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP)) {
+    w->rkey = rkey;
+    w->remote_addr = remote_addr;
+    w->compare_add = compare;
+    w->swap = swap;
+  }
+}
+
+void wr_atomic_fetch_add(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr, uint64_t add) {
+  if (auto* w = open_wr(qpx, nic::WqeOp::kFetchAdd, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)) {
+    w->rkey = rkey;
+    w->remote_addr = remote_addr;
+    w->compare_add = add;
+    w->swap = 0;
+  }
+}
+
 void wr_set_sge(ibv_qp_ex* qpx, uint32_t lkey, uint64_t addr, uint32_t length) {
   Qp* qp = to_qp(qpx);
   nic::SendWqe* w = current(qp);
@@ -128,7 +152,7 @@ void wr_set_inline_data_list(ibv_qp_ex* qpx, size_t num_buf, const ibv_data_buf*
   Qp* qp = to_qp(qpx);
   nic::SendWqe* w = current(qp);
   if (!w) return;
-  if (w->op == nic::WqeOp::kRead) return set_error(qp, EINVAL);
+  if (nic::needs_response(w->op)) return set_error(qp, EINVAL);
   size_t total = 0;
   for (size_t i = 0; i < num_buf; ++i) total += bufs[i].length;
   if (total > qp->cap.max_inline_data) return set_error(qp, EINVAL);
@@ -146,16 +170,24 @@ void wr_set_inline_data(ibv_qp_ex* qpx, void* addr, size_t length) {
   wr_set_inline_data_list(qpx, 1, &one);
 }
 
+void wr_set_ud_addr(ibv_qp_ex* qpx, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
+  Qp* qp = to_qp(qpx);
+  nic::SendWqe* w = current(qp);
+  if (!w) return;
+  if (qp->type != IBV_QPT_UD || !ah) return set_error(qp, EINVAL);
+  w->ud_ip = to_ah(ah)->ip;
+  w->ud_qpn = remote_qpn & 0xffffff;
+  // A Q_Key with its high bit set means "use the QP's own" (IB spec 10.2.5).
+  w->ud_qkey = (remote_qkey & 0x80000000u) ? qp->attr.qkey : remote_qkey;
+}
+
 // Operations the NIC does not carry. create_qp_ex already refuses them in send_ops_flags; if
 // called anyway, the batch fails at wr_complete rather than crashing on a null pointer.
 void unsupported(ibv_qp_ex* qpx) { set_error(to_qp(qpx), EINVAL); }
-void wr_atomic_cmp_swp(ibv_qp_ex* q, uint32_t, uint64_t, uint64_t, uint64_t) { unsupported(q); }
-void wr_atomic_fetch_add(ibv_qp_ex* q, uint32_t, uint64_t, uint64_t) { unsupported(q); }
 void wr_bind_mw(ibv_qp_ex* q, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { unsupported(q); }
 void wr_local_inv(ibv_qp_ex* q, uint32_t) { unsupported(q); }
 void wr_send_inv(ibv_qp_ex* q, uint32_t) { unsupported(q); }
 void wr_send_tso(ibv_qp_ex* q, void*, uint16_t, uint16_t) { unsupported(q); }
-void wr_set_ud_addr(ibv_qp_ex* q, ibv_ah*, uint32_t, uint32_t) { unsupported(q); }
 void wr_set_xrc_srqn(ibv_qp_ex* q, uint32_t) { unsupported(q); }
 void wr_atomic_write(ibv_qp_ex* q, uint32_t, uint64_t, const void*) { unsupported(q); }
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The verbs QP state machine for RC (IB spec vol. 1, 10.3.1 and table 91): which transitions
+// The verbs QP state machine for RC and UD (IB spec vol. 1, 10.3.1 and table 91): which transitions
 // exist and which ibv_modify_qp attribute bits each one requires and allows. Pure, so tested alone.
 #pragma once
 
@@ -16,7 +16,7 @@ struct QpTransition {
   uint32_t optional = 0;  // further bits that may be present
 };
 
-// The RC row of the table; UD/UC will get their own when those QP types arrive.
+// The RC row of the table.
 constexpr QpTransition rc_transition(ibv_qp_state cur, ibv_qp_state next) {
   // Any state may be reset or moved to error, with no other attribute.
   if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
@@ -65,17 +65,62 @@ constexpr QpTransition rc_transition(ibv_qp_state cur, ibv_qp_state next) {
   }
 }
 
-// Checks an ibv_modify_qp call on an RC QP in state cur: 0 or EINVAL, as the kernel answers.
-// Without IBV_QP_STATE the QP stays where it is and the mask is checked against cur -> cur.
-constexpr int check_rc_modify(ibv_qp_state cur, int attr_mask, ibv_qp_state requested_next) {
-  const uint32_t mask = static_cast<uint32_t>(attr_mask);
-  const ibv_qp_state next = (mask & IBV_QP_STATE) ? requested_next : cur;
-  const QpTransition t = rc_transition(cur, next);
+// The UD row (IB spec vol. 1, table 91): no peer, a Q_Key instead; the send queue starts at RTS.
+constexpr QpTransition ud_transition(ibv_qp_state cur, ibv_qp_state next) {
+  if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
+    if (cur < IBV_QPS_RESET || cur > IBV_QPS_ERR) return {};
+    return {true, 0, 0};
+  }
+  switch (cur) {
+    case IBV_QPS_RESET:
+      if (next == IBV_QPS_INIT) return {true, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, 0};
+      return {};
+    case IBV_QPS_INIT:
+      if (next == IBV_QPS_INIT)
+        return {true, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY};
+      if (next == IBV_QPS_RTR) return {true, 0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY};
+      return {};
+    case IBV_QPS_RTR:
+      if (next == IBV_QPS_RTS) return {true, IBV_QP_SQ_PSN, IBV_QP_CUR_STATE | IBV_QP_QKEY};
+      return {};
+    case IBV_QPS_RTS:
+      if (next == IBV_QPS_RTS) return {true, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY};
+      if (next == IBV_QPS_SQD) return {true, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+      return {};
+    case IBV_QPS_SQD:
+      if (next == IBV_QPS_RTS || next == IBV_QPS_SQD)
+        return {true, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY | IBV_QP_PKEY_INDEX};
+      return {};
+    case IBV_QPS_SQE:
+      if (next == IBV_QPS_RTS) return {true, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY};
+      return {};
+    default:
+      return {};
+  }
+}
+
+// 0 or EINVAL: mask (with or without IBV_QP_STATE) against one row of the table.
+constexpr int check_transition(const QpTransition& t, uint32_t mask) {
   if (!t.valid) return EINVAL;
   const uint32_t given = mask & ~static_cast<uint32_t>(IBV_QP_STATE);
   if ((given & t.required) != t.required) return EINVAL;
   if (given & ~(t.required | t.optional)) return EINVAL;
   return 0;
+}
+
+// Checks an ibv_modify_qp call on an RC QP in state cur: 0 or EINVAL, as the kernel answers.
+// Without IBV_QP_STATE the QP stays where it is and the mask is checked against cur -> cur.
+constexpr int check_rc_modify(ibv_qp_state cur, int attr_mask, ibv_qp_state requested_next) {
+  const uint32_t mask = static_cast<uint32_t>(attr_mask);
+  const ibv_qp_state next = (mask & IBV_QP_STATE) ? requested_next : cur;
+  return check_transition(rc_transition(cur, next), mask);
+}
+
+// The same for a UD QP.
+constexpr int check_ud_modify(ibv_qp_state cur, int attr_mask, ibv_qp_state requested_next) {
+  const uint32_t mask = static_cast<uint32_t>(attr_mask);
+  const ibv_qp_state next = (mask & IBV_QP_STATE) ? requested_next : cur;
+  return check_transition(ud_transition(cur, next), mask);
 }
 
 }  // namespace metaroce::provider

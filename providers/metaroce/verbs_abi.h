@@ -127,31 +127,31 @@ struct ContextOps {
   UnusedOp bind_mw;
   UnusedOp close_xrcd;
   void (*cq_event)(ibv_cq* cq);
-  UnusedOp create_ah;
+  ibv_ah* (*create_ah)(ibv_pd* pd, ibv_ah_attr* attr);
   UnusedOp create_counters;
   ibv_cq* (*create_cq)(ibv_context* context, int cqe, ibv_comp_channel* channel,
                        int comp_vector);
-  UnusedOp create_cq_ex;
+  ibv_cq_ex* (*create_cq_ex)(ibv_context* context, ibv_cq_init_attr_ex* attr);
   UnusedOp create_flow;
   UnusedOp create_flow_action_esp;
   ibv_qp* (*create_qp)(ibv_pd* pd, ibv_qp_init_attr* attr);
   ibv_qp* (*create_qp_ex)(ibv_context* context, ibv_qp_init_attr_ex* attr);
   UnusedOp create_rwq_ind_table;
-  UnusedOp create_srq;
+  ibv_srq* (*create_srq)(ibv_pd* pd, ibv_srq_init_attr* attr);
   UnusedOp create_srq_ex;
   UnusedOp create_wq;
   UnusedOp dealloc_mw;
   int (*dealloc_pd)(ibv_pd* pd);
   UnusedOp dealloc_td;
   int (*dereg_mr)(VerbsMr* mr);
-  UnusedOp destroy_ah;
+  int (*destroy_ah)(ibv_ah* ah);
   UnusedOp destroy_counters;
   int (*destroy_cq)(ibv_cq* cq);
   UnusedOp destroy_flow;
   UnusedOp destroy_flow_action;
   int (*destroy_qp)(ibv_qp* qp);
   UnusedOp destroy_rwq_ind_table;
-  UnusedOp destroy_srq;
+  int (*destroy_srq)(ibv_srq* srq);
   UnusedOp destroy_wq;
   UnusedOp detach_mcast;
   void (*free_context)(ibv_context* context);
@@ -164,7 +164,7 @@ struct ContextOps {
   UnusedOp modify_flow_action_esp;
   int (*modify_qp)(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask);
   UnusedOp modify_qp_rate_limit;
-  UnusedOp modify_srq;
+  int (*modify_srq)(ibv_srq* srq, ibv_srq_attr* attr, int attr_mask);
   UnusedOp modify_wq;
   UnusedOp open_qp;
   UnusedOp open_xrcd;
@@ -172,7 +172,7 @@ struct ContextOps {
   int (*post_recv)(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
   int (*post_send)(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
   UnusedOp post_srq_ops;
-  UnusedOp post_srq_recv;
+  int (*post_srq_recv)(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
   int (*query_device_ex)(ibv_context* context, const ibv_query_device_ex_input* input,
                          ibv_device_attr_ex* attr, size_t attr_size);
   UnusedOp query_ece;
@@ -180,7 +180,7 @@ struct ContextOps {
   int (*query_qp)(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr* init_attr);
   UnusedOp query_qp_data_in_order;
   UnusedOp query_rt_values;
-  UnusedOp query_srq;
+  int (*query_srq)(ibv_srq* srq, ibv_srq_attr* attr);
   UnusedOp read_counters;
   UnusedOp reg_dm_mr;
   UnusedOp reg_dmabuf_mr;
@@ -218,6 +218,13 @@ static_assert(offsetof(ContextOps, poll_cq) == 53 * 8);
 static_assert(offsetof(ContextOps, query_device_ex) == 58 * 8);
 static_assert(offsetof(ContextOps, reg_mr) == 68 * 8);
 static_assert(offsetof(ContextOps, unimport_pd) == 75 * 8);
+static_assert(offsetof(ContextOps, create_ah) == 13 * 8);
+static_assert(offsetof(ContextOps, create_srq) == 22 * 8);
+static_assert(offsetof(ContextOps, destroy_ah) == 29 * 8);
+static_assert(offsetof(ContextOps, destroy_srq) == 36 * 8);
+static_assert(offsetof(ContextOps, modify_srq) == 49 * 8);
+static_assert(offsetof(ContextOps, post_srq_recv) == 57 * 8);
+static_assert(offsetof(ContextOps, query_srq) == 64 * 8);
 static_assert(sizeof(VerbsMr) == 56);
 static_assert(offsetof(VerbsMr, mr_type) == sizeof(ibv_mr));
 static_assert(offsetof(VerbsQp, comp_mask) == sizeof(ibv_qp_ex));
@@ -235,6 +242,8 @@ void* _verbs_init_and_alloc_context(ibv_device* device, int cmd_fd, size_t alloc
                                     verbs_context* context_offset, uint32_t driver_id);
 void verbs_set_ops(verbs_context* vctx, const metaroce::provider::abi::ContextOps* ops);
 void verbs_uninit_context(verbs_context* vctx);
+// Fills the ibv_cq fields a kernel command would (context, channel reference, events).
+void verbs_init_cq(ibv_cq* cq, ibv_context* context, ibv_comp_channel* channel, void* cq_context);
 void __verbs_log(verbs_context* ctx, uint32_t level, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 }

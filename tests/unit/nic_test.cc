@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -15,8 +16,8 @@ namespace metaroce::nic {
 namespace {
 
 constexpr uint32_t kPd = 7;
-constexpr unsigned kAllAccess =
-    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+constexpr unsigned kAllAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
 LinkConfig link(const char* name, uint32_t ip) {
   LinkConfig c;
@@ -69,12 +70,26 @@ class NicTest : public ::testing::Test {
     connect(b_, a_, 0xC6120001);
   }
 
-  static void connect(Side& s, Side& peer, uint32_t peer_ip) {
+  static void connect(Side& s, Side& peer, uint32_t peer_ip, uint8_t max_rd_atomic = 16) {
     s.qp->set_access(kAllAccess);
     s.qp->set_state(QpState::kInit);
     QpRemote r;
     r.ip = peer_ip;
     r.qpn = peer.qp->qpn();
+    r.max_rd_atomic = max_rd_atomic;
+    s.qp->set_remote(r);
+    s.qp->set_state(QpState::kRtr);
+    s.qp->set_state(QpState::kRts);
+  }
+
+  // Connects s's QP (in RESET) to QP peer_qpn at peer_ip.
+  static void connect_to(Side& s, uint32_t peer_qpn, uint32_t peer_ip) {
+    s.qp->set_access(kAllAccess);
+    s.qp->set_state(QpState::kInit);
+    QpRemote r;
+    r.ip = peer_ip;
+    r.qpn = peer_qpn;
+    r.max_rd_atomic = 16;
     s.qp->set_remote(r);
     s.qp->set_state(QpState::kRtr);
     s.qp->set_state(QpState::kRts);
@@ -373,6 +388,398 @@ TEST(NicPlanesTest, TwoPlaneLinkSpraysOverBothPortsAndDeliversByteExact) {
   // Both planes carried a fair part of the ~200 data packets.
   EXPECT_GT(wire0->stats().rx_frames, 50u);
   EXPECT_GT(wire1->stats().rx_frames, 50u);
+}
+
+uint64_t& word(Side& s, size_t off) { return *reinterpret_cast<uint64_t*>(s.buf.data() + off); }
+
+SendWqe atomic_wqe(WqeOp op, uint64_t wr_id, Sge local, uint64_t remote, uint32_t rkey,
+                   uint64_t compare_add, uint64_t swap = 0) {
+  SendWqe w;
+  w.wr_id = wr_id;
+  w.op = op;
+  w.signaled = true;
+  w.num_sge = 1;
+  w.sge[0] = local;
+  w.remote_addr = remote;
+  w.rkey = rkey;
+  w.compare_add = compare_add;
+  w.swap = swap;
+  return w;
+}
+
+TEST_F(NicTest, FetchAddAndCmpSwapReturnTheOriginalAndUpdateTheTarget) {
+  word(b_, 64) = 1000;
+  word(b_, 128) = 0x1111;
+  const auto remote = [&](size_t off) { return reinterpret_cast<uint64_t>(b_.buf.data() + off); };
+  ASSERT_EQ(a_.qp->post_send(atomic_wqe(WqeOp::kFetchAdd, 1, sge(a_, 0, 8), remote(64), b_.key, 5)), 0);
+  // Compare matches: swapped. Compare misses: untouched; both return what was there.
+  ASSERT_EQ(a_.qp->post_send(atomic_wqe(WqeOp::kCmpSwp, 2, sge(a_, 8, 8), remote(128), b_.key,
+                                        0x1111, 0x2222)), 0);
+  ASSERT_EQ(a_.qp->post_send(atomic_wqe(WqeOp::kCmpSwp, 3, sge(a_, 16, 8), remote(128), b_.key,
+                                        0x1111, 0x3333)), 0);
+  auto c = run_until(a_, 3);
+  ASSERT_EQ(c.size(), 3u);
+  EXPECT_EQ(c[0].opcode, IBV_WC_FETCH_ADD);
+  EXPECT_EQ(c[1].opcode, IBV_WC_COMP_SWAP);
+  for (const Cqe& e : c) {
+    EXPECT_EQ(e.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(e.byte_len, 8u);
+  }
+  EXPECT_EQ(word(a_, 0), 1000u);
+  EXPECT_EQ(word(b_, 64), 1005u);
+  EXPECT_EQ(word(a_, 8), 0x1111u);
+  EXPECT_EQ(word(a_, 16), 0x2222u);
+  EXPECT_EQ(word(b_, 128), 0x2222u);
+}
+
+TEST_F(NicTest, MisalignedAtomicIsInvalidRequestAndLongLocalBufferIsLengthError) {
+  ASSERT_EQ(a_.qp->post_send(atomic_wqe(WqeOp::kFetchAdd, 1, sge(a_, 0, 8),
+                                        reinterpret_cast<uint64_t>(b_.buf.data() + 4), b_.key, 1)),
+            0);
+  auto c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, IBV_WC_REM_INV_REQ_ERR);
+  EXPECT_EQ(word(b_, 0), 0u);
+
+  SetUp();  // fresh, connected pair
+  ASSERT_EQ(a_.qp->post_send(atomic_wqe(WqeOp::kFetchAdd, 2, sge(a_, 0, 16),
+                                        reinterpret_cast<uint64_t>(b_.buf.data()), b_.key, 1)),
+            0);
+  c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, IBV_WC_LOC_LEN_ERR);
+}
+
+TEST_F(NicTest, AtomicWithoutRemoteAtomicAccessIsRemoteAccessError) {
+  b_.qp->set_access(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_EQ(a_.qp->post_send(atomic_wqe(WqeOp::kFetchAdd, 1, sge(a_, 0, 8),
+                                        reinterpret_cast<uint64_t>(b_.buf.data()), b_.key, 1)),
+            0);
+  auto c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(word(b_, 0), 0u);
+}
+
+TEST_F(NicTest, AtomicRequestSeenTwiceIsAnsweredButExecutedOnce) {
+  word(b_, 0) = 10;
+  uint8_t ops[kAtomicRequestLen] = {};
+  ops[7] = 3;  // add 3, big-endian
+  transport::Segment seg;
+  seg.peer_ip = 0xC6120001;
+  seg.op = transport::Op::kWrite;
+  seg.dst_stream = b_.qp->qpn();
+  seg.src_stream = a_.qp->qpn();
+  seg.msn = 0;
+  seg.rsn = kRsnAtomicFetchAdd;
+  seg.total_length = kAtomicRequestLen;
+  seg.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data());
+  seg.rkey = b_.key;
+  seg.payload = {ops, sizeof(ops)};
+  auto* qp = static_cast<QueuePair*>(b_.qp);
+  std::lock_guard lock(b_.dev->lock());
+  EXPECT_EQ(qp->deliver(seg), transport::Syndrome::kOk);
+  EXPECT_EQ(word(b_, 0), 13u);
+  EXPECT_EQ(qp->deliver(seg), transport::Syndrome::kOk);  // a retransmitted request
+  EXPECT_EQ(word(b_, 0), 13u);
+}
+
+TEST_F(NicTest, MaxRdAtomicBoundsOutstandingReads) {
+  connect(a_, b_, 0xC6120002, /*max_rd_atomic=*/1);
+  for (uint64_t i = 0; i < 4; ++i) {
+    SendWqe w;
+    w.wr_id = i;
+    w.op = WqeOp::kRead;
+    w.signaled = true;
+    w.num_sge = 1;
+    w.sge[0] = sge(a_, i * 4096, 4096);
+    w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data() + 65536);
+    w.rkey = b_.key;
+    ASSERT_EQ(a_.qp->post_send(w), 0);
+  }
+  // One pass of the requester submits only the first READ: the others wait for its answer.
+  a_.dev->progress();
+  EXPECT_TRUE(a_.dev->engine_stats().tx_packets <= 1u);
+  auto c = run_until(a_, 4);
+  ASSERT_EQ(c.size(), 4u);
+  for (uint64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(c[i].wr_id, i);
+    EXPECT_EQ(c[i].status, IBV_WC_SUCCESS);
+  }
+}
+
+TEST_F(NicTest, ArmedCqNotifiesOnceForTheNextCompletion) {
+  int fired = 0;
+  a_.cq->set_notifier([](void* arg) { ++*static_cast<int*>(arg); }, &fired);
+  a_.cq->arm(false);
+  EXPECT_EQ(fired, 0);  // nothing completed yet
+  SendWqe w;
+  w.wr_id = 1;
+  w.op = WqeOp::kWrite;
+  w.signaled = true;
+  w.num_sge = 1;
+  w.sge[0] = sge(a_, 0, 64);
+  w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data());
+  w.rkey = b_.key;
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  w.wr_id = 2;
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  auto c = run_until(a_, 2);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(fired, 1);  // armed once, one event
+  // Arming while completions wait fires at once (else an event-driven program could hang).
+  w.wr_id = 3;
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  for (int i = 0; i < 2000; ++i) {
+    clock_ += std::chrono::microseconds(10);
+    a_.dev->progress();
+    b_.dev->progress();
+  }
+  EXPECT_EQ(fired, 1);
+  a_.cq->arm(false);
+  EXPECT_EQ(fired, 2);
+}
+
+// --- SRQ, UD, asynchronous events (docs/spec/verbs-mapping.md §6-§8) ---------------------
+
+struct Events {
+  std::vector<QpEvent> seen;
+  static void record(void* arg, QpEvent ev) { static_cast<Events*>(arg)->seen.push_back(ev); }
+  size_t count(QpEvent ev) const { return std::count(seen.begin(), seen.end(), ev); }
+};
+
+// A QP of `side`'s device with the given type, receive source and event sink, in RESET.
+Qp* extra_qp(Side& side, QpType type, Srq* srq, Events* ev) {
+  QpInit init;
+  init.pd = kPd;
+  init.send_cq = init.recv_cq = side.cq;
+  init.max_send_wr = init.max_recv_wr = 64;
+  init.max_send_sge = init.max_recv_sge = 4;
+  init.type = type;
+  init.srq = srq;
+  init.event_fn = &Events::record;
+  init.event_arg = ev;
+  int err = 0;
+  Qp* qp = side.dev->create_qp(init, &err);
+  EXPECT_NE(qp, nullptr);
+  return qp;
+}
+
+void bring_up(Qp* qp, uint32_t peer_ip, uint32_t peer_qpn, uint32_t qkey = 0,
+              QpState until = QpState::kRts) {
+  qp->set_access(kAllAccess);
+  qp->set_state(QpState::kInit);
+  QpRemote r;
+  r.ip = peer_ip;
+  r.qpn = peer_qpn;
+  r.qkey = qkey;
+  qp->set_remote(r);
+  qp->set_state(QpState::kRtr);
+  if (until == QpState::kRts) qp->set_state(QpState::kRts);
+}
+
+TEST_F(NicTest, SrqEntriesAreClaimedInRsnOrderWhenALaterMessageArrivesFirst) {
+  int err = 0;
+  Srq* srq = b_.dev->create_srq(kPd, 8, 1, &err);
+  ASSERT_NE(srq, nullptr);
+  Events ev;
+  Qp* q = extra_qp(b_, QpType::kRc, srq, &ev);
+  bring_up(q, 0xC6120001, 77);
+  for (uint64_t id = 100; id < 103; ++id) {
+    RecvWqe r;
+    r.wr_id = id;
+    r.num_sge = 1;
+    r.sge[0] = sge(b_, (id - 100) * 1000, 1000);
+    ASSERT_EQ(srq->post_recv(r), 0);
+  }
+  // Messages msn 1 (rsn 1) then msn 0 (rsn 0), as spraying may deliver them.
+  const uint8_t one[4] = {1, 1, 1, 1}, zero[4] = {9, 9, 9, 9};
+  transport::Segment seg;
+  seg.peer_ip = 0xC6120001;
+  seg.op = transport::Op::kSend;
+  seg.dst_stream = q->qpn();
+  seg.src_stream = 77;
+  seg.msn = 1;
+  seg.rsn = 1;
+  seg.total_length = 4;
+  seg.payload = one;
+  auto* qp = static_cast<QueuePair*>(q);
+  ASSERT_EQ(qp->deliver(seg), transport::Syndrome::kOk);
+  EXPECT_EQ(static_cast<SharedReceiveQueue*>(srq)->posted(), 1u) << "rsn 1 claims rsn 0's entry too";
+  seg.msn = 0;
+  seg.rsn = 0;
+  seg.payload = zero;
+  ASSERT_EQ(qp->deliver(seg), transport::Syndrome::kOk);
+  Cqe c[4];
+  ASSERT_EQ(b_.cq->poll(4, c), 2);
+  EXPECT_EQ(c[0].wr_id, 100u);  // msn 0 -> the first entry posted
+  EXPECT_EQ(c[1].wr_id, 101u);
+  EXPECT_EQ(b_.buf[0], 9);
+  EXPECT_EQ(b_.buf[1000], 1);
+  EXPECT_EQ(ev.count(QpEvent::kCommEst), 0u);  // the QP was already in RTS
+  EXPECT_EQ(b_.dev->destroy_srq(srq), EBUSY);
+  ASSERT_EQ(b_.dev->destroy_qp(q), 0);
+  EXPECT_EQ(b_.dev->destroy_srq(srq), 0);
+}
+
+TEST_F(NicTest, SrqFeedsSendsOverTheWireAndRaisesTheLimitEventOnce) {
+  int err = 0;
+  Srq* srq = b_.dev->create_srq(kPd, 16, 2, &err);
+  ASSERT_NE(srq, nullptr);
+  Events ev;
+  Qp* q = extra_qp(b_, QpType::kRc, srq, &ev);
+  a_.qp->set_state(QpState::kReset);
+  connect_to(a_, q->qpn(), 0xC6120002);
+  bring_up(q, 0xC6120001, a_.qp->qpn(), 0, QpState::kRtr);  // RTR only: COMM_EST on arrival
+  int limit_events = 0;
+  srq->set_limit_notifier([](void* arg) { ++*static_cast<int*>(arg); }, &limit_events);
+  for (uint64_t id = 0; id < 6; ++id) {
+    RecvWqe r;
+    r.wr_id = 200 + id;
+    r.num_sge = 2;
+    r.sge[0] = sge(b_, id * 10000, 1500);
+    r.sge[1] = sge(b_, id * 10000 + 5000, 1500);
+    ASSERT_EQ(srq->post_recv(r), 0);
+  }
+  srq->set_limit(4);
+  for (size_t i = 0; i < 3000; ++i) a_.buf[i] = static_cast<uint8_t>(i * 11 + 3);
+  for (uint64_t id = 0; id < 4; ++id) {
+    SendWqe s;
+    s.wr_id = id;
+    s.op = WqeOp::kSend;
+    s.num_sge = 1;
+    s.sge[0] = sge(a_, 0, 2500);  // crosses both SGEs of the receive and several packets
+    ASSERT_EQ(a_.qp->post_send(s), 0);
+  }
+  auto rc = run_until(b_, 4);
+  ASSERT_EQ(rc.size(), 4u);
+  for (uint64_t id = 0; id < 4; ++id) {
+    EXPECT_EQ(rc[id].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(rc[id].wr_id, 200 + id);
+    EXPECT_EQ(rc[id].byte_len, 2500u);
+    EXPECT_EQ(std::memcmp(b_.buf.data() + id * 10000, a_.buf.data(), 1500), 0);
+    EXPECT_EQ(std::memcmp(b_.buf.data() + id * 10000 + 5000, a_.buf.data() + 1500, 1000), 0);
+  }
+  EXPECT_EQ(limit_events, 1);  // 6 -> 3 entries crossed the limit of 4 once
+  EXPECT_EQ(srq->limit(), 0u);  // and disarmed it
+  EXPECT_EQ(ev.count(QpEvent::kCommEst), 1u);
+  // ERR flushes nothing of the SRQ's unclaimed entries, and says the last WQE is reached.
+  q->set_state(QpState::kErr);
+  Cqe c[4];
+  EXPECT_EQ(b_.cq->poll(4, c), 0);
+  EXPECT_EQ(ev.count(QpEvent::kLastWqeReached), 1u);
+  EXPECT_EQ(static_cast<SharedReceiveQueue*>(srq)->posted(), 2u);
+}
+
+TEST_F(NicTest, UdDatagramLandsBehindAGrhAndWrongQkeyIsDropped) {
+  Events eva, evb;
+  Qp* ua = extra_qp(a_, QpType::kUd, nullptr, &eva);
+  Qp* ub = extra_qp(b_, QpType::kUd, nullptr, &evb);
+  bring_up(ua, 0, 0, 0x1111);
+  bring_up(ub, 0, 0, 0x2222);
+  RecvWqe r;
+  r.wr_id = 31;
+  r.num_sge = 1;
+  r.sge[0] = sge(b_, 0, 2000);
+  ASSERT_EQ(ub->post_recv(r), 0);
+  for (size_t i = 0; i < 1000; ++i) a_.buf[i] = static_cast<uint8_t>(i + 5);
+  SendWqe s;
+  s.op = WqeOp::kSendImm;
+  s.imm = htonl(0xabc);
+  s.signaled = true;
+  s.num_sge = 1;
+  s.sge[0] = sge(a_, 0, 1000);
+  s.ud_ip = 0xC6120002;
+  s.ud_qpn = ub->qpn();
+  s.ud_qkey = 0x9999;  // wrong: dropped, yet the sender completes (unreliable service)
+  s.wr_id = 1;
+  ASSERT_EQ(ua->post_send(s), 0);
+  s.ud_qkey = 0x2222;
+  s.wr_id = 2;
+  ASSERT_EQ(ua->post_send(s), 0);
+  auto sc = run_until(a_, 2);
+  ASSERT_EQ(sc.size(), 2u);
+  for (const Cqe& e : sc) EXPECT_EQ(e.status, IBV_WC_SUCCESS);
+  Cqe c[4];
+  ASSERT_EQ(b_.cq->poll(4, c), 1);
+  EXPECT_EQ(c[0].wr_id, 31u);
+  EXPECT_EQ(c[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(c[0].byte_len, kGrhLen + 1000);
+  EXPECT_EQ(c[0].src_qp, ua->qpn());
+  EXPECT_EQ(c[0].wc_flags, unsigned{IBV_WC_GRH | IBV_WC_WITH_IMM});
+  EXPECT_EQ(ntohl(c[0].imm), 0xabcu);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + kGrhLen, a_.buf.data(), 1000), 0);
+  // The GRH holds the datagram's IPv4 header at byte 20: version/IHL, protocol, addresses.
+  EXPECT_EQ(b_.buf[20], 0x45);
+  EXPECT_EQ(b_.buf[29], 17);
+  const uint8_t src[4] = {198, 18, 0, 1}, dst[4] = {198, 18, 0, 2};
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 32, src, 4), 0);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 36, dst, 4), 0);
+  // No receive posted: dropped silently, not RNR (the sender still completes at once).
+  s.wr_id = 3;
+  ASSERT_EQ(ua->post_send(s), 0);
+  auto more = run_until(a_, 1);
+  ASSERT_EQ(more.size(), 1u);
+  EXPECT_EQ(more[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(b_.cq->poll(4, c), 0);
+  // Larger than the MTU: a local length error at the sender.
+  s.wr_id = 4;
+  s.sge[0] = sge(a_, 0, b_.dev->active_mtu() + 1);
+  ASSERT_EQ(ua->post_send(s), 0);
+  auto big = run_until(a_, 1);
+  ASSERT_EQ(big.size(), 1u);
+  EXPECT_EQ(big[0].status, IBV_WC_LOC_LEN_ERR);
+  EXPECT_TRUE(evb.seen.empty());
+}
+
+TEST_F(NicTest, RetriesExhaustedPutTheQpInErrorAndRaiseQpFatal) {
+  Events ev;
+  Qp* q = extra_qp(a_, QpType::kRc, nullptr, &ev);
+  bring_up(q, 0xC6120009, 0x123);  // nobody answers at .9
+  SendWqe w;
+  w.wr_id = 5;
+  w.op = WqeOp::kWrite;
+  w.signaled = true;
+  w.num_sge = 1;
+  w.sge[0] = sge(a_, 0, 64);
+  w.remote_addr = 0x1000;
+  w.rkey = 1;
+  ASSERT_EQ(q->post_send(w), 0);
+  std::vector<Cqe> got;
+  for (int i = 0; i < 20000 && got.empty(); ++i) {
+    clock_ += std::chrono::milliseconds(1);
+    a_.dev->progress();
+    Cqe c[4];
+    int n = a_.cq->poll(4, c);
+    got.insert(got.end(), c, c + n);
+  }
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_EQ(q->state(), QpState::kErr);
+  EXPECT_EQ(ev.count(QpEvent::kFatal), 1u);
+}
+
+TEST_F(NicTest, ResponderAccessViolationRaisesQpAccessErr) {
+  Events ev;
+  Qp* q = extra_qp(b_, QpType::kRc, nullptr, &ev);
+  a_.qp->set_state(QpState::kReset);
+  connect_to(a_, q->qpn(), 0xC6120002);
+  bring_up(q, 0xC6120001, a_.qp->qpn());
+  SendWqe w;
+  w.wr_id = 6;
+  w.op = WqeOp::kWrite;
+  w.signaled = true;
+  w.num_sge = 1;
+  w.sge[0] = sge(a_, 0, 64);
+  w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data());
+  w.rkey = b_.key + 0x100;
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  auto c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(q->state(), QpState::kErr);
+  EXPECT_EQ(ev.count(QpEvent::kAccessErr), 1u);
+  EXPECT_EQ(ev.count(QpEvent::kFatal), 0u);
 }
 
 TEST(MrTableTest, ChecksKeyPdAccessAndBounds) {

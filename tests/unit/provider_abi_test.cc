@@ -159,15 +159,21 @@ TEST(Convert, MtuEnumsAndBytesRoundTrip) {
   EXPECT_EQ(bytes_to_mtu(100), IBV_MTU_256);
 }
 
-TEST(Convert, OnlyTheFiveRcOperationsReachTheNic) {
+TEST(Convert, TheSevenRcOperationsReachTheNicAndNothingElse) {
   EXPECT_EQ(to_nic(IBV_WR_RDMA_WRITE_WITH_IMM), nic::WqeOp::kWriteImm);
   EXPECT_EQ(to_nic(IBV_WR_RDMA_READ), nic::WqeOp::kRead);
-  EXPECT_FALSE(to_nic(IBV_WR_ATOMIC_CMP_AND_SWP).has_value());
-  EXPECT_FALSE(to_nic(IBV_WR_ATOMIC_FETCH_AND_ADD).has_value());
+  EXPECT_EQ(to_nic(IBV_WR_ATOMIC_CMP_AND_SWP), nic::WqeOp::kCmpSwp);
+  EXPECT_EQ(to_nic(IBV_WR_ATOMIC_FETCH_AND_ADD), nic::WqeOp::kFetchAdd);
   EXPECT_FALSE(to_nic(IBV_WR_LOCAL_INV).has_value());
   EXPECT_FALSE(to_nic(IBV_WR_BIND_MW).has_value());
   EXPECT_FALSE(to_nic(IBV_WR_SEND_WITH_INV).has_value());
-  EXPECT_EQ(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, 0u);
+  EXPECT_FALSE(to_nic(IBV_WR_ATOMIC_WRITE).has_value());
+  EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, 0u);
+  EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, 0u);
+  EXPECT_EQ(kSupportedSendOps & IBV_QP_EX_WITH_BIND_MW, 0u);
+  EXPECT_TRUE(nic::needs_response(nic::WqeOp::kRead));
+  EXPECT_TRUE(nic::needs_response(nic::WqeOp::kFetchAdd));
+  EXPECT_FALSE(nic::needs_response(nic::WqeOp::kWriteImm));
 }
 
 TEST(Convert, QpStatesMapBothWaysAndSqdHasNoNicState) {
@@ -187,6 +193,34 @@ TEST(Convert, RemoteWriteOrAtomicNeedLocalWrite) {
 
 // ---- attributes ----
 
+TEST(QpTransition, TheUdPingpongSequenceIsAcceptedAndNeedsAQkey) {
+  constexpr int kUdInit = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+  EXPECT_EQ(check_ud_modify(IBV_QPS_RESET, kUdInit, IBV_QPS_INIT), 0);
+  EXPECT_EQ(check_ud_modify(IBV_QPS_RESET, kUdInit & ~IBV_QP_QKEY, IBV_QPS_INIT), EINVAL);
+  EXPECT_EQ(check_ud_modify(IBV_QPS_INIT, IBV_QP_STATE, IBV_QPS_RTR), 0);
+  EXPECT_EQ(check_ud_modify(IBV_QPS_RTR, IBV_QP_STATE | IBV_QP_SQ_PSN, IBV_QPS_RTS), 0);
+  EXPECT_EQ(check_ud_modify(IBV_QPS_RTR, IBV_QP_STATE, IBV_QPS_RTS), EINVAL);
+  // A UD QP has no peer: the RC connection attributes are refused, and RC wants no Q_Key.
+  EXPECT_EQ(check_ud_modify(IBV_QPS_INIT, IBV_QP_STATE | IBV_QP_AV | IBV_QP_DEST_QPN, IBV_QPS_RTR),
+            EINVAL);
+  EXPECT_EQ(check_ud_modify(IBV_QPS_INIT, kUdInit & ~IBV_QP_STATE, IBV_QPS_RESET), 0);
+  EXPECT_EQ(check_ud_modify(IBV_QPS_RTS, IBV_QP_QKEY, IBV_QPS_RESET), 0);
+  EXPECT_EQ(check_ud_modify(IBV_QPS_RTS, IBV_QP_STATE, IBV_QPS_ERR), 0);
+  EXPECT_EQ(check_ud_modify(IBV_QPS_ERR, IBV_QP_STATE, IBV_QPS_RESET), 0);
+}
+
+TEST(DeviceAttr, ReportsSrqAndAhLimits) {
+  nic::LinkConfig cfg;
+  cfg.ip = 0x0a4d0001;
+  const ibv_device_attr& a = device_attr(cfg).orig_attr;
+  EXPECT_GT(a.max_srq, 0);
+  EXPECT_EQ(a.max_srq_wr, static_cast<int>(nic::kMaxSrqWr));
+  EXPECT_EQ(a.max_srq_sge, static_cast<int>(nic::kMaxSge));
+  EXPECT_GT(a.max_ah, 0);
+  // No SRQ resize: modify_srq with IBV_SRQ_MAX_WR answers EINVAL, as the flag promises.
+  EXPECT_EQ(a.device_cap_flags & IBV_DEVICE_SRQ_RESIZE, 0u);
+}
+
 TEST(DeviceAttr, ReportsTheNicLimitsAndANonZeroGuid) {
   nic::LinkConfig cfg;
   cfg.ip = 0x0a4d0001;  // 10.77.0.1, no GUID configured
@@ -201,7 +235,8 @@ TEST(DeviceAttr, ReportsTheNicLimitsAndANonZeroGuid) {
   EXPECT_EQ(a.max_cqe, static_cast<int>(nic::kMaxCqe));
   EXPECT_EQ(a.max_qp_rd_atom, 16);
   EXPECT_EQ(a.max_qp_init_rd_atom, 16);
-  EXPECT_EQ(a.atomic_cap, IBV_ATOMIC_NONE);
+  EXPECT_EQ(a.atomic_cap, IBV_ATOMIC_HCA);
+  EXPECT_EQ(a.max_qp_rd_atom, static_cast<int>(nic::kMaxRdAtomic));
   EXPECT_EQ(a.max_pkeys, 1);
   EXPECT_EQ(a.phys_port_cnt, 1);
   EXPECT_EQ(ex.phys_port_cnt_ex, a.phys_port_cnt);

@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: Apache-2.0
+// The publishing side of telemetry.h: one block per device per process.
+#pragma once
+
+#include <string>
+
+#include "datapath/nic/telemetry.h"
+
+namespace metaroce::nic {
+
+class TelemetryWriter {
+ public:
+  // Creates <run dir>/stat/<link>.<pid>; a writer that could not is inert (ok() false).
+  TelemetryWriter(const std::string& run_dir, const std::string& link, uint32_t planes);
+  ~TelemetryWriter();
+  TelemetryWriter(const TelemetryWriter&) = delete;
+  TelemetryWriter& operator=(const TelemetryWriter&) = delete;
+
+  bool ok() const { return block_ != nullptr; }
+  // Opens an update: the returned block may be written until end_update().
+  TelemetryBlock* begin_update();
+  void end_update();
+
+ private:
+  std::string file_;
+  TelemetryBlock* block_ = nullptr;
+};
+
+}  // namespace metaroce::nic

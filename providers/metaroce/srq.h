@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+// Shared receive queues and UD address handles: the verbs objects a QP refers to for where its
+// receives come from (SRQ) and where its datagrams go (AH).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+#include "datapath/nic/device.h"
+#include "providers/metaroce/pd.h"
+
+namespace metaroce::provider {
+
+struct Srq {
+  ibv_srq srq;                  // first: the application holds &srq
+  nic::Srq* nic;
+  Pd* pd;
+  uint32_t max_wr;
+  uint32_t max_sge;
+  std::atomic<uint32_t> users;  // QPs attached: destroy_srq answers EBUSY meanwhile
+};
+static_assert(std::is_standard_layout_v<Srq>);
+
+inline Srq* to_srq(ibv_srq* s) { return reinterpret_cast<Srq*>(s); }
+
+struct Ah {
+  ibv_ah ah;    // first: the application holds &ah
+  uint32_t ip;  // the peer's IPv4 (host order), from the IPv4-mapped dgid
+};
+static_assert(std::is_standard_layout_v<Ah>);
+
+inline Ah* to_ah(ibv_ah* a) { return reinterpret_cast<Ah*>(a); }
+
+ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) noexcept;
+int modify_srq(ibv_srq* srq, ibv_srq_attr* attr, int attr_mask) noexcept;
+int query_srq(ibv_srq* srq, ibv_srq_attr* attr) noexcept;
+int destroy_srq(ibv_srq* srq) noexcept;
+int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept;
+
+ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) noexcept;
+int destroy_ah(ibv_ah* ah) noexcept;
+
+}  // namespace metaroce::provider
