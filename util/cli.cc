@@ -63,6 +63,7 @@ constexpr const char* kMainHelp =
     "\n"
     "Commands:\n"
     "  link add NAME --dpdk DEVARGS --ip ADDR/PREFIX [--mtu BYTES] [--paths N] [--udp-port P]\n"
+    "           [--rx-capacity MBPS]\n"
     "  link add NAME --fabric FABRIC:ENDPOINT --ip ADDR/PREFIX [...]\n"
     "  link del NAME\n"
     "  link show [NAME] [--json]\n"
@@ -92,6 +93,8 @@ constexpr const char* kLinkHelp =
     "  --mtu BYTES     IP MTU, 576..9600 (default 9000)\n"
     "  --paths N       paths (UDP source ports) per connection, 1..256 (default 8)\n"
     "  --udp-port P    UDP destination port, 1..65535 (default 4793)\n"
+    "  --rx-capacity MBPS  inbound capacity the receiver shares among its senders with\n"
+    "                  fair-share rate hints (default: none, senders rely on ECN alone)\n"
     "  --json          `show` prints a JSON array\n";
 
 constexpr const char* kFabricHelp =
@@ -514,7 +517,7 @@ std::optional<nic::LinkConfig> parse_link_add(const std::vector<std::string>& ar
         inline_value = true;
       }
       if (key != "--dpdk" && key != "--fabric" && key != "--ip" && key != "--mtu" &&
-          key != "--paths" && key != "--udp-port")
+          key != "--paths" && key != "--udp-port" && key != "--rx-capacity")
         return usage("link add: unknown option '" + key + "'");
       if (!inline_value) {
         if (i + 1 >= args.size()) return usage("link add: option " + key + " needs a value");
@@ -553,6 +556,10 @@ std::optional<nic::LinkConfig> parse_link_add(const std::vector<std::string>& ar
   if (opt.count("--udp-port") &&
       !parse_number(opt["--udp-port"], uint16_t{1}, uint16_t{65535}, &c.udp_port))
     return fail("bad --udp-port '" + opt["--udp-port"] + "': expected 1..65535");
+  if (opt.count("--rx-capacity") &&
+      !parse_number(opt["--rx-capacity"], uint32_t{1}, kMaxRxCapacityMbps, &c.rx_capacity_mbps))
+    return fail("bad --rx-capacity '" + opt["--rx-capacity"] + "': expected 1.." +
+                std::to_string(kMaxRxCapacityMbps) + " (Mbit/s)");
   if (opt.count("--dpdk")) {
     if (!check_devargs(opt["--dpdk"], &err)) return fail(err);
     c.devargs = opt["--dpdk"];
@@ -726,7 +733,7 @@ Outcome link_show(const std::vector<std::string>& args, const Context& ctx) {
         << ", \"uverbs\": " << json_string(l.uverbs) << ", \"ip\": " << json_string(nic::format_ipv4(l.ip))
         << ", \"prefix\": " << unsigned{l.prefix} << ", \"mtu\": " << l.mtu
         << ", \"paths\": " << l.paths << ", \"planes\": " << l.planes
-        << ", \"udp_port\": " << l.udp_port
+        << ", \"udp_port\": " << l.udp_port << ", \"rx_capacity_mbps\": " << l.rx_capacity_mbps
         << ", \"node_guid\": " << json_string(format_guid(l.node_guid))
         << ", \"devargs\": " << json_string(l.devargs) << "}";
     }

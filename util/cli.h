@@ -26,6 +26,7 @@ inline constexpr int kExitNotFound = 127;
 inline constexpr uint32_t kMinMtu = 576;   // smallest IPv4 datagram every host must accept
 inline constexpr uint32_t kMaxMtu = 9600;  // largest jumbo frame common switches carry
 inline constexpr uint32_t kMaxPaths = 256;
+inline constexpr uint32_t kMaxRxCapacityMbps = 10'000'000;  // 10 Tbit/s
 inline constexpr size_t kMaxNameLen = 63;  // ibdev names are at most 64 bytes with the NUL
 inline constexpr unsigned kMaxUverbs = 1024;  // give up looking for a free uverbsN after this
 

@@ -287,7 +287,7 @@ TEST_F(CliTest, AddCreatesExactlyTheSysfsTreeAndNode) {
 TEST_F(CliTest, AddRecordsEveryOptionInBothSpellings) {
   if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
   ASSERT_EQ(run({"link", "add", "--mtu=4200", "mr1", "--paths", "256", "--udp-port=5000", "--ip",
-                 "192.168.7.9/16", "--dpdk=net_af_packet0,iface=lo"}),
+                 "192.168.7.9/16", "--dpdk=net_af_packet0,iface=lo", "--rx-capacity", "25000"}),
             kExitOk)
       << err_.str();
   std::string err;
@@ -296,6 +296,7 @@ TEST_F(CliTest, AddRecordsEveryOptionInBothSpellings) {
   EXPECT_EQ(c->mtu, 4200u);
   EXPECT_EQ(c->paths, 256);
   EXPECT_EQ(c->udp_port, 5000);
+  EXPECT_EQ(c->rx_capacity_mbps, 25000u);
   EXPECT_EQ(c->prefix, 16);
   EXPECT_EQ(c->devargs, "net_af_packet0,iface=lo");
 }
@@ -435,6 +436,8 @@ TEST_F(CliTest, RejectsEveryBadInputWithoutChangingAnything) {
       {a("mr9", "10.0.0.9/24", ok_dev, {"--paths", "257"}), kExitError, "--paths"},
       {a("mr9", "10.0.0.9/24", ok_dev, {"--udp-port", "0"}), kExitError, "--udp-port"},
       {a("mr9", "10.0.0.9/24", ok_dev, {"--udp-port", "65536"}), kExitError, "--udp-port"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"--rx-capacity", "0"}), kExitError, "--rx-capacity"},
+      {a("mr9", "10.0.0.9/24", ok_dev, {"--rx-capacity", "10Gb"}), kExitError, "--rx-capacity"},
       {a("mr9", "10.0.0.9/24", ""), kExitError, "--dpdk"},
       {a("mr9", "10.0.0.9/24", ",role=server"), kExitError, "--dpdk"},
       {a("mr9", "10.0.0.9/24", "net_memif9,role"), kExitError, "key=value"},
