@@ -323,6 +323,7 @@ bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, 
 
   d.tx_order = tp.tx_order++;
   d.flags &= static_cast<uint8_t>(~detail::kRetxQueued);
+  if (kind == TxKind::kRetx) d.flags |= detail::kResent;
   detail::PathCounters& pc = c.counters[d.path];
   ++pc.tx_packets;
   pc.tx_bytes += len;
@@ -872,7 +873,11 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
     const bool acked = seq_lt(d.seq, a.cum_seq) ||
                        (d.seq != a.cum_seq && sack_bit(a.sack, d.seq - a.cum_seq - 1));
     if (acked) {
-      if (seq_lt(tp.delivered_order, d.tx_order + 1)) tp.delivered_order = d.tx_order + 1;
+      // Only a packet sent once dates the delivery: had a resend's later order been taken when
+      // the original was what arrived, everything sent between the two, still in flight, would
+      // look lost (a receiver stalled past the RTO made a cascade of such resends).
+      if (!(d.flags & detail::kResent) && seq_lt(tp.delivered_order, d.tx_order + 1))
+        tp.delivered_order = d.tx_order + 1;
       list_remove(c, path, prev, idx);
       ack_desc(c, idx);
       ++newly;
@@ -919,6 +924,9 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
     tp.backoff = 0;
     tp.deadline = tp.in_flight ? now + rto(tp) : Time::max();
     tp.last_progress_ns = now.count();
+    // After the whole connection was silent (a stalled peer, a congested host), its paths
+    // resume one by one as the backlog drains: only silence since then counts (§4.1).
+    if (now.count() - c.last_progress_ns > 2 * srtt_ref(c, tp)) c.progress_since_ns = now.count();
     c.last_progress_ns = now.count();
     c.tlp_spent = false;
     arm_tlp(now, c);
@@ -1077,7 +1085,7 @@ Time EngineImpl::fail_deadline(const Connection& c, const TxPath& tp) const {
     }
   }
   if (!ref) return Time::max();
-  return Time(tp.last_progress_ns + int64_t{cfg_.fail_rtts} * ref);
+  return Time(std::max(tp.last_progress_ns, c.progress_since_ns) + int64_t{cfg_.fail_rtts} * ref);
 }
 
 bool EngineImpl::check_failure(Time now, Connection& c, uint16_t path) {
@@ -1104,7 +1112,8 @@ void EngineImpl::fail_path(Time now, Connection& c, uint16_t path) {
       if (tp.moved == 0 || seq_lt(d.seq, tp.moved_floor)) tp.moved_floor = d.seq;
       ++tp.moved;
     }
-    d.flags &= static_cast<uint8_t>(~(detail::kRetxQueued | detail::kRnrWait));
+    // Its first transmission on the next path will be its only one there so far.
+    d.flags &= static_cast<uint8_t>(~(detail::kRetxQueued | detail::kRnrWait | detail::kResent));
     d.rto_retries = 0;
     d.state = DescState::kMoving;
     d.next = kNil;

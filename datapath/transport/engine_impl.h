@@ -46,6 +46,8 @@ enum DescFlag : uint8_t {
   kRetxQueued = 1,  // a retransmission of it is queued
   kRnrWait = 2,     // refused with RNR: resent when the connection's RNR timer fires
   kCopy = 4,        // failover copy: orig_path/orig_seq name where it was first sent
+  kResent = 8,      // sent more than once on its current path: an ACK of it does not tell
+                    // which copy arrived, so it cannot date the path's delivery order
 };
 
 // One transmitted, not yet resolved packet. The payload stays with the NIC (Host::gather); its
@@ -143,6 +145,8 @@ struct Connection {
   Time tlp_deadline = Time::max();
   Time rnr_deadline = Time::max();
   int64_t last_progress_ns = 0;             // newest ACK progress on any path
+  int64_t progress_since_ns = 0;            // start of the current run of progress (no gap
+                                            // longer than 2 RTTs): silence is judged from here
   // Receiver side: what arrived from this peer, for fair-share hints.
   uint64_t rx_bytes_interval = 0;
   uint32_t rx_heard_interval = 0;           // index of the last interval with arrivals, + 1

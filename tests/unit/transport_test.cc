@@ -422,6 +422,64 @@ TEST(Transport, OneLostPacketIsResentAtOnceAndOnlyIt) {
   EXPECT_LE(resent - gap_seen, 2 * f.delay);
 }
 
+TEST(Transport, AckOfAnOriginalThatRacedItsRetransmissionMarksNothingElseLost) {
+  // The first copy of (path 1, seq 2) is held back far longer than an RTT: later packets of the
+  // path overtake it, so it is (rightly, paths being FIFO) resent once. When the ACK covering
+  // it arrives, packets sent on the path between the original and the resend are still in
+  // flight; they must not be taken for lost because of the resend's later transmission.
+  Fabric f;
+  bool held = false;
+  f.extra_delay = [&](const Sent& s) {
+    if (!held && s.from == 0 && s.pkt.base.path_id == 1 && s.pkt.base.path_seq == 2 &&
+        wire::is_data_opcode(s.pkt.base.opcode)) {
+      held = true;
+      return Time(300us);
+    }
+    return Time(0);
+  };
+  for (uint32_t i = 0; i < 40; ++i) f.submit(0, 1, i, 16 * kMtu);
+  f.run();
+  ASSERT_TRUE(held);
+  expect_all_delivered_exactly(f, 0);
+  EXPECT_LE(f.node[0].e->stats().retransmits, 1u);
+  EXPECT_LE(f.node[1].e->stats().duplicates, 1u);
+}
+
+TEST(Transport, AStallLongerThanTheRtoCostsOneResendPerPathNotACascade) {
+  // The receiver stops for 2 ms (a descheduled process): everything sent meanwhile arrives at
+  // once, in order, when it wakes. The sender's RTO fires during the stall and resends the oldest
+  // packet of each path; when the originals' ACKs then come back, the packets sent between an
+  // original and its resend are in flight, not lost.
+  Fabric f;
+  const Time stall_from = 50us, wake = 2050us;
+  // On waking it works through its backlog one packet at a time, ACKing as it goes (as the
+  // NIC does burst by burst), arrivals in the order of transmission.
+  // A receive queue served one packet per microsecond from `wake` on: what arrives meanwhile
+  // (the first resends, new data) waits its turn behind the backlog, as in a real NIC ring.
+  Time next_free{0};
+  f.extra_delay = [&](const Sent& s) {
+    if (s.from != 0 || s.tx_time < stall_from) return Time(0);
+    const Time nominal = std::max(s.tx_time + f.delay, wake);
+    next_free = std::max(next_free, nominal);
+    const Time at = next_free;
+    next_free += 1us;
+    return at - (s.tx_time + f.delay);
+  };
+  for (uint32_t i = 0; i < 60; ++i) f.submit(0, 1, i, 16 * kMtu);
+  f.run();
+  expect_all_delivered_exactly(f, 0);
+  const auto& st = f.node[0].e->stats();
+  // The timer's resends (RTO with back-off, tail probes): a few per path, and no packet
+  // declared lost by SACK, since none was.
+  std::printf("stall: retransmits %lu timeouts %lu tail_probes %lu sack_gaps %lu failed %lu\n",
+              (unsigned long)st.retransmits, (unsigned long)st.timeouts,
+              (unsigned long)st.tail_probes, (unsigned long)st.sack_gaps,
+              (unsigned long)st.paths_failed);
+  EXPECT_EQ(st.sack_gaps, 0u);
+  EXPECT_LE(st.retransmits, 4u * Fabric::default_config().num_paths);
+  EXPECT_LE(f.node[1].e->stats().duplicates, st.retransmits);
+}
+
 TEST(Transport, ReorderingAcrossPathsCausesNoRetransmission) {
   Fabric f;
   // Each path has its own latency (FIFO within a path), so packets overtake across paths.
