@@ -24,27 +24,23 @@
 #include <string>
 #include <vector>
 
+#include "tests/integration/test_support.h"
+
+namespace metaroce::test {
+const char* const kProgram = "integrity";
+}  // namespace metaroce::test
+
+using metaroce::test::die;
+using metaroce::test::failures;
+using metaroce::test::read_all;
+using metaroce::test::tcp_open;
+using metaroce::test::write_all;
+
 namespace {
 
 constexpr int kDataQp = 0, kBadKeyQp = 1, kBoundsQp = 2, kBadReadQp = 3, kNumQps = 4;
 constexpr uint8_t kGuard = 0xEE;
 constexpr uint32_t kImm = 0x12345678;
-
-int failures = 0;
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                   \
-      std::fputc('\n', stderr);                            \
-      ++failures;                                          \
-    }                                                      \
-  } while (0)
-
-[[noreturn]] void die(const char* what) {
-  std::fprintf(stderr, "integrity: %s: %s\n", what, std::strerror(errno));
-  std::exit(2);
-}
 
 uint8_t pattern(uint32_t seed, size_t i) {
   uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
@@ -68,56 +64,6 @@ struct Wire {  // what the two sides exchange over TCP
   uint64_t addr;
   uint64_t region;  // bytes per region
 };
-
-void write_all(int fd, const void* p, size_t n) {
-  auto* b = static_cast<const uint8_t*>(p);
-  while (n) {
-    ssize_t w = write(fd, b, n);
-    if (w <= 0) die("tcp write");
-    b += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-void read_all(int fd, void* p, size_t n) {
-  auto* b = static_cast<uint8_t*>(p);
-  while (n) {
-    ssize_t r = read(fd, b, n);
-    if (r <= 0) die("tcp read");
-    b += r;
-    n -= static_cast<size_t>(r);
-  }
-}
-
-int tcp_connect(const char* host, int port, bool server) {
-  if (server) {
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) || listen(ls, 1)) die("listen");
-    int s = accept(ls, nullptr, nullptr);
-    close(ls);
-    if (s < 0) die("accept");
-    return s;
-  }
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  if (getaddrinfo(host, std::to_string(port).c_str(), &hints, &res)) die("resolve");
-  for (int tries = 0; tries < 100; ++tries) {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(s, res->ai_addr, res->ai_addrlen) == 0) {
-      freeaddrinfo(res);
-      return s;
-    }
-    close(s);
-    usleep(100000);
-  }
-  die("connect");
-}
 
 struct Ctx {
   ibv_context* ctx = nullptr;
@@ -291,7 +237,7 @@ int main(int argc, char** argv) {
   for (auto& q : c.qp) q = make_qp(c);
   c.reset_qp = make_qp(c);
 
-  int sock = tcp_connect(host.c_str(), port, server);
+  int sock = tcp_open(host.c_str(), port, server);
   Wire mine{}, peer{};
   for (int i = 0; i < kNumQps; ++i) mine.qpn[i] = c.qp[i]->qp_num;
   std::memcpy(mine.gid, gid.raw, 16);

@@ -29,6 +29,18 @@
 #include <thread>
 #include <vector>
 
+#include "tests/integration/test_support.h"
+
+namespace metaroce::test {
+const char* const kProgram = "nccl_pattern";
+}  // namespace metaroce::test
+
+using metaroce::test::die;
+using metaroce::test::failures;
+using metaroce::test::read_all;
+using metaroce::test::tcp_open;
+using metaroce::test::write_all;
+
 namespace {
 
 constexpr int kSlots = 8;                  // NCCL_STEPS: receives announced ahead
@@ -37,21 +49,6 @@ constexpr uint32_t kAlign = 128;           // per-QP share alignment, as NCCL sp
 constexpr int kMaxQps = 16;
 constexpr uint32_t kSendDepth = 512, kRecvDepth = 256, kCqDepth = 512;
 
-int failures = 0;
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                        \
-      std::fputc('\n', stderr);                                 \
-      if (++failures > 20) std::exit(1);                        \
-    }                                                           \
-  } while (0)
-
-[[noreturn]] void die(const char* what) {
-  std::fprintf(stderr, "nccl_pattern: %s: %s\n", what, std::strerror(errno));
-  std::exit(2);
-}
 
 // The clear-to-send slot the receiver writes into the sender's fifo, laid out like NCCL's: the
 // sequence number the sender spins on sits inside the slot, not at its end, so the sender relies
@@ -87,55 +84,6 @@ uint32_t size_of(uint32_t iter, uint32_t max) {
   }
 }
 
-void write_all(int fd, const void* p, size_t n) {
-  auto* b = static_cast<const uint8_t*>(p);
-  while (n) {
-    ssize_t w = write(fd, b, n);
-    if (w <= 0) die("tcp write");
-    b += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-void read_all(int fd, void* p, size_t n) {
-  auto* b = static_cast<uint8_t*>(p);
-  while (n) {
-    ssize_t r = read(fd, b, n);
-    if (r <= 0) die("tcp read");
-    b += r;
-    n -= static_cast<size_t>(r);
-  }
-}
-
-int tcp_open(const char* host, int port, bool server) {
-  if (server) {
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) || listen(ls, 1)) die("listen");
-    int s = accept(ls, nullptr, nullptr);
-    close(ls);
-    if (s < 0) die("accept");
-    return s;
-  }
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  if (getaddrinfo(host, std::to_string(port).c_str(), &hints, &res)) die("resolve");
-  for (int tries = 0; tries < 100; ++tries) {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(s, res->ai_addr, res->ai_addrlen) == 0) {
-      freeaddrinfo(res);
-      return s;
-    }
-    close(s);
-    usleep(100000);
-  }
-  die("connect");
-}
 
 struct Wire {  // what the two sides exchange over TCP
   uint32_t qpn[kMaxQps];

@@ -21,23 +21,20 @@
 #include <string>
 #include <vector>
 
+#include "tests/integration/test_support.h"
+
+namespace metaroce::test {
+const char* const kProgram = "verbs_async";
+}  // namespace metaroce::test
+
+using metaroce::test::die;
+using metaroce::test::failures;
+using metaroce::test::read_all;
+using metaroce::test::tcp_open;
+using metaroce::test::write_all;
+
 namespace {
 
-int failures = 0;
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                        \
-      std::fputc('\n', stderr);                                 \
-      ++failures;                                               \
-    }                                                           \
-  } while (0)
-
-[[noreturn]] void die(const char* what) {
-  std::fprintf(stderr, "verbs_async: %s: %s\n", what, std::strerror(errno));
-  std::exit(2);
-}
 
 constexpr size_t kBuf = 1 << 16;
 
