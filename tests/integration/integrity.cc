@@ -26,15 +26,8 @@
 
 #include "tests/integration/test_support.h"
 
-namespace metaroce::test {
-const char* const kProgram = "integrity";
-}  // namespace metaroce::test
-
-using metaroce::test::die;
-using metaroce::test::failures;
-using metaroce::test::read_all;
-using metaroce::test::tcp_open;
-using metaroce::test::write_all;
+const char* const metaroce::test::kProgram = "integrity";
+using namespace metaroce::test;
 
 namespace {
 

@@ -31,15 +31,8 @@
 
 #include "tests/integration/test_support.h"
 
-namespace metaroce::test {
-const char* const kProgram = "nccl_pattern";
-}  // namespace metaroce::test
-
-using metaroce::test::die;
-using metaroce::test::failures;
-using metaroce::test::read_all;
-using metaroce::test::tcp_open;
-using metaroce::test::write_all;
+const char* const metaroce::test::kProgram = "nccl_pattern";
+using namespace metaroce::test;
 
 namespace {
 
