@@ -205,7 +205,10 @@ class Eal {
     const std::string lcores = "--lcores=0@(" + affinity_list() + ")";
     std::vector<std::string> args = {"metaroce", "--no-pci", "--no-shconf", "--no-telemetry",
                                      "--file-prefix", prefix, lcores, "--log-level=*:error"};
-    if (!hugepages) args.insert(args.end(), {"--no-huge", "-m", "256"});
+    // Each port's pool holds ~4k frame buffers of up to 9 KiB (~38 MB); a link has a port per
+    // plane, so 8 planes need ~300 MB. Without hugepages this is anonymous memory that is only
+    // resident once touched, so a roomy limit costs nothing for one port.
+    if (!hugepages) args.insert(args.end(), {"--no-huge", "-m", "1024"});
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
