@@ -1,14 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// memif_raw: the physical packet-rate limit of this host, raw DPDK memif between two processes,
-// measured at the receiver and printed as one JSON line (the yardstick for ib_write_bw over
-// MetaRoCE in the same run).
+// memif_raw: the physical limits of this host, raw DPDK memif between two processes, printed as
+// one JSON line: packet rate measured at the receiver (the yardstick for ib_write_bw over
+// MetaRoCE in the same run), or with --pingpong the round-trip time of one frame at a time (the
+// yardstick for ib_write_lat / ib_send_lat).
 //
 //   memif_raw [--role both|server|client] [--socket NAME] [--size BYTES] [--seconds S]
-//             [--burst N] [--pin] [--hugepages]
+//             [--burst N] [--pin] [--hugepages] [--pingpong [--iterations N] [--warmup N]]
 //
-// The server receives and measures, the client sends. `both` (the default) forks one of each
-// and waits for them. Every process ends by itself: the receiver after S seconds of traffic,
-// the sender when the receiver hangs up, and everything at a hard deadline.
+// Throughput: the server receives and measures, the client sends. Ping-pong: the client sends a
+// frame, waits for it to come back and measures; the server echoes. `both` (the default) forks
+// one of each and waits for them. Every process ends by itself: the measuring side after S
+// seconds (or N round trips), the other when asked to stop, and everything at a hard deadline.
 #include <getopt.h>
 #include <sched.h>
 #include <signal.h>
@@ -21,6 +23,7 @@
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -49,12 +52,16 @@ struct Options {
   uint16_t burst = 32;
   bool pin = false;
   bool hugepages = false;
+  bool pingpong = false;
+  uint32_t iterations = 10000;  // measured round trips (--pingpong)
+  uint32_t warmup = 1000;       // round trips before measuring: caches, page faults, the scheduler
 };
 
 [[noreturn]] void usage(const char* why) {
   fprintf(stderr,
           "memif_raw: %s\nusage: memif_raw [--role both|server|client] [--socket NAME] "
-          "[--size BYTES] [--seconds S] [--burst N] [--pin] [--hugepages]\n",
+          "[--size BYTES] [--seconds S] [--burst N] [--pin] [--hugepages]\n"
+          "                 [--pingpong [--iterations N] [--warmup N]]\n",
           why);
   exit(2);
 }
@@ -66,6 +73,8 @@ Options parse(int argc, char** argv) {
       {"size", required_argument, nullptr, 'z'},   {"seconds", required_argument, nullptr, 't'},
       {"burst", required_argument, nullptr, 'b'},  {"pin", no_argument, nullptr, 'p'},
       {"hugepages", no_argument, nullptr, 'H'},    {"help", no_argument, nullptr, 'h'},
+      {"pingpong", no_argument, nullptr, 'P'},     {"iterations", required_argument, nullptr, 'n'},
+      {"warmup", required_argument, nullptr, 'w'},
       {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", longs, nullptr)) != -1) {
@@ -77,14 +86,22 @@ Options parse(int argc, char** argv) {
       case 'b': o.burst = static_cast<uint16_t>(strtoul(optarg, nullptr, 10)); break;
       case 'p': o.pin = true; break;
       case 'H': o.hugepages = true; break;
+      case 'P': o.pingpong = true; break;
+      case 'n': o.iterations = static_cast<uint32_t>(strtoul(optarg, nullptr, 10)); break;
+      case 'w': o.warmup = static_cast<uint32_t>(strtoul(optarg, nullptr, 10)); break;
       case 'h': usage("help");
       default: usage("bad option");
     }
   }
   if (o.role != "both" && o.role != "server" && o.role != "client") usage("bad --role");
-  if (o.size < 64 || o.size > 9216) usage("--size must be 64..9216");
+  // Throughput frames carry a sequence number; ping-pong frames may be as small as a perftest
+  // payload (one frame in flight needs no sequence to be matched).
+  if (o.size < (o.pingpong ? 1u : 64u) || o.size > 9216)
+    usage(o.pingpong ? "--size must be 1..9216" : "--size must be 64..9216");
   if (!(o.seconds > 0 && o.seconds <= 600)) usage("--seconds must be in (0, 600]");
   if (o.burst == 0 || o.burst > kMaxBurst) usage("--burst must be 1..256");
+  if (o.iterations == 0 || o.iterations > 10'000'000) usage("--iterations must be 1..10000000");
+  if (o.warmup > 10'000'000) usage("--warmup must be 0..10000000");
   if (o.socket.empty()) o.socket = "/metaroce-memif-raw-" + std::to_string(getpid());
   return o;
 }
@@ -299,6 +316,120 @@ class MemifEnd {
     return 0;
   }
 
+  // Ping-pong, measuring side: one frame in flight; each round trip timed from just before the
+  // send to the moment its echo is seen. Percentiles come from the sorted samples (no histogram
+  // buckets: the figures are a few microseconds, buckets would round them).
+  int ping() {
+    rte_mbuf* bufs[kMaxBurst];
+    std::vector<double> rtt_us;
+    rtt_us.reserve(opt_.iterations);
+    const auto window = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(opt_.seconds));
+    const auto start = Clock::now();
+    uint64_t lost = 0;
+    for (uint64_t seq = 0; rtt_us.size() < opt_.iterations; ++seq) {
+      if (Clock::now() - start > window) break;
+      rte_mbuf* m = rte_pktmbuf_alloc(pool_);
+      if (m == nullptr) {
+        fprintf(stderr, "memif_raw (client): mbuf pool empty\n");
+        return 1;
+      }
+      m->data_len = static_cast<uint16_t>(opt_.size);
+      m->pkt_len = opt_.size;
+      memcpy(rte_pktmbuf_mtod(m, void*), &seq, std::min<size_t>(sizeof(seq), opt_.size));
+      const auto t0 = Clock::now();
+      while (rte_eth_tx_burst(port_, 0, &m, 1) == 0) {
+        if (Clock::now() - t0 > 1s) {
+          rte_pktmbuf_free(m);
+          fprintf(stderr, "memif_raw (client): cannot send for 1 s\n");
+          return 1;
+        }
+      }
+      bool back = false;
+      while (!back) {
+        const uint16_t n = rte_eth_rx_burst(port_, 0, bufs, kMaxBurst);
+        const auto t1 = Clock::now();
+        for (uint16_t i = 0; i < n; ++i) {
+          uint64_t got = 0;
+          memcpy(&got, rte_pktmbuf_mtod(bufs[i], const void*),
+                 std::min<size_t>(sizeof(got), opt_.size));
+          const uint64_t want = opt_.size >= sizeof(seq) ? seq : seq & ((1ull << (8 * opt_.size)) - 1);
+          if (got == want && rte_pktmbuf_pkt_len(bufs[i]) == opt_.size) {
+            back = true;
+            if (seq >= opt_.warmup)
+              rtt_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+          }
+        }
+        if (n != 0) rte_pktmbuf_free_bulk(bufs, n);
+        if (!back && t1 - t0 > 1s) {  // memif never loses a frame; a peer that died does
+          ++lost;
+          break;
+        }
+      }
+      if (lost != 0) {
+        fprintf(stderr, "memif_raw (client): frame %" PRIu64 " not echoed within 1 s\n", seq);
+        hang_up();
+        return 1;
+      }
+    }
+    hang_up();
+    if (rtt_us.empty()) {
+      fprintf(stderr, "memif_raw (client): no round trip measured (warm-up longer than --seconds)\n");
+      return 1;
+    }
+    std::sort(rtt_us.begin(), rtt_us.end());
+    auto pct = [&](double q) {
+      const size_t i = static_cast<size_t>(q * static_cast<double>(rtt_us.size() - 1) + 0.5);
+      return rtt_us[std::min(i, rtt_us.size() - 1)];
+    };
+    double sum = 0;
+    for (double v : rtt_us) sum += v;
+    printf("{\"bench\":\"memif_raw_pingpong\",\"size\":%u,\"iterations\":%zu,\"warmup\":%u,"
+           "\"rtt_min_us\":%.3f,\"rtt_p50_us\":%.3f,\"rtt_p99_us\":%.3f,\"rtt_max_us\":%.3f,"
+           "\"rtt_mean_us\":%.3f,\"oneway_p50_us\":%.3f,\"oneway_p99_us\":%.3f,"
+           "\"pinned\":%s,\"hugepages\":%s}\n",
+           opt_.size, rtt_us.size(), opt_.warmup, rtt_us.front(), pct(0.5), pct(0.99),
+           rtt_us.back(), sum / static_cast<double>(rtt_us.size()), pct(0.5) / 2, pct(0.99) / 2,
+           opt_.pin ? "true" : "false", opt_.hugepages ? "true" : "false");
+    fflush(stdout);
+    return 0;
+  }
+
+  // Ping-pong, echoing side: every frame goes straight back (memif copies it into the peer's
+  // buffers, so the mbuf is ours to send) until the stop frame, the peer leaving, or a deadline.
+  int echo() {
+    rte_mbuf* bufs[kMaxBurst];
+    const auto deadline = Clock::now() + kFirstPacketLimit +
+                          std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double>(opt_.seconds)) + 5s;
+    for (uint32_t round = 0;; ++round) {
+      if ((round & 1023) == 0 && (!link_up() || Clock::now() > deadline)) break;
+      const uint16_t n = rte_eth_rx_burst(port_, 0, bufs, kMaxBurst);
+      if (n == 0) continue;
+      bool stop = false;
+      uint16_t keep = 0;
+      for (uint16_t i = 0; i < n; ++i) {
+        uint64_t seq = 0;
+        if (rte_pktmbuf_pkt_len(bufs[i]) >= sizeof(seq))
+          memcpy(&seq, rte_pktmbuf_mtod(bufs[i], const void*), sizeof(seq));
+        // Ping frames never carry the marker: their sequence numbers count up from 0.
+        if (seq == kStopMarker && rte_pktmbuf_pkt_len(bufs[i]) == 64) {
+          stop = true;
+          rte_pktmbuf_free(bufs[i]);
+        } else {
+          bufs[keep++] = bufs[i];
+        }
+      }
+      uint16_t sent = 0;
+      const auto t0 = Clock::now();
+      while (sent < keep && Clock::now() - t0 < 1s)
+        sent += rte_eth_tx_burst(port_, 0, bufs + sent, keep - sent);
+      if (sent < keep) rte_pktmbuf_free_bulk(bufs + sent, keep - sent);
+      if (stop) break;
+    }
+    return 0;
+  }
+
  private:
   [[noreturn]] void fail(const char* what) {
     fprintf(stderr, "memif_raw (%s): %s failed: %s\n", server_ ? "server" : "client", what,
@@ -321,6 +452,7 @@ int run_role(const Options& o, bool server, int cpu) {
             o.socket.c_str(), static_cast<long long>(kConnectLimit.count()));
     return 1;
   }
+  if (o.pingpong) return server ? end.echo() : end.ping();
   return server ? end.receive() : end.send();
 }
 

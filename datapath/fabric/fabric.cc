@@ -306,6 +306,7 @@ uint32_t Fabric::advance(Nanos now) {
     l.stats.bytes_out += rec.frame.len;
     const LinkId id = link_id(rec.link);
     if (id.kind == LinkKind::kEdge) {
+      stats_.delivered_bytes_from[rec.src] += rec.frame.len;
       sink_->deliver(id.index, id.plane, rec.frame);
       free_records_.push_back(ev.record);
       ++stats_.delivered;

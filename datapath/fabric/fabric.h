@@ -4,6 +4,7 @@
 // on a virtual clock and the DPDK runner (fabric_runner.h) is a thin adapter around it.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -75,6 +76,9 @@ struct FabricStats {
   uint64_t dropped_no_route = 0;  // unicast back to its sender, or a bad endpoint/plane
   uint64_t dropped_no_record = 0; // max_in_flight frame records in use
   uint64_t dropped_no_buffer = 0; // a flood copy the sink could not make
+  // Frame bytes handed to any endpoint, by the endpoint that sent them: who gets what share of a
+  // shared edge link (incast fairness) without parsing the transport's headers.
+  std::array<uint64_t, kMaxEndpoints> delivered_bytes_from{};
 };
 
 // A frame the fabric holds: bytes it may rewrite (ECN) and the owner's buffer handle.

@@ -11,6 +11,8 @@
 //                                        SETTING: loss=P delay=USEC rate=R reorder=P
 //                                        ecn=BYTES queue=BYTES down up
 //   stop                                 the runner exits cleanly
+// The DPDK runner alone also answers `ports` (memif state per port) and `trace INTERVAL_US FILE`
+// / `trace off` (per-link counters sampled over time into FILE; see fabric_runner.cc).
 #pragma once
 
 #include <sys/types.h>

@@ -23,6 +23,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -190,6 +192,79 @@ std::string ports_text(const std::vector<PortState>& ports) {
   return s;
 }
 
+// `trace INTERVAL_US FILE` / `trace off` (requests only the runner knows): cumulative counters
+// sampled every interval into a text file, so a benchmark sees goodput, queues and drops over
+// time at a resolution no polling client could reach. One header line names the columns; every
+// sample is one line of integers; control requests that change the fabric are logged as
+// "# event T_US REQUEST" lines at the time they took effect.
+class Trace {
+ public:
+  ~Trace() { close(); }
+  bool active() const { return file_ != nullptr; }
+  Clock::time_point next() const { return next_; }
+
+  std::string start(Fabric& fabric, const std::string& args, Clock::time_point wall) {
+    const size_t space = args.find(' ');
+    if (space == std::string::npos) return "error: usage: trace INTERVAL_US FILE | trace off\n";
+    char* end = nullptr;
+    const unsigned long us = std::strtoul(args.c_str(), &end, 10);
+    if (end != args.c_str() + space || us < 100 || us > 10'000'000)
+      return "error: trace interval must be 100..10000000 microseconds\n";
+    close();
+    const std::string path = args.substr(space + 1);
+    file_ = std::fopen(path.c_str(), "we");
+    if (file_ == nullptr) return "error: trace " + path + ": " + std::strerror(errno) + "\n";
+    // A large stdio buffer: the polling thread writes a line per interval and must not stall.
+    std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
+    interval_ = std::chrono::microseconds(us);
+    std::fprintf(file_, "t_us");
+    for (uint32_t i = 0; i < fabric.link_count(); ++i) {
+      const std::string n = fabric.link_name(i);
+      std::fprintf(file_, " %s.bytes_out %s.drops %s.queue %s.ce", n.c_str(), n.c_str(), n.c_str(),
+                   n.c_str());
+    }
+    for (uint32_t e = 0; e < fabric.config().endpoints; ++e)
+      std::fprintf(file_, " from%u.bytes", e);
+    std::fprintf(file_, "\n");
+    next_ = wall;
+    return "ok\ntracing every " + std::to_string(us) + " us to " + path + "\n";
+  }
+
+  void sample(Fabric& fabric, Nanos now, Clock::time_point wall) {
+    std::fprintf(file_, "%lld", static_cast<long long>(now.count() / 1000));
+    for (uint32_t i = 0; i < fabric.link_count(); ++i) {
+      const LinkStats s = fabric.link_stats(i, now);
+      std::fprintf(file_, " %llu %llu %llu %llu", static_cast<unsigned long long>(s.bytes_out),
+                   static_cast<unsigned long long>(s.drop_queue + s.drop_loss + s.drop_down),
+                   static_cast<unsigned long long>(s.queue_bytes),
+                   static_cast<unsigned long long>(s.ce_marked));
+    }
+    for (uint32_t e = 0; e < fabric.config().endpoints; ++e)
+      std::fprintf(file_, " %llu",
+                   static_cast<unsigned long long>(fabric.stats().delivered_bytes_from[e]));
+    std::fprintf(file_, "\n");
+    // Missed intervals are skipped, not replayed: each line carries its own time.
+    next_ += interval_;
+    if (next_ <= wall) next_ = wall + interval_;
+  }
+
+  void event(Nanos now, const std::string& line) {
+    if (file_ != nullptr)
+      std::fprintf(file_, "# event %lld %s\n", static_cast<long long>(now.count() / 1000),
+                   line.c_str());
+  }
+
+  void close() {
+    if (file_ != nullptr) std::fclose(file_);
+    file_ = nullptr;
+  }
+
+ private:
+  std::FILE* file_ = nullptr;
+  Clock::duration interval_{};
+  Clock::time_point next_{};
+};
+
 bool pid_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 }  // namespace
@@ -315,6 +390,7 @@ int run_fabric(const RunOptions& o, std::ostream& out, std::string* err) {
                                             std::chrono::duration<double>(o.seconds))
                               : Clock::time_point::max();
     auto next_control = start, next_link = start;
+    Trace trace;
     uint32_t idle = 0;
     bool stop = false;
     rte_mbuf* bufs[kBurst];
@@ -348,6 +424,7 @@ int run_fabric(const RunOptions& o, std::ostream& out, std::string* err) {
       }
       const uint32_t delivered = fabric.advance(now);
       for (auto& p : ports) MbufSink::flush(p);
+      if (trace.active() && wall >= trace.next()) trace.sample(fabric, now, wall);
 
       if (wall >= next_control) {
         next_control = wall + kControlPeriod;
@@ -356,8 +433,14 @@ int run_fabric(const RunOptions& o, std::ostream& out, std::string* err) {
           std::string reply;
           if (line == "ports") {
             reply = "ok\n" + ports_text(ports);
+          } else if (line == "trace off") {
+            trace.close();
+            reply = "ok\n";
+          } else if (line.rfind("trace ", 0) == 0) {
+            reply = trace.start(fabric, line.substr(6), wall);
           } else {
             reply = handle_request(fabric, line, now, &stop);
+            if (line.rfind("set ", 0) == 0 && reply.rfind("ok", 0) == 0) trace.event(now, line);
           }
           ControlSocket::reply(*c, reply);
         }
@@ -369,17 +452,22 @@ int run_fabric(const RunOptions& o, std::ostream& out, std::string* err) {
         continue;
       }
       ++idle;
+      // A trace sample is due no later than its interval: naps never overshoot it.
+      const Nanos nap_limit =
+          trace.active() ? std::clamp<Nanos>(std::chrono::duration_cast<Nanos>(trace.next() - wall),
+                                             Nanos{0}, std::chrono::milliseconds(1))
+                         : std::chrono::milliseconds(1);
       const auto next = fabric.next_event();
       if (!next) {
         if (idle > 64) {
           const auto nap = std::chrono::microseconds(std::min<uint32_t>(idle, 1000));
-          std::this_thread::sleep_for(nap);
+          std::this_thread::sleep_for(std::min<Nanos>(nap, nap_limit));
         } else {
           sched_yield();
         }
       } else if (*next - now > std::chrono::microseconds(200)) {
         std::this_thread::sleep_for(std::min<Nanos>(*next - now - std::chrono::microseconds(100),
-                                                    std::chrono::milliseconds(1)));
+                                                    nap_limit));
       } else {
         sched_yield();
       }

@@ -183,6 +183,34 @@ TEST(Fabric, UnicastCrossesCoreThenEdgeWithSerialisationAndDelay) {
   EXPECT_EQ(sink.live(), 0);
 }
 
+TEST(Fabric, CountsDeliveredBytesBySenderNotByWhatWasDropped) {
+  TestSink sink;
+  FabricConfig c = plain(3, 1, 1);
+  c.edge.queue_bytes = 2500;  // room for two 1 KiB frames on the receiver's edge link
+  c.edge.rate_bps = 8'000'000;  // slow enough that the third frame finds the queue full
+  Fabric f(c, &sink);
+  // The fabric learns each endpoint's address from the first frame it sends (until then, frames
+  // to it flood); the counts below are taken after that.
+  for (uint32_t e = 0; e < 3; ++e)
+    f.ingress(e, 0, sink.make(udp_frame(e, (e + 1) % 3, 1000, 100)), 0ns);
+  run_until_idle(f, sink);
+  const uint64_t learn_0 = f.stats().delivered_bytes_from[0];
+  const uint64_t learn_1 = f.stats().delivered_bytes_from[1];
+  const uint64_t learn_2 = f.stats().delivered_bytes_from[2];
+  EXPECT_GT(learn_0, 0u);
+  const auto frame_1 = udp_frame(1, 0, 1001, 1024);
+  const auto frame_2 = udp_frame(2, 0, 1001, 1024);
+  f.ingress(1, 0, sink.make(frame_1), 1s);
+  f.ingress(2, 0, sink.make(frame_2), 1s);
+  f.ingress(2, 0, sink.make(frame_2), 1s);  // tail-dropped: must not count as delivered
+  run_until_idle(f, sink);
+  EXPECT_EQ(f.stats().delivered_bytes_from[1] - learn_1, frame_1.size());
+  EXPECT_EQ(f.stats().delivered_bytes_from[2] - learn_2, frame_2.size());
+  EXPECT_EQ(f.stats().delivered_bytes_from[0], learn_0);
+  EXPECT_EQ(f.link_stats(*f.link_index({0, LinkKind::kEdge, 0}), 2s).drop_queue, 1u);
+  EXPECT_EQ(sink.live(), 0);
+}
+
 TEST(Fabric, BroadcastFloodsToEveryOtherEndpointOfItsPlaneOnly) {
   TestSink sink;
   Fabric f(plain(3, 2, 2), &sink);
