@@ -61,6 +61,7 @@ ibv_wc_status remote_status(Syndrome why) {
     case Syndrome::kRnr:
       return IBV_WC_RNR_RETRY_EXC_ERR;
     case Syndrome::kRetryExceeded:
+    case Syndrome::kUnreachable:
       return IBV_WC_RETRY_EXC_ERR;
     case Syndrome::kOk:
       break;

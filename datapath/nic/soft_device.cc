@@ -214,7 +214,11 @@ SoftDevice::SoftDevice(const LinkConfig& cfg, std::vector<std::unique_ptr<io::Po
                        const SoftDeviceOptions& opt)
     : cfg_(cfg), clock_(opt.clock), active_mtu_(verbs_mtu_for(cfg.mtu)),
       next_qpn_(0x100 + static_cast<uint32_t>(opt.engine.seed % 0x1000)) {
-  for (auto& p : ports) planes_.push_back(Plane{std::move(p)});
+  for (auto& p : ports) {
+    Plane pl;
+    pl.port = std::move(p);
+    planes_.push_back(std::move(pl));
+  }
   transport::EngineConfig ec = opt.engine;
   if (ec.local_ip == 0) ec.local_ip = cfg.ip;
   ec.num_planes = static_cast<uint8_t>(planes_.size());
@@ -392,9 +396,11 @@ void SoftDevice::gather(uint64_t cookie, uint32_t offset, std::span<uint8_t> out
 
 Syndrome SoftDevice::deliver(const transport::Segment& seg) {
   QueuePair* qp = find_qp(seg.dst_stream);
-  Syndrome s = qp ? qp->deliver(seg) : Syndrome::kRemoteInvalid;
+  // No such QP (destroyed, or never made): drop as a NIC does, without answering; a peer whose
+  // QP still sends to it runs out of retries (IBV_WC_RETRY_EXC_ERR), as on RC hardware.
+  Syndrome s = qp ? qp->deliver(seg) : Syndrome::kUnreachable;
   if (s == Syndrome::kRnr) counters_.rnr++;
-  else if (s != Syndrome::kOk) counters_.naks_access++;
+  else if (s != Syndrome::kOk && s != Syndrome::kUnreachable) counters_.naks_access++;
   return s;
 }
 
@@ -638,6 +644,7 @@ void SoftDevice::publish_stats(Time t) {
   put("drop_token", e.drop_token);
   put("drop_out_of_window", e.drop_out_of_window);
   put("drop_rnr", e.drop_rnr);
+  put("drop_unreachable", e.drop_unreachable);
   put("ecn_decreases", e.ecn_decreases);
   put("sack_gaps", e.sack_gaps);
   put("tail_probes", e.tail_probes);

@@ -24,6 +24,10 @@ enum class Syndrome : uint8_t {
   kRemoteInvalid = 4,  // unknown stream (QP), QP not ready, malformed request
   kRemoteOp = 5,       // responder failed to carry out the operation
   kRetryExceeded = 6,  // local only: the peer never acknowledged
+  kUnreachable = 7,    // local only: the receiver has no such stream (QP destroyed or never
+                       // made). Dropped silently, as a NIC drops a packet for a QP it does not
+                       // have: the sender's retries run out (kRetryExceeded) rather than a NAK
+                       // failing its message at once.
 };
 
 // Message kinds the transport carries. The NIC gives them meaning; the transport only needs to
@@ -127,7 +131,7 @@ struct EngineStats {
   uint64_t retransmits = 0, timeouts = 0, acks_sent = 0, acks_received = 0;
   uint64_t duplicates = 0, naks_sent = 0, naks_received = 0;
   uint64_t drop_malformed = 0, drop_version = 0, drop_unknown_conn = 0, drop_token = 0,
-           drop_out_of_window = 0, drop_rnr = 0;
+           drop_out_of_window = 0, drop_rnr = 0, drop_unreachable = 0;
   // Congestion control, failure handling, tail probes, RNR (congestion.md).
   uint64_t ecn_decreases = 0;      // multiplicative decreases of a path window
   uint64_t sack_gaps = 0;          // packets found missing by SACK and resent

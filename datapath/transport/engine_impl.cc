@@ -773,6 +773,8 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
   if (why == Syndrome::kOk) {
     r.win.mark(b.path_seq);
     if (mark_orig) d->paths[opath].win.mark(h.orig_seq);
+  } else if (why == Syndrome::kUnreachable) {
+    ++stats_.drop_unreachable;  // neither marked nor NAKed: the sender's RTO retries it
   } else if (why == Syndrome::kRnr || r.nak_count == kNakSlots) {
     // Not marked: the sender resends it. An RNR is reported (once) so that the sender backs
     // off instead of treating it as loss; a full NAK list is treated the same way, so that no

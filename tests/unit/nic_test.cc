@@ -782,6 +782,25 @@ TEST_F(NicTest, ResponderAccessViolationRaisesQpAccessErr) {
   EXPECT_EQ(ev.count(QpEvent::kFatal), 0u);
 }
 
+TEST_F(NicTest, SendToADestroyedQpRunsOutOfRetriesInsteadOfANak) {
+  // As on RC hardware: no QP, no answer. The requester learns nothing until its retries run
+  // out (a peer that merely finished and tore down must not fail a straggler at once).
+  ASSERT_EQ(b_.dev->destroy_qp(b_.qp), 0);
+  SendWqe s;
+  s.wr_id = 31;
+  s.op = WqeOp::kSend;
+  s.signaled = true;
+  s.num_sge = 1;
+  s.sge[0] = sge(a_, 0, 100);
+  ASSERT_EQ(a_.qp->post_send(s), 0);
+  auto c = run_until(a_, 1, 200000);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 31u);
+  EXPECT_EQ(c[0].status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_GT(b_.dev->engine_stats().drop_unreachable, 0u);
+  EXPECT_EQ(b_.dev->engine_stats().naks_sent, 0u);
+}
+
 TEST(MrTableTest, ChecksKeyPdAccessAndBounds) {
   MrTable t;
   uint32_t k = t.add(1, 1000, 100, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE);
