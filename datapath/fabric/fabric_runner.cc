@@ -76,10 +76,43 @@ struct PortState {
   uint16_t port = 0;
   uint32_t endpoint = 0, plane = 0;
   bool up = false;
+  // The endpoint said goodbye (docs/spec/link.md §4): leave its rings alone until its link has
+  // gone down, since memif unmaps them from the interrupt thread when the peer disconnects.
+  bool quiet = false;
+  std::chrono::steady_clock::time_point quiet_since{};  // at most kQuietMax, as the NIC does
   rte_mbuf* tx[kBurst * 4];
   uint16_t tx_count = 0;
   uint64_t rx_frames = 0, tx_frames = 0, tx_dropped = 0, rx_unusable = 0;
 };
+
+// The goodbye exchange of docs/spec/link.md §4 is link-local, like MAC control frames: the fabric
+// answers it on the port it came from and forwards nothing. Returns true when m was one (freed).
+constexpr uint16_t kGoodbyeEtherType = 0x88b5;
+constexpr uint8_t kGoodbye = 1, kGoodbyeAck = 2;
+constexpr auto kQuietMax = std::chrono::seconds(1);
+bool answer_goodbye(rte_mempool* pool, PortState& p, rte_mbuf* m) {
+  const uint8_t* f = rte_pktmbuf_mtod(m, const uint8_t*);
+  if (rte_pktmbuf_data_len(m) < 15 || f[12] != (kGoodbyeEtherType >> 8) ||
+      f[13] != (kGoodbyeEtherType & 0xff))
+    return false;
+  const bool bye = f[14] == kGoodbye;
+  rte_pktmbuf_free(m);
+  if (!bye) return true;
+  if (rte_mbuf* a = rte_pktmbuf_alloc(pool)) {
+    if (auto* d = reinterpret_cast<uint8_t*>(rte_pktmbuf_append(a, 60))) {
+      std::memset(d, 0, 60);
+      std::memset(d, 0xff, 6);
+      d[12] = kGoodbyeEtherType >> 8;
+      d[13] = kGoodbyeEtherType & 0xff;
+      d[14] = kGoodbyeAck;
+      if (rte_eth_tx_burst(p.port, 0, &a, 1) == 1) a = nullptr;
+    }
+    if (a) rte_pktmbuf_free(a);
+  }
+  p.quiet = true;
+  p.quiet_since = std::chrono::steady_clock::now();
+  return true;
+}
 
 // Frames are mbufs: delivery buffers them per port, discards free them, floods copy them.
 class MbufSink final : public FrameSink {
@@ -108,7 +141,7 @@ class MbufSink final : public FrameSink {
 
   static void flush(PortState& p) {
     if (p.tx_count == 0) return;
-    const uint16_t sent = p.up ? rte_eth_tx_burst(p.port, 0, p.tx, p.tx_count) : 0;
+    const uint16_t sent = p.up && !p.quiet ? rte_eth_tx_burst(p.port, 0, p.tx, p.tx_count) : 0;
     p.tx_frames += sent;
     if (sent < p.tx_count) {
       // The endpoint's ring is full: a real port would pause; the fabric drops and counts.
@@ -403,14 +436,17 @@ int run_fabric(const RunOptions& o, std::ostream& out, std::string* err) {
         for (auto& p : ports) {
           rte_eth_link link{};
           p.up = rte_eth_link_get_nowait(p.port, &link) == 0 && link.link_status != 0;
+          // The old peer is gone (or long enough past its goodbye): the port is usable again.
+          if (!p.up || wall - p.quiet_since > kQuietMax) p.quiet = false;
         }
       }
       uint32_t received = 0;
       for (auto& p : ports) {
-        if (!p.up) continue;
+        if (!p.up || p.quiet) continue;
         const uint16_t n = rte_eth_rx_burst(p.port, 0, bufs, kBurst);
         for (uint16_t i = 0; i < n; ++i) {
           rte_mbuf* m = bufs[i];
+          if (answer_goodbye(pool, p, m)) continue;  // link-local: never forwarded
           if (m->nb_segs > 1 && rte_pktmbuf_linearize(m) != 0) {
             ++p.rx_unusable;
             rte_pktmbuf_free(m);
