@@ -83,39 +83,6 @@ ibv_qp* make_qp(Ctx& c) {
   return qp;
 }
 
-void connect_qp(ibv_qp* qp, uint32_t remote_qpn, const uint8_t* gid) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-    die("modify INIT");
-  a = {};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = remote_qpn;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  std::memcpy(a.ah_attr.grh.dgid.raw, gid, 16);
-  a.ah_attr.grh.hop_limit = 1;
-  a.ah_attr.port_num = 1;
-  if (ibv_modify_qp(qp, &a,
-                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    die("modify RTR");
-  a = {};
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = 1;
-  if (ibv_modify_qp(qp, &a,
-                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-    die("modify RTS");
-}
-
 ibv_wc wait_wc(Ctx& c, const char* what) {
   ibv_wc wc{};
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -239,7 +206,10 @@ int main(int argc, char** argv) {
   mine.region = c.region;
   write_all(sock, &mine, sizeof(mine));
   read_all(sock, &peer, sizeof(peer));
-  for (int i = 0; i < kNumQps; ++i) connect_qp(c.qp[i], peer.qpn[i], peer.gid);
+  for (int i = 0; i < kNumQps; ++i) {
+    modify_to_init(c.qp[i], IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    modify_to_rts(c.qp[i], RcPeer{peer.qpn[i], peer.gid});
+  }
   const uint64_t rbase = peer.addr;
   char sync = 0;
 

@@ -142,45 +142,18 @@ void open_side(Side& s, const std::string& dev) {
     a.cap.max_inline_data = 0;
     s.qp[q] = ibv_create_qp(s.pd, &a);
     if (!s.qp[q]) die("ibv_create_qp");
-    ibv_qp_attr m{};
-    m.qp_state = IBV_QPS_INIT;
-    m.port_num = 1;
-    m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-    if (ibv_modify_qp(s.qp[q], &m,
-                      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-      die("modify INIT");
+    modify_to_init(s.qp[q], IBV_ACCESS_REMOTE_WRITE);  // NCCL's INIT: remote WRITE only
   }
 }
 
 void connect_side(Side& s, const Wire& peer) {
+  // NCCL's RTR/RTS: the smaller active MTU, hop limit 255, timeout 20 (NCCL_IB_TIMEOUT).
   for (int q = 0; q < s.nqps; ++q) {
-    ibv_qp_attr m{};
-    m.qp_state = IBV_QPS_RTR;
-    m.path_mtu = static_cast<ibv_mtu>(std::min<int>(s.port.active_mtu, peer.active_mtu));
-    m.dest_qp_num = peer.qpn[q];
-    m.rq_psn = 0;
-    m.max_dest_rd_atomic = 1;
-    m.min_rnr_timer = 12;
-    m.ah_attr.is_global = 1;
-    std::memcpy(m.ah_attr.grh.dgid.raw, peer.gid, 16);
-    m.ah_attr.grh.sgid_index = 0;
-    m.ah_attr.grh.hop_limit = 255;
-    m.ah_attr.port_num = 1;
-    if (ibv_modify_qp(s.qp[q], &m,
-                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                          IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-      die("modify RTR");
-    m = {};
-    m.qp_state = IBV_QPS_RTS;
-    m.timeout = 20;
-    m.retry_cnt = 7;
-    m.rnr_retry = 7;
-    m.sq_psn = 0;
-    m.max_rd_atomic = 1;
-    if (ibv_modify_qp(s.qp[q], &m,
-                      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                          IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-      die("modify RTS");
+    RcPeer p{peer.qpn[q], peer.gid,
+             static_cast<ibv_mtu>(std::min<int>(s.port.active_mtu, peer.active_mtu))};
+    p.hop_limit = 255;
+    p.timeout = 20;
+    modify_to_rts(s.qp[q], p);
   }
 }
 

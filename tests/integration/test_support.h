@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the verbs test programs of the integration suite share: a non-fatal CHECK that counts
 // failures, a fatal die(), and the TCP exchange two processes use to swap QP numbers and keys
-// (as perftest and ibv_rc_pingpong do). Header-only; each program sets kProgram.
+// (as perftest and ibv_rc_pingpong do), and the RC connection sequence. Header-only; each program
+// sets kProgram.
 #pragma once
 
 #include <arpa/inet.h>
+#include <infiniband/verbs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -93,6 +95,53 @@ inline int tcp_open(const char* host, int port, bool server) {
     usleep(100000);
   }
   die("connect");
+}
+
+// RESET -> INIT with the given remote access rights, on port 1.
+inline void modify_to_init(ibv_qp* qp, unsigned int access) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = access;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    die("modify INIT");
+}
+
+// The far end of an RC QP and the attributes a program chooses for it.
+struct RcPeer {
+  uint32_t qpn = 0;
+  const uint8_t* gid = nullptr;  // 16 bytes
+  ibv_mtu mtu = IBV_MTU_1024;
+  uint8_t hop_limit = 1;
+  uint8_t timeout = 14;          // 4.096 us * 2^timeout
+};
+
+// INIT -> RTR -> RTS towards peer (PSNs 0, one outstanding READ/atomic each way, retries 7).
+inline void modify_to_rts(ibv_qp* qp, const RcPeer& peer) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = peer.mtu;
+  a.dest_qp_num = peer.qpn;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.is_global = 1;
+  std::memcpy(a.ah_attr.grh.dgid.raw, peer.gid, 16);
+  a.ah_attr.grh.hop_limit = peer.hop_limit;
+  a.ah_attr.port_num = 1;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    die("modify RTR");
+  a = {};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = peer.timeout;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = 1;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+    die("modify RTS");
 }
 
 }  // namespace metaroce::test
