@@ -41,7 +41,9 @@ constexpr uint32_t kEngineConnWindowMax = 4096;  // packets: 16 MiB in flight at
 constexpr uint16_t kGoodbyeEtherType = 0x88b5;  // IEEE local experimental
 constexpr uint8_t kGoodbye = 1, kGoodbyeAck = 2;
 constexpr uint32_t kGoodbyeFrameLen = 60;
-constexpr Time kGoodbyeWait = std::chrono::milliseconds(20);
+// Long enough for a peer whose progress thread is napping or descheduled on a loaded host to
+// answer; the close waits only until the answer comes (well under a millisecond when idle).
+constexpr Time kGoodbyeWait = std::chrono::milliseconds(500);
 constexpr Time kQuietMax = std::chrono::seconds(1);
 constexpr Time kPublishEvery = std::chrono::milliseconds(100);  // `metaroce stat` refresh
 // What a data packet adds to its payload inside the link MTU (an IP packet size).
