@@ -827,15 +827,6 @@ std::optional<ParsedArgs> parse_args(const std::string& cmd, const std::vector<s
   return r;
 }
 
-bool parse_probability(const std::string& s, double* out) {
-  if (s.empty() || s.size() > 32) return false;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (end != s.c_str() + s.size() || !(v >= 0 && v <= 1)) return false;
-  *out = v;
-  return true;
-}
-
 Outcome fabric_run(const std::vector<std::string>& args, const Context& ctx) {
   Outcome error{kExitOk, {}};
   auto parsed = parse_args("fabric run", args,
@@ -899,7 +890,7 @@ Outcome fabric_run(const std::vector<std::string>& args, const Context& ctx) {
   for (const char* key : {"--loss", "--reorder"}) {
     if (!opt.count(key)) continue;
     double* out = std::string(key) == "--loss" ? &c.core.loss : &c.core.reorder;
-    if (!parse_probability(opt[key], out))
+    if (!fabric::parse_probability(opt[key], out))
       return fail(std::string("bad ") + key + " '" + opt[key] + "': expected a probability 0..1");
   }
   uint32_t usec = 0;

@@ -43,15 +43,6 @@ bool parse_u32(const std::string& s, uint32_t* out) {
   return true;
 }
 
-bool parse_probability(const std::string& s, double* out) {
-  if (s.empty() || s.size() > 32) return false;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (end != s.c_str() + s.size() || !(v >= 0 && v <= 1)) return false;
-  *out = v;
-  return true;
-}
-
 // "*" (all), a plane number.
 bool parse_planes(const std::string& s, const Fabric& f, std::vector<uint32_t>* out) {
   if (s == "*") {
@@ -94,6 +85,16 @@ std::string json_double(double v) {
 }
 
 }  // namespace
+
+bool parse_probability(const std::string& s, double* out) {
+  if (s.empty() || s.size() > 32) return false;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !(v >= 0 && v <= 1)) return false;
+  *out = v;
+  return true;
+}
+
 
 bool check_fabric_name(const std::string& name, std::string* err) {
   const bool ok = !name.empty() && name.size() <= kMaxFabricNameLen &&

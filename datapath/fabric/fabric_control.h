@@ -39,6 +39,8 @@ bool check_fabric_name(const std::string& name, std::string* err);
 std::string socket_name(const std::string& name, uint32_t endpoint, uint32_t plane);
 // $rundir/fabric/NAME
 std::string state_dir(const std::string& rundir, const std::string& name);
+// A probability written as a decimal in [0, 1] (loss=, reorder=, and the CLI's --loss, --reorder).
+bool parse_probability(const std::string& s, double* out);
 
 // What fabric.conf records.
 struct FabricInfo {
