@@ -297,6 +297,13 @@ bool QueuePair::drain_send_queue() {
     } else if (w.op == WqeOp::kSend || w.op == WqeOp::kSendImm || w.op == WqeOp::kWriteImm) {
       m.rsn = next_rsn_++;
     }
+    if (init_.type == QpType::kRc) {
+      // The QP's own limits: retry_cnt timeouts, over whatever paths, and the local ACK timeout
+      // (4.096 us * 2^timeout, 0 = none) bound when RETRY_EXC_ERR comes (congestion.md §4.5).
+      m.retry_cnt = remote_.retry_cnt;
+      m.timeout = remote_.timeout ? transport::Time(int64_t{4096} << remote_.timeout)
+                                  : transport::Time{0};
+    }
     m.length = s.length;
     s.resp_length = w.op == WqeOp::kRead ? s.length : 0;
     if (is_atomic(w.op)) {

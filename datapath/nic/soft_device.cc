@@ -214,7 +214,8 @@ SoftDevice::SoftDevice(const LinkConfig& cfg, std::unique_ptr<io::Port> port,
 
 SoftDevice::SoftDevice(const LinkConfig& cfg, std::vector<std::unique_ptr<io::Port>> ports,
                        const SoftDeviceOptions& opt)
-    : cfg_(cfg), clock_(opt.clock), active_mtu_(verbs_mtu_for(cfg.mtu)),
+    : cfg_(cfg), clock_(opt.clock), linger_quiet_(opt.linger_quiet),
+      linger_max_(opt.linger_max), active_mtu_(verbs_mtu_for(cfg.mtu)),
       next_qpn_(0x100 + static_cast<uint32_t>(opt.engine.seed % 0x1000)) {
   for (auto& p : ports) {
     Plane pl;
@@ -233,11 +234,31 @@ SoftDevice::SoftDevice(const LinkConfig& cfg, std::vector<std::unique_ptr<io::Po
 }
 
 SoftDevice::~SoftDevice() {
+  if (thread_.joinable()) linger();
   stop_.store(true);
   kick();
   if (thread_.joinable()) thread_.join();
   for (Plane& p : planes_) say_goodbye(p);
   if (doorbell_fd_ >= 0) close(doorbell_fd_);
+}
+
+// The last acknowledgement (congestion.md §4.6): acknowledging belongs to the connection, not
+// to a QP nor to the application's lifetime. The application is gone (its QPs destroyed, the
+// device closed), but a peer whose final packets we accepted may have lost our ACK; the progress
+// thread keeps answering its resends until no peer has needed an answer for linger_quiet.
+void SoftDevice::linger() {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    Time last, t;
+    {
+      std::lock_guard lock(mu_);
+      last = engine_->last_answered();
+      t = now();
+    }
+    if (last == Time::min() || t - last >= linger_quiet_) return;
+    if (std::chrono::steady_clock::now() - start >= linger_max_) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 Time SoftDevice::now() const {

@@ -28,6 +28,11 @@ struct SoftDeviceOptions {
   bool start_thread = true;  // tests may drive progress() by hand
   std::function<transport::Time()> clock;  // default: steady_clock; tests inject a virtual one
   transport::EngineConfig engine;
+  // On close, keep answering peers (with the progress thread) until none has been answered for
+  // this long, at most linger_max: a peer still missing our last ACK resends within its RTO
+  // (docs/spec/congestion.md §4.6). Zero: close at once.
+  transport::Time linger_quiet = 2 * transport::EngineConfig{}.rto_max;
+  transport::Time linger_max = std::chrono::seconds(1);
 };
 
 class SoftDevice final : public Device, private transport::Host {
@@ -87,6 +92,7 @@ class SoftDevice final : public Device, private transport::Host {
   void message_failed(uint64_t cookie, transport::Syndrome why) override;
 
   void run();
+  void linger();
   bool progress_locked();
   void idle_wait(transport::Time now, transport::Time idle_for);
   // A port and what the NIC knows about the far side of it.
@@ -112,6 +118,7 @@ class SoftDevice final : public Device, private transport::Host {
 
   const LinkConfig cfg_;
   const std::function<transport::Time()> clock_;
+  const transport::Time linger_quiet_, linger_max_;
   std::vector<Plane> planes_;
   uint32_t active_mtu_;
   mutable std::mutex mu_;

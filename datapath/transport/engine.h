@@ -55,6 +55,14 @@ struct MessageDesc {
   uint32_t rkey = 0;         // kWrite*, kReadReq
   uint32_t imm = 0;          // kWriteImm, kSendImm: immediate data, network byte order as verbs
   uint64_t cookie = 0;       // the NIC's handle, returned in Host callbacks
+  // The QP's retry limits (verbs retry_cnt and timeout, congestion.md §4.5). The message fails
+  // with kRetryExceeded once one of its packets has timed out retry_cnt times, on whatever paths,
+  // and `timeout` has passed since the message was first sent; at the latest timeout *
+  // (retry_cnt + 1) after that. kEngineRetries: EngineConfig::max_retries. timeout 0: the count
+  // alone decides.
+  static constexpr uint8_t kEngineRetries = 0xff;
+  uint8_t retry_cnt = kEngineRetries;
+  Time timeout{0};
 };
 
 // One arriving data packet, after duplicate filtering, handed to the NIC for placement.
@@ -118,6 +126,10 @@ struct EngineConfig {
   // Path failure (congestion.md §4): silent smoothed RTTs, while another path of the connection
   // advances, before a path is declared failed.
   uint32_t fail_rtts = 3;
+  // A path whose packet timed out (RTO) or stayed silent through a tail-loss probe is suspected:
+  // its packets are resent on other paths and it is probed under a new entropy value until it
+  // answers (congestion.md §4.1). false: resend on the same path (tests prove the difference).
+  bool suspect_silent_paths = true;
   bool tail_loss_probe = true;      // congestion.md §5
   // RNR (congestion.md §6): back-off before a refused packet is resent, and how many RNR NAKs
   // one packet may collect before its message fails with kRnr (7 = retry forever, as verbs).
@@ -138,6 +150,7 @@ struct EngineStats {
   uint64_t tail_probes = 0;        // packets resent by the tail-loss probe
   uint64_t paths_failed = 0, paths_recovered = 0, probes_sent = 0;
   uint64_t failover_resends = 0;   // packets moved from a failed path to another
+  uint64_t paths_suspected = 0;    // of paths_failed: by a timeout or a silent tail probe
   uint64_t failover_duplicates = 0;  // receiver: copies whose original had arrived
   uint64_t rnr_naks_sent = 0, rnr_naks_received = 0;
   uint64_t pacing_waits = 0;       // times new data waited for the rate hint's tokens
@@ -166,6 +179,10 @@ class Engine {
   // the stream are dropped without callbacks.
   virtual void drop_stream(uint32_t src_stream) = 0;
   virtual const EngineStats& stats() const = 0;
+  // When we last received a data packet or probe we acknowledged (Time::min() if never): a
+  // closing NIC keeps answering until its peers have had time to resend what they still miss
+  // (congestion.md §4.6).
+  virtual Time last_answered() const = 0;
 };
 
 }  // namespace metaroce::transport

@@ -116,11 +116,12 @@ uint32_t EngineImpl::conn_id(uint32_t peer_ip) const {
 }
 
 // RFC 6298 from the path's own samples, clamped, then exponential back-off (spec §6.3).
-Time EngineImpl::rto(const TxPath& tp) const {
+Time EngineImpl::rto(const TxPath& tp, uint8_t backoff) const {
   Time base = cfg_.rto_initial;
   if (tp.srtt_ns != 0) base = Time(int64_t{tp.srtt_ns} + std::max<int64_t>(4 * int64_t{tp.rttvar_ns}, 1000));
   base = std::clamp(base, cfg_.rto_min, cfg_.rto_max);
-  for (uint8_t i = 0; i < tp.backoff && base < cfg_.rto_max; ++i) base *= 2;
+  backoff = std::max(backoff, tp.backoff);
+  for (uint8_t i = 0; i < backoff && base < cfg_.rto_max; ++i) base *= 2;
   return std::min(base, cfg_.rto_max);
 }
 
@@ -151,8 +152,9 @@ bool EngineImpl::path_open(const TxPath& tp) const {
 }
 
 // Spraying (congestion.md §2.4): round-robin over open paths, preferring those without a recent
-// CE mark, then those whose smoothed RTT is within 1.5x of the connection's best.
-uint16_t EngineImpl::choose_path(const Connection& c, Time now) const {
+// CE mark, then those whose smoothed RTT is within 1.5x of the connection's best; a packet
+// leaving a suspected path avoids that path's plane while another plane has room (§4.2).
+uint16_t EngineImpl::choose_path(const Connection& c, Time now, int avoid_plane) const {
   const uint16_t np = cfg_.num_paths;
   uint32_t min_srtt = 0;
   for (const TxPath& tp : c.tx) {
@@ -160,8 +162,9 @@ uint16_t EngineImpl::choose_path(const Connection& c, Time now) const {
       min_srtt = tp.srtt_ns;
     }
   }
+  if (cfg_.num_planes < 2) avoid_plane = -1;
   uint16_t best = np;
-  int best_class = 4;
+  int best_class = 8;
   for (uint16_t k = 0; k < np; ++k) {
     const auto p = static_cast<uint16_t>((c.rr_next + k) % np);
     const TxPath& tp = c.tx[p];
@@ -170,6 +173,7 @@ uint16_t EngineImpl::choose_path(const Connection& c, Time now) const {
     const int64_t rtt = std::max<int64_t>(tp.srtt_ns, 1000);
     if (now.count() - tp.last_md_ns < 2 * rtt) cls += 2;
     if (min_srtt && uint64_t{tp.srtt_ns} * 2 > uint64_t{min_srtt} * 3) cls += 1;
+    if (plane_of(p) == avoid_plane) cls += 4;
     if (cls < best_class) {
       best = p;
       best_class = cls;
@@ -340,7 +344,7 @@ bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, 
     const int64_t cap = int64_t{kPaceBurst} * cfg_.max_packet * 8000;
     c.credit = std::max(c.credit - int64_t{len} * 8000, -4 * cap);
   }
-  if (tp.deadline == Time::max()) tp.deadline = now + rto(tp);
+  if (tp.deadline == Time::max()) tp.deadline = now + rto(tp, d.rto_retries);
   return true;
 }
 
@@ -429,10 +433,11 @@ bool EngineImpl::emit_ack(Time now, Connection& c, RecvDir& d, uint16_t path, Tx
 // Failover copies go first among data, on whichever open path the sprayer picks.
 bool EngineImpl::send_moving(Time now, Connection& c, TxSink& sink, uint32_t& sent) {
   while (c.move_head != kNil) {
-    const uint16_t p = choose_path(c, now);
-    if (p == cfg_.num_paths) return true;
     const uint16_t idx = c.move_head;
     TxDesc& d = c.pool[idx];
+    // d.path still names the path it left.
+    const uint16_t p = choose_path(c, now, plane_of(d.path));
+    if (p == cfg_.num_paths) return true;
     TxPath& tp = c.tx[p];
     d.path = p;
     d.seq = tp.next_seq;
@@ -468,6 +473,7 @@ bool EngineImpl::send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent)
       }
     }
     TxPath& tp = c.tx[p];
+    if (s.pkts_sent == 0) s.first_tx_ns = now.count();
     const uint16_t idx = c.free_head;
     TxDesc& d = c.pool[idx];
     c.free_head = d.next;
@@ -594,7 +600,9 @@ EngineImpl::RecvDir& EngineImpl::create_dir(Connection& c, const wire::BaseHeade
   return *d;
 }
 
-void EngineImpl::request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce) {
+void EngineImpl::request_ack(Time now, Connection& c, RecvDir& d, uint16_t path, uint32_t ts,
+                             bool ecn_ce) {
+  last_answered_ = now;
   RxPath& rp = d.paths[path];
   rp.echo_ts = ts;
   if (ecn_ce) {
@@ -712,7 +720,7 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
       // The ACK that covered it was lost or is late: say it again, deliver nothing.
       ++stats_.duplicates;
       ++rp.duplicates;
-      request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
+      request_ack(now, c, *d, b.path_id, b.timestamp, ecn_ce);
       return;
     case SackWindow::Check::kNew:
       break;
@@ -739,7 +747,7 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
         }
       }
       rp.win.mark(b.path_seq);
-      request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
+      request_ack(now, c, *d, b.path_id, b.timestamp, ecn_ce);
       return;
     }
     mark_orig = oc == SackWindow::Check::kNew;
@@ -774,7 +782,13 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     r.win.mark(b.path_seq);
     if (mark_orig) d->paths[opath].win.mark(h.orig_seq);
   } else if (why == Syndrome::kUnreachable) {
-    ++stats_.drop_unreachable;  // neither marked nor NAKed: the sender's RTO retries it
+    // Neither marked nor NAKed: the sender's retries run out. The ACK still goes (it carries
+    // the path's state), but nothing here is owed an answer.
+    ++stats_.drop_unreachable;
+    const Time keep = last_answered_;
+    request_ack(now, c, *d, path, b.timestamp, ecn_ce);
+    last_answered_ = keep;
+    return;
   } else if (why == Syndrome::kRnr || r.nak_count == kNakSlots) {
     // Not marked: the sender resends it. An RNR is reported (once) so that the sender backs
     // off instead of treating it as loss; a full NAK list is treated the same way, so that no
@@ -790,7 +804,7 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     if (mark_orig) d->paths[opath].win.mark(h.orig_seq);
     ++stats_.naks_sent;
   }
-  request_ack(c, *d, path, b.timestamp, ecn_ce);
+  request_ack(now, c, *d, path, b.timestamp, ecn_ce);
 }
 
 void EngineImpl::handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_ce,
@@ -813,7 +827,7 @@ void EngineImpl::handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_
   RxPath& rp = d->paths[b.path_id];
   rp.port = sport;
   rp.win.advance_to(b.ack_floor);
-  request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
+  request_ack(now, c, *d, b.path_id, b.timestamp, ecn_ce);
 }
 
 void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt) {
@@ -1116,7 +1130,8 @@ void EngineImpl::fail_path(Time now, Connection& c, uint16_t path) {
     }
     // Its first transmission on the next path will be its only one there so far.
     d.flags &= static_cast<uint8_t>(~(detail::kRetxQueued | detail::kRnrWait | detail::kResent));
-    d.rto_retries = 0;
+    // rto_retries stays: the QP's retry count is spent across paths, so that it means "the
+    // peer answers on no path" (§4.5).
     d.state = DescState::kMoving;
     d.next = kNil;
     if (c.move_tail != kNil) c.pool[c.move_tail].next = idx;
@@ -1130,6 +1145,28 @@ void EngineImpl::fail_path(Time now, Connection& c, uint16_t path) {
   tp.backoff = 0;
   tp.deadline = Time::max();
   tp.last_progress_ns = now.count();  // probing since
+}
+
+// A timeout or a silent tail (§4.1): the path is failed like one its siblings outran, so that its
+// packets go out elsewhere at once and it is probed under new entropy, unless it is the last
+// active path (then the packet is resent on it, and only the peer can be at fault).
+bool EngineImpl::suspect(Time now, Connection& c, uint16_t path) {
+  if (!cfg_.suspect_silent_paths || cfg_.num_paths - c.failed_paths < 2) return false;
+  ++stats_.paths_suspected;
+  fail_path(now, c, path);
+  return true;
+}
+
+// The QP's retry limits (§4.5): retry_cnt timeouts of one packet, not before `timeout` since the
+// message left, and never later than timeout * (retry_cnt + 1).
+bool EngineImpl::out_of_retries(const TxDesc& d, Time now) const {
+  const detail::MsgSlot& s = slots_[d.slot];
+  const uint32_t limit =
+      s.m.retry_cnt == MessageDesc::kEngineRetries ? cfg_.max_retries : s.m.retry_cnt;
+  if (s.m.timeout <= Time{0}) return d.rto_retries >= limit;
+  const Time age = now - Time(s.first_tx_ns);
+  if (age >= s.m.timeout * (int64_t{limit} + 1)) return true;
+  return d.rto_retries >= limit && age >= s.m.timeout;
 }
 
 void EngineImpl::path_recovered(Time now, Connection& c, uint16_t path, int64_t sample) {
@@ -1162,17 +1199,22 @@ void EngineImpl::arm_tlp(Time now, Connection& c) {
   if (rtt) c.tlp_deadline = now + Time(2 * rtt);
 }
 
-// Resends the newest unresolved packet of every busy path: if it was lost it is recovered now;
-// if it arrived, its ACK exposes any earlier hole on that path to the SACK rule.
-void EngineImpl::tail_probe(Time /*now*/, Connection& c) {
+// A busy path that answered nothing for two of its RTTs is suspected (§4.1): its packets go out
+// on other paths now, so one packet in flight on a dead path costs a tail probe, not a QP's
+// retries. Another busy path resends its newest unresolved packet: if that was lost it is
+// recovered now; if it arrived, its ACK exposes any earlier hole on the path to the SACK rule.
+void EngineImpl::tail_probe(Time now, Connection& c) {
   c.tlp_deadline = Time::max();
   c.tlp_spent = true;
-  for (TxPath& tp : c.tx) {
+  for (uint16_t p = 0; p < c.tx.size(); ++p) {
+    TxPath& tp = c.tx[p];
     if (tp.state != PathState::kActive || tp.tail == kNil) continue;
     TxDesc& d = c.pool[tp.tail];
     if (d.flags & (detail::kRetxQueued | detail::kRnrWait)) continue;
-    queue_retx(c, tp.tail);
     ++stats_.tail_probes;
+    const bool silent = now.count() - tp.last_progress_ns >= 2 * srtt_ref(c, tp);
+    if (silent && suspect(now, c, p)) continue;
+    queue_retx(c, tp.tail);
   }
 }
 
@@ -1192,16 +1234,18 @@ void EngineImpl::expire(Time now, Connection& c, uint16_t path) {
   ++stats_.timeouts;
   ++c.counters[path].timeouts;
   TxDesc& d = c.pool[idx];
-  if (d.rto_retries >= cfg_.max_retries) {
+  if (out_of_retries(d, now)) {
     fail_message(c, d.slot, Syndrome::kRetryExceeded, now);
     return;
   }
-  ++d.rto_retries;
+  if (d.rto_retries < kMaxBackoff) ++d.rto_retries;
+  // Resent on another path while one is active; the path itself is probed (§4.1).
+  if (suspect(now, c, path)) return;
   if (tp.backoff < kMaxBackoff) ++tp.backoff;
   if (!(d.flags & detail::kRetxQueued)) queue_retx(c, idx);
   // A timeout is a loss, not a congestion signal: a bounded quarter off the path (§2.3).
   tp.cwnd = std::max(tp.cwnd - tp.cwnd / 4, kWinUnit);
-  tp.deadline = now + rto(tp);
+  tp.deadline = now + rto(tp, d.rto_retries);
 }
 
 void EngineImpl::on_timer(Time now) {

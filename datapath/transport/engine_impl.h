@@ -122,6 +122,7 @@ struct MsgSlot {
   MessageDesc m;
   uint32_t pkts_total = 0, pkts_sent = 0, pkts_acked = 0, next_offset = 0;
   uint32_t prev = kNoSlot, next = kNoSlot;
+  int64_t first_tx_ns = 0;  // its first packet left: the QP's timeout counts from here
 };
 
 struct Connection {
@@ -173,6 +174,7 @@ class EngineImpl final : public Engine {
   bool idle() const override;
   void drop_stream(uint32_t src_stream) override;
   const EngineStats& stats() const override { return stats_; }
+  Time last_answered() const override { return last_answered_; }
 
   std::vector<PathStats> path_stats(uint32_t peer_ip) const;
   ConnStats conn_stats(uint32_t peer_ip) const;
@@ -207,11 +209,15 @@ class EngineImpl final : public Engine {
   uint64_t next_random();
   uint16_t random_port();
   Connection& conn_for(uint32_t peer_ip);
-  Time rto(const TxPath& tp) const;
+  // The path's RTO, backed off by the path's own count or by `backoff` if larger (a packet that
+  // timed out elsewhere carries its back-off to the path it moves to).
+  Time rto(const TxPath& tp, uint8_t backoff = 0) const;
   uint8_t plane_of(uint16_t path) const;
   uint32_t seg_len(uint32_t slot, uint32_t offset) const;
   int64_t srtt_ref(const Connection& c, const TxPath& tp) const;
-  uint16_t choose_path(const Connection& c, Time now) const;
+  // An open path to send on, num_paths if none. avoid_plane: a plane to use only when no
+  // other plane has an open path (-1: none).
+  uint16_t choose_path(const Connection& c, Time now, int avoid_plane = -1) const;
   bool path_open(const TxPath& tp) const;
 
   void handle_data(Time now, Connection& c, uint16_t sport, bool ecn_ce, const wire::Packet& pkt);
@@ -219,7 +225,7 @@ class EngineImpl final : public Engine {
   void handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_ce, const wire::Packet& pkt);
   RecvDir* find_dir(Connection& c, uint32_t conn_id);
   RecvDir& create_dir(Connection& c, const wire::BaseHeader& b, Time now);
-  void request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce);
+  void request_ack(Time now, Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce);
   void add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn, Syndrome why);
   void account_rx(Time now, Connection& c, size_t bytes);
   void close_rate_interval(Time now);
@@ -242,6 +248,8 @@ class EngineImpl final : public Engine {
   Time fail_deadline(const Connection& c, const TxPath& tp) const;
   bool check_failure(Time now, Connection& c, uint16_t path);
   void fail_path(Time now, Connection& c, uint16_t path);
+  bool suspect(Time now, Connection& c, uint16_t path);
+  bool out_of_retries(const TxDesc& d, Time now) const;
   void path_recovered(Time now, Connection& c, uint16_t path, int64_t sample);
   void tail_probe(Time now, Connection& c);
   void arm_tlp(Time now, Connection& c);
@@ -272,6 +280,7 @@ class EngineImpl final : public Engine {
   // Receiver rate measurement (congestion.md §3).
   Time interval_start_ = Time::min();
   uint32_t interval_idx_ = 0;
+  Time last_answered_ = Time::min();
 };
 
 }  // namespace metaroce::transport

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -300,7 +301,7 @@ TEST(TransportSizes, CoreStructsStaySmall) {
   EXPECT_LE(sizeof(TxPath), 72u);
   EXPECT_LE(sizeof(RxPath), 160u);
   EXPECT_LE(sizeof(Connection), 256u);
-  EXPECT_LE(sizeof(MsgSlot), 96u);
+  EXPECT_LE(sizeof(MsgSlot), 112u);  // the message, its QP's retry limits, its first send
 }
 
 TEST(Transport, ManyMessagesBothWaysArriveByteExact) {
@@ -526,12 +527,18 @@ TEST(Transport, LossOfTheLastPacketIsRecoveredByTailProbeWithinTwoRtts) {
   ASSERT_TRUE(dropped);
   EXPECT_EQ(f.node[0].host.acked, std::vector<uint64_t>{cookie});
   EXPECT_EQ(f.node[1].host.received.at({1, 0}), sent_bytes(f, 0, cookie));
-  EXPECT_EQ(f.node[0].e->stats().timeouts, 0u);
-  EXPECT_EQ(f.node[0].e->stats().tail_probes, 1u);
-  EXPECT_EQ(f.node[0].e->stats().retransmits, 1u);
+  const EngineStats& st = f.node[0].e->stats();
+  EXPECT_EQ(st.timeouts, 0u);
+  EXPECT_EQ(st.tail_probes, 1u);
+  // The tail's path said nothing for two RTTs: the packet goes out on another path and the
+  // path is probed (congestion.md §4.1, §5).
+  EXPECT_EQ(st.failover_resends, 1u);
+  EXPECT_EQ(st.paths_suspected, 1u);
+  EXPECT_EQ(st.paths_recovered, 1u);
   // The probe left two smoothed RTTs after the last ACK progress, far below rto_min.
   auto tx = transmissions_of(f, 7 * kMtu);
   ASSERT_EQ(tx.size(), 2u);
+  EXPECT_NE(tx[1]->sport, tx[0]->sport);
   const Time rtt = 2 * f.delay;
   Time last_ack = Time{0};
   for (const Sent& s : f.log) {
@@ -559,13 +566,17 @@ TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByRto) {
   ASSERT_EQ(dropped, 2);
   EXPECT_EQ(f.node[0].host.acked, std::vector<uint64_t>{cookie});
   EXPECT_EQ(f.node[1].host.received.at({1, 0}), sent_bytes(f, 0, cookie));
-  EXPECT_EQ(f.node[0].e->stats().timeouts, 1u);
-  EXPECT_EQ(f.node[0].e->stats().tail_probes, 1u);
-  EXPECT_EQ(f.node[0].e->stats().retransmits, 2u);
-  // The third transmission left one RTO after the original: at least rto_min.
+  const EngineStats& st = f.node[0].e->stats();
+  EXPECT_EQ(st.timeouts, 1u);
+  EXPECT_EQ(st.tail_probes, 1u);
+  EXPECT_EQ(st.failover_resends, 2u);  // after the tail probe, and after the timeout
+  EXPECT_EQ(st.paths_suspected, 2u);
+  // Three transmissions on three paths; the third one RTO after the second.
   auto tx = transmissions_of(f, 7 * kMtu);
   ASSERT_EQ(tx.size(), 3u);
-  EXPECT_GE(tx[2]->tx_time - tx[0]->tx_time, f.cfg.rto_min);
+  EXPECT_NE(tx[1]->sport, tx[0]->sport);
+  EXPECT_NE(tx[2]->sport, tx[1]->sport);
+  EXPECT_GE(tx[2]->tx_time - tx[1]->tx_time, f.cfg.rto_min);
   EXPECT_LE(tx[2]->tx_time - tx[0]->tx_time, f.cfg.rto_initial);
 }
 
@@ -575,28 +586,32 @@ TEST(Transport, PeerThatNeverAnswersFailsWithRetryExceeded) {
   Fabric f(cfg);
   f.fate = [](const Sent& s) { return s.from == 0 ? Fate::kDrop : Fate::kDeliver; };
   const uint64_t c1 = f.submit(0, 1, 0, 100);
-  const uint64_t c2 = f.submit(0, 2, 0, 3 * kMtu);
-  f.run();
-  ASSERT_TRUE(f.node[0].e->idle());
+  f.run(1s);
   EXPECT_TRUE(f.node[0].host.acked.empty());
-  auto& failed = f.node[0].host.failed;
-  ASSERT_EQ(failed.size(), 2u);
-  std::map<uint64_t, int> seen;
-  for (auto& [cookie, why] : failed) {
-    EXPECT_EQ(why, Syndrome::kRetryExceeded);
-    ++seen[cookie];
-  }
-  EXPECT_EQ(seen[c1], 1);
-  EXPECT_EQ(seen[c2], 1);
-  // The single-packet message: sent once plus max_retries times, with doubling gaps.
+  ASSERT_EQ(f.node[0].host.failed.size(), 1u);
+  EXPECT_EQ(f.node[0].host.failed[0], std::make_pair(c1, Syndrome::kRetryExceeded));
+  // Sent once plus max_retries times, each time on another path (each one is suspected in
+  // turn), with doubling gaps: the packet carries its back-off from path to path.
   std::vector<Time> tx;
+  std::set<uint16_t> ports;
   for (const Sent* s : f.data_from(0)) {
-    if (s->pkt.data.src_stream == 1) tx.push_back(s->tx_time);
+    tx.push_back(s->tx_time);
+    ports.insert(s->sport);
   }
   ASSERT_EQ(tx.size(), 1u + cfg.max_retries);
-  for (size_t i = 2; i < tx.size(); ++i) EXPECT_EQ(tx[i] - tx[i - 1], 2 * (tx[i - 1] - tx[i - 2]));
+  EXPECT_EQ(ports.size(), tx.size());
   EXPECT_EQ(tx[1] - tx[0], cfg.rto_initial);
+  for (size_t i = 2; i < tx.size(); ++i) EXPECT_EQ(tx[i] - tx[i - 1], 2 * (tx[i - 1] - tx[i - 2]));
+  EXPECT_EQ(f.node[0].e->stats().paths_suspected, cfg.max_retries);
   EXPECT_EQ(f.node[1].host.deliver_calls, 0);
+
+  // A multi-packet message fails once, whatever number of its packets ran out.
+  Fabric g(cfg);
+  g.fate = f.fate;
+  const uint64_t c2 = g.submit(0, 2, 0, 3 * kMtu);
+  g.run(1s);
+  ASSERT_EQ(g.node[0].host.failed.size(), 1u);
+  EXPECT_EQ(g.node[0].host.failed[0], std::make_pair(c2, Syndrome::kRetryExceeded));
 }
 
 TEST(Transport, DuplicatedPacketsAreNeverDeliveredTwice) {
@@ -759,9 +774,10 @@ class Net {
 
   int index_of(uint32_t ip) const { return static_cast<int>(ip - 0x0a000001); }
 
-  uint64_t submit(int from, int to, uint32_t stream, uint32_t msn, uint32_t size) {
+  uint64_t submit(int from, int to, uint32_t stream, uint32_t msn, uint32_t size,
+                  Op op = Op::kWrite) {
     const uint64_t cookie = next_cookie_++;
-    std::vector<uint8_t> bytes(size);
+    std::vector<uint8_t> bytes(op == Op::kReadReq ? 0 : size);
     for (auto& x : bytes) x = static_cast<uint8_t>(rng_());
     node[from].host->outgoing[cookie] = std::move(bytes);
     MessageDesc m;
@@ -769,7 +785,7 @@ class Net {
     m.dst_stream = stream + 1000;
     m.src_stream = stream;
     m.msn = msn;
-    m.op = Op::kWrite;
+    m.op = op;
     m.length = size;
     m.remote_addr = 0x10000;
     m.rkey = 7;
@@ -1315,6 +1331,226 @@ TEST(PathFailure, WhenAllPathsOfAPlaneFailTrafficFailsOverToTheOtherPlane) {
   n.run_until(n.now + 300ms);
   for (const auto& p : path_stats(*n.node[0].e, n.node[1].ip)) {
     EXPECT_EQ(p.state, PathState::kActive) << p.path_id;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failure under every traffic pattern (congestion.md §4.1, §4.5): one packet in flight, a READ
+// or an atomic (request one way, response the other), one-way traffic whose ACKs die, a whole
+// plane. Each pattern runs with the path suspicion on (every exchange completes, the one caught by
+// the failure within a few round trips) and off (the same failure exhausts a QP's retries: the
+// test can tell the mechanism is there).
+
+enum class Pattern { kPingPong, kRead, kAtomic, kOneWayAcksLost, kPlaneDown };
+
+struct PatternRun {
+  bool all_done = false;       // every exchange completed, no message failed
+  Time clean_exchange{0};      // mean exchange time before the failure
+  Time worst_after{0};         // longest exchange from the failure on
+  uint64_t suspected = 0;      // paths suspected by both engines
+};
+
+// Drives the net until done() or a message fails; true if done.
+bool run_until(Net& n, const std::function<bool()>& done, Time limit) {
+  while (n.now < limit) {
+    if (done()) return true;
+    if (!n.node[0].host->failed.empty() || !n.node[1].host->failed.empty()) return false;
+    if (!n.step()) break;
+  }
+  return done();
+}
+
+PatternRun run_pattern(Pattern pat, bool suspect) {
+  EngineConfig cfg = Net::config(8);
+  if (pat == Pattern::kPlaneDown) cfg.num_planes = 2;
+  cfg.suspect_silent_paths = suspect;
+  Net::Config nc;
+  nc.bottleneck_mbps = 0;
+  Net n(nc, {cfg});
+  FakeHost& responder = *n.node[1].host;
+  // The responder answers READs and atomics from inside deliver(), as the NIC does.
+  uint32_t resp_msn = 0;
+  responder.verdict = [&](const Segment& seg) {
+    if (seg.op == Op::kReadReq) n.submit(1, 0, 9, resp_msn++, seg.total_length, Op::kReadResp);
+    if (seg.op == Op::kSend && seg.src_stream == 3) n.submit(1, 0, 9, resp_msn++, 8, Op::kReadResp);
+    return Syndrome::kOk;
+  };
+  uint32_t msn = 0;
+  // One exchange: what the application waits for before it issues the next.
+  auto exchange = [&]() -> bool {
+    const uint32_t m = msn++;
+    const size_t acked0 = n.node[0].host->acked.size();
+    switch (pat) {
+      case Pattern::kPingPong:
+      case Pattern::kPlaneDown: {
+        const uint64_t a = n.submit(0, 1, 1, m, 2);
+        if (!run_until(n, [&] { return n.node[0].host->acked.size() > acked0; }, n.now + 1s))
+          return false;
+        const size_t acked1 = n.node[1].host->acked.size();
+        (void)a;
+        n.submit(1, 0, 2, m, 2);
+        return run_until(n, [&] { return n.node[1].host->acked.size() > acked1; }, n.now + 1s);
+      }
+      case Pattern::kRead:
+      case Pattern::kAtomic: {
+        const uint32_t want = resp_msn + 1;
+        if (pat == Pattern::kRead) n.submit(0, 1, 3 + 1, m, 64, Op::kReadReq);
+        else n.submit(0, 1, 3, m, 28, Op::kSend);
+        // Complete when the whole response has arrived at the requester.
+        return run_until(n, [&] {
+          return resp_msn >= want && n.node[0].host->received.count({9, want - 1}) &&
+                 n.node[1].host->acked.size() >= want;
+        }, n.now + 1s);
+      }
+      case Pattern::kOneWayAcksLost:
+        n.submit(0, 1, 5, m, 2);
+        return run_until(n, [&] { return n.node[0].host->acked.size() > acked0; }, n.now + 1s);
+    }
+    return false;
+  };
+  PatternRun r;
+  constexpr int kWarm = 20, kAfter = 100;
+  const Time t0 = n.now;
+  for (int i = 0; i < kWarm; ++i) {
+    if (!exchange()) return r;
+  }
+  r.clean_exchange = (n.now - t0) / kWarm;
+  // The failure: the core link of path 3 black-holed both ways (the ACKs only, for one-way
+  // traffic), or every packet of plane 1.
+  const int bad = link_of(path_stats(*n.node[0].e, n.node[1].ip)[3].udp_src_port);
+  n.drop = [&](const NetPacket& p) {
+    switch (pat) {
+      case Pattern::kPlaneDown: return p.plane == 1;
+      case Pattern::kOneWayAcksLost:
+        return p.from == 1 && p.pkt.base.opcode == Opcode::kAck && link_of(p.sport) == bad;
+      default: return link_of(p.sport) == bad;
+    }
+  };
+  for (int i = 0; i < kAfter; ++i) {
+    const Time start = n.now;
+    if (!exchange()) return r;
+    r.worst_after = std::max(r.worst_after, n.now - start);
+  }
+  r.all_done = n.node[0].host->failed.empty() && n.node[1].host->failed.empty();
+  r.suspected = n.node[0].e->stats().paths_suspected + n.node[1].e->stats().paths_suspected;
+  return r;
+}
+
+class FailurePattern : public ::testing::TestWithParam<Pattern> {};
+
+TEST_P(FailurePattern, NoSingleDeadPathOrPlaneExhaustsTheRetriesAndRecoveryTakesRoundTrips) {
+  const PatternRun on = run_pattern(GetParam(), true);
+  ASSERT_TRUE(on.all_done);
+  EXPECT_GT(on.suspected, 0u);
+  std::printf("clean exchange %.1f us, worst after the failure %.1f us (%.1fx)\n",
+              on.clean_exchange.count() / 1e3, on.worst_after.count() / 1e3,
+              static_cast<double>(on.worst_after.count()) / on.clean_exchange.count());
+  // A tail probe (two RTTs) and one more round trip, not a retransmission timer (rto_min is
+  // 20 RTTs here).
+  EXPECT_LE(on.worst_after, 4 * on.clean_exchange);
+  // The same failure without path suspicion: resent on the dead path until the retries run out.
+  const PatternRun off = run_pattern(GetParam(), false);
+  EXPECT_FALSE(off.all_done);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Transport, FailurePattern,
+    ::testing::Values(Pattern::kPingPong, Pattern::kRead, Pattern::kAtomic,
+                      Pattern::kOneWayAcksLost, Pattern::kPlaneDown),
+    [](const ::testing::TestParamInfo<Pattern>& i) {
+      switch (i.param) {
+        case Pattern::kPingPong: return "OnePacketPingPong";
+        case Pattern::kRead: return "ReadResponses";
+        case Pattern::kAtomic: return "Atomics";
+        case Pattern::kOneWayAcksLost: return "OneWayTrafficWhoseAcksDie";
+        case Pattern::kPlaneDown: return "WholePlaneDown";
+      }
+      return "?";
+    });
+
+TEST(PathFailure, TheTailProbeIsWhatRecoversALostLastPacketInRoundTrips) {
+  // With the probe off, the same tail loss waits for the retransmission timer.
+  for (bool tlp : {true, false}) {
+    EngineConfig cfg = Fabric::default_config();
+    cfg.tail_loss_probe = tlp;
+    Fabric f(cfg);
+    f.submit(0, 1, 0, 2 * kMtu);
+    f.run();  // RTT samples
+    const Time start = f.now;
+    f.submit(0, 1, 0, 8 * kMtu);
+    bool dropped = false;
+    f.fate = [&](const Sent& s) {
+      if (!dropped && s.from == 0 && wire::is_data_opcode(s.pkt.base.opcode) &&
+          s.pkt.data.offset == 7 * kMtu) {
+        dropped = true;
+        return Fate::kDrop;
+      }
+      return Fate::kDeliver;
+    };
+    f.run();
+    ASSERT_EQ(f.node[0].host.acked.size(), 2u);
+    const Time rtt = 2 * f.delay;
+    if (tlp) EXPECT_LE(f.now - start, 4 * rtt);
+    else EXPECT_GE(f.now - start, f.cfg.rto_min);
+  }
+}
+
+TEST(PathFailure, AReceiverWhoseStreamIsGoneStillAcknowledgesWhatItAccepted) {
+  // The last acknowledgement (congestion.md §4.6): the receiver accepted the message, its ACK
+  // was lost, and then the stream went away (QP destroyed). The sender's resend must still be
+  // acknowledged so that its message completes instead of running out of retries.
+  Fabric f;
+  f.submit(0, 1, 0, 100);
+  f.run();  // RTT samples
+  const uint64_t last = f.submit(0, 1, 0, 100);
+  bool ack_lost = false;
+  f.fate = [&](const Sent& s) {
+    if (!ack_lost && s.from == 1 && s.pkt.base.opcode == Opcode::kAck) {
+      ack_lost = true;
+      f.node[1].host.verdict = [](const Segment&) { return Syndrome::kUnreachable; };
+      return Fate::kDrop;
+    }
+    return Fate::kDeliver;
+  };
+  f.run(1s);
+  ASSERT_TRUE(ack_lost);
+  EXPECT_TRUE(f.node[0].host.failed.empty());
+  EXPECT_EQ(f.node[0].host.acked.back(), last);
+  EXPECT_EQ(f.node[1].host.deliveries.size(), 1u);  // {stream 0, msn 0, offset 0}, twice sent
+  EXPECT_GT(f.node[1].e->stats().duplicates + f.node[1].e->stats().failover_duplicates, 0u);
+}
+
+TEST(PathFailure, TheQpsTimeoutBoundsWhenRetriesRunOut) {
+  // retry_cnt 7, timeout 1 ms: the error comes no sooner than 1 ms after the message left (a
+  // peer descheduled for less must not fail it) and no later than 8 ms.
+  EngineConfig cfg = Fabric::default_config();
+  cfg.rto_initial = 100us;
+  cfg.rto_min = 20us;
+  for (Time timeout : {Time(1ms), Time(40ms)}) {
+    Fabric f(cfg);
+    f.fate = [](const Sent& s) { return s.from == 0 ? Fate::kDrop : Fate::kDeliver; };
+    MessageDesc m;
+    m.peer_ip = kIpB;
+    m.dst_stream = 1000;
+    m.src_stream = 1;
+    m.op = Op::kWrite;
+    m.length = 0;
+    m.cookie = 77;
+    m.retry_cnt = 7;
+    m.timeout = timeout;
+    f.node[0].host.outgoing[77] = {};
+    f.node[0].e->submit(m);
+    Time failed_at = Time::max();
+    while (f.now < 1s && f.step()) {
+      if (!f.node[0].host.failed.empty()) {
+        failed_at = f.now;
+        break;
+      }
+    }
+    ASSERT_NE(failed_at, Time::max());
+    EXPECT_EQ(f.node[0].host.failed[0].second, Syndrome::kRetryExceeded);
+    EXPECT_GE(failed_at, timeout);
+    EXPECT_LE(failed_at, timeout * 8 + cfg.rto_max);
   }
 }
 
