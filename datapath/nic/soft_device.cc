@@ -672,6 +672,7 @@ void SoftDevice::publish_stats(Time t) {
   put("sack_gaps", e.sack_gaps);
   put("tail_probes", e.tail_probes);
   put("paths_failed", e.paths_failed);
+  put("paths_suspected", e.paths_suspected);
   put("paths_recovered", e.paths_recovered);
   put("failover_resends", e.failover_resends);
   put("pacing_waits", e.pacing_waits);

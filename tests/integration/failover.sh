@@ -1,0 +1,117 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# A failed link never reaches the application, whatever the traffic (docs/spec/congestion.md §4):
+# unmodified ibv_rc_pingpong (2 B, 4 KiB, 64 KiB), ib_send_lat, ib_read_lat and ib_atomic_lat
+# through `metaroce fabric`, with (1) the busiest of 8 core links black-holed mid-run and (2) a
+# whole plane of a 2-plane fabric down mid-run: both sides of every run exit 0, and the fabric
+# shows that the failure was hit. (3) ibv_rc_pingpong 64 KiB at 10 % loss on every core link,
+# 10 runs in a row, both sides exit 0 (the last acknowledgement: a client that is done and
+# closes its device still answers the server's resends). Usage: failover.sh BUILD_DIR.
+# FAILOVER_ONLY=core|plane|loss runs one part.
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/lib.sh"
+[ -x "$BUILD/datapath/fabric/fabric_probe" ] || { echo "SKIP: built without DPDK"; exit 77; }
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+FAB="fo$$"
+FABRIC_PID=""
+FAULT_PID=""
+PORT=18600
+only=${FAILOVER_ONLY:-}
+
+stop_all() {
+  [ -n "$FAULT_PID" ] && { kill "$FAULT_PID" 2>/dev/null || true; wait "$FAULT_PID" 2>/dev/null || true; }
+  FAULT_PID=""
+  "$METAROCE" link del fA >/dev/null 2>&1 || true
+  "$METAROCE" link del fB >/dev/null 2>&1 || true
+  if [ -n "$FABRIC_PID" ]; then
+    "$METAROCE" fabric stop "$FAB" >/dev/null 2>&1 || kill "$FABRIC_PID" 2>/dev/null || true
+    wait "$FABRIC_PID" 2>/dev/null || true
+  fi
+  FABRIC_PID=""
+}
+trap 'stop_all; cleanup' EXIT
+
+# fabric PLANES LINKS [options]: a 2-endpoint fabric and the devices fA (endpoint 0), fB (1).
+fabric() {
+  local planes=$1 links=$2
+  shift 2
+  timeout -s INT 900 "$METAROCE" fabric run "$FAB" --endpoints 2 --planes "$planes" \
+    --links-per-plane "$links" --seed 5 "$@" >"$LOGDIR/fabric.log" 2>&1 &
+  FABRIC_PID=$!
+  PIDS+=("$FABRIC_PID")
+  for _ in $(seq 150); do
+    [ -S "$METAROCE_RUNDIR/fabric/$FAB/control" ] && [ -f "$METAROCE_RUNDIR/fabric/$FAB/pid" ] && break
+    kill -0 "$FABRIC_PID" 2>/dev/null || fail "fabric run exited early: $(cat "$LOGDIR/fabric.log")"
+    sleep 0.1
+  done
+  "$METAROCE" link add fA --fabric "$FAB:0" --ip 198.18.0.1/24 >/dev/null
+  "$METAROCE" link add fB --fabric "$FAB:1" --ip 198.18.0.2/24 >/dev/null
+  eval "$("$METAROCE" env)"
+}
+
+# fault WHAT: in the background, the fault of failover_fault.py (busiest-core or plane1).
+fault() {
+  "$PY" "$HERE/failover_fault.py" "$METAROCE" "$FAB" down "$1" "$LOGDIR/down" \
+    >"$LOGDIR/fault.log" 2>&1 &
+  FAULT_PID=$!
+}
+
+# hit NAME: the failure happened during the run and dropped frames (else the run proved
+# nothing); the link comes back up for the next program, which must meet its failure mid-run.
+hit() {
+  local name=$1 what
+  wait "$FAULT_PID" || fail "$name: the fault was not injected: $(cat "$LOGDIR/fault.log")"
+  FAULT_PID=""
+  what=$("$PY" "$HERE/failover_fault.py" "$METAROCE" "$FAB" check "$LOGDIR/down") ||
+    fail "$name: the failure missed the run: $what"
+  echo "ok: $name, both sides exit 0 after $what went down"
+}
+
+# run_case NAME FAULT PROGRAM ARGS...: server (-d fA) and client (-d fB, the server's address)
+# through the fabric while the fault strikes mid-run; @PORT@ in ARGS is the TCP port.
+run_case() {
+  local name=$1 what=$2
+  shift 2
+  PORT=$((PORT + 1))
+  fault "$what"
+  local cmd=("${@//@PORT@/$PORT}")
+  run_pair "$name" "$PORT" 240 -- "${cmd[@]}" -d fA -- "${cmd[@]}" -d fB 127.0.0.1
+  hit "$name"
+}
+
+# Each run lasts a few seconds on a 2-core host (a round trip through the emulator is
+# milliseconds there), so the fault, 0.5 s after the traffic starts, strikes mid-run.
+programs() {
+  local what=$1
+  run_case "pingpong-2B-$what" "$what" ibv_rc_pingpong -g 0 -p @PORT@ -s 2 -n 800
+  run_case "pingpong-4K-$what" "$what" ibv_rc_pingpong -g 0 -p @PORT@ -s 4096 -n 800
+  run_case "pingpong-64K-$what" "$what" ibv_rc_pingpong -g 0 -p @PORT@ -s 65536 -n 400
+  run_case "send_lat-$what" "$what" ib_send_lat -x 0 -p @PORT@ -s 2 -n 800
+  run_case "read_lat-$what" "$what" ib_read_lat -x 0 -p @PORT@ -s 2 -n 2500
+  run_case "atomic_lat-$what" "$what" ib_atomic_lat -x 0 -p @PORT@ -n 2500
+}
+
+if [ -z "$only" ] || [ "$only" = core ]; then
+  fabric 1 8
+  programs busiest-core
+  stop_all
+fi
+
+if [ -z "$only" ] || [ "$only" = plane ]; then
+  fabric 2 2
+  programs plane1
+  stop_all
+fi
+
+if [ -z "$only" ] || [ "$only" = loss ]; then
+  fabric 1 8 --loss 0.1
+  for i in $(seq 10); do
+    PORT=$((PORT + 1))
+    run_pair "loss10-$i" "$PORT" 240 -- ibv_rc_pingpong -g 0 -p "$PORT" -s 65536 -n 200 -d fA \
+      -- ibv_rc_pingpong -g 0 -p "$PORT" -s 65536 -n 200 -d fB 127.0.0.1
+    echo "ok: 64 KiB ping-pong at 10 % loss, run $i of 10"
+  done
+  stop_all
+fi
+echo "PASS failover"
