@@ -44,6 +44,9 @@
 #ifndef METAROCE_BUILD_ROOT
 #define METAROCE_BUILD_ROOT ""
 #endif
+#ifndef METAROCE_PRELOAD_PATH
+#define METAROCE_PRELOAD_PATH ""
+#endif
 
 namespace metaroce::util {
 namespace {
@@ -1407,13 +1410,32 @@ std::vector<std::pair<std::string, std::string>> verbs_environment(const Context
   std::vector<std::pair<std::string, std::string>> settings = {{"SYSFS_PATH", ctx.sysfs()}};
   // A binary run from the build tree points libibverbs at the provider built next to it; an
   // installed one relies on /etc/libibverbs.d.
+  std::string preload = ctx.preload_path;
   if (!ctx.build_root.empty() && !ctx.exe_dir.empty()) {
     std::error_code ec;
     fs::path root = fs::weakly_canonical(ctx.build_root, ec);
     fs::path exe = fs::weakly_canonical(ctx.exe_dir, ec);
     auto rel = exe.lexically_relative(root);
-    if (!ec && !rel.empty() && *rel.begin() != "..")
+    if (!ec && !rel.empty() && *rel.begin() != "..") {
       settings.emplace_back("RDMAV_DRIVERS", root.string() + "/providers/metaroce/libmetaroce");
+      preload = root.string() + "/providers/metaroce/preload/libmetaroce-preload.so";
+    }
+  }
+  // Completion channels: libmetaroce-preload.so interposes ibv_create_comp_channel (no kernel
+  // can answer it). Put first in LD_PRELOAD, what the caller had kept after it; left out where
+  // the library is not installed, since a missing preload makes every program complain.
+  std::error_code ec;
+  if (!preload.empty() && fs::is_regular_file(preload, ec)) {
+    std::string value = preload;
+    const char* inherited = std::getenv("LD_PRELOAD");
+    std::string rest = inherited ? inherited : "";
+    for (size_t at = 0; at < rest.size();) {
+      const size_t end = std::min(rest.find_first_of(" :", at), rest.size());
+      const std::string item = rest.substr(at, end - at);
+      if (!item.empty() && item != preload) value += " " + item;
+      at = end + 1;
+    }
+    settings.emplace_back("LD_PRELOAD", value);
   }
   return settings;
 }
@@ -1428,6 +1450,7 @@ Context process_context() {
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) ctx.exe_dir = exe.parent_path().string();
   ctx.build_root = METAROCE_BUILD_ROOT;
+  ctx.preload_path = METAROCE_PRELOAD_PATH;
   ctx.out = &std::cout;
   ctx.err = &std::cerr;
   return ctx;

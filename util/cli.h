@@ -37,6 +37,7 @@ struct Context {
   bool is_root = false;                       // may create device nodes
   std::string exe_dir;                        // directory of the running binary
   std::string build_root;                     // meson build root the binary was compiled in
+  std::string preload_path;                   // installed libmetaroce-preload.so (LD_PRELOAD)
   std::ostream* out = nullptr;
   std::ostream* err = nullptr;
 

@@ -136,8 +136,9 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data
   ctx->vctx.context.async_fd = fds[0];
   ctx->vctx.context.num_comp_vectors = 1;
   verbs_set_ops(&ctx->vctx, &kContextOps);
-  if (!install_comp_channel_hook())
-    METAROCE_LOG(&ctx->vctx, abi::kLogWarn, "completion channels unavailable (no kernel)");
+  if (!comp_channel_preload_active())
+    METAROCE_LOG(&ctx->vctx, abi::kLogInfo,
+                 "completion channels need libmetaroce-preload.so (metaroce exec, metaroce env)");
   return &ctx->vctx;
 }
 

@@ -95,6 +95,7 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${
 for p in "${PKGS[@]}"; do installed "$p" || fail "$p is not installed after apt-get install"; done
 dpkg -L "${PKGS[@]}" | sort -u >"$WORK/files"
 for f in /usr/lib/"$MULTIARCH"/libibverbs/libmetaroce-rdmav34.so /etc/libibverbs.d/metaroce.driver \
+         /usr/lib/"$MULTIARCH"/metaroce/libmetaroce-preload.so \
          /usr/bin/metaroce /lib/systemd/system/metaroce.service /etc/metaroce/links.conf \
          /etc/profile.d/metaroce.sh /usr/share/man/man8/metaroce.8.gz \
          /usr/share/man/man5/metaroce-links.conf.5.gz; do
@@ -130,8 +131,9 @@ set -e
   fail "metaroce exec of a missing program: exit $missing_rc, $(cat "$LOGDIR/exec-missing")"
 port=18710
 # run_pair splits its commands at "--", so here exec gets the program without one.
-run_pair pkg_pingpong $port 60 -- "${M[@]}" exec ibv_rc_pingpong -g 0 -d mrA -p $port -n 100 \
-  -- "${M[@]}" exec ibv_rc_pingpong -g 0 -d mrB -p $port -n 100 127.0.0.1
+# -e: completion channels, through the installed libmetaroce-preload.so that exec preloads.
+run_pair pkg_pingpong $port 60 -- "${M[@]}" exec ibv_rc_pingpong -g 0 -d mrA -p $port -n 100 -e \
+  -- "${M[@]}" exec ibv_rc_pingpong -g 0 -d mrB -p $port -n 100 -e 127.0.0.1
 grep -q '819200 bytes in' "$LOGDIR/pkg_pingpong.client" || fail "client did not report 100 x 4096-byte round trips"
 
 # --- purge -----------------------------------------------------------------------------------
