@@ -179,9 +179,9 @@ class Engine {
   // the stream are dropped without callbacks.
   virtual void drop_stream(uint32_t src_stream) = 0;
   virtual const EngineStats& stats() const = 0;
-  // When we last received a data packet or probe we acknowledged (Time::min() if never): a
+  // When a data packet last arrived that we accepted or had accepted (Time::min() if never): a
   // closing NIC keeps answering until its peers have had time to resend what they still miss
-  // (congestion.md §4.6).
+  // (congestion.md §4.6). Probes and packets for streams we do not have do not count.
   virtual Time last_answered() const = 0;
 };
 

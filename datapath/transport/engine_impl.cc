@@ -600,9 +600,7 @@ EngineImpl::RecvDir& EngineImpl::create_dir(Connection& c, const wire::BaseHeade
   return *d;
 }
 
-void EngineImpl::request_ack(Time now, Connection& c, RecvDir& d, uint16_t path, uint32_t ts,
-                             bool ecn_ce) {
-  last_answered_ = now;
+void EngineImpl::request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce) {
   RxPath& rp = d.paths[path];
   rp.echo_ts = ts;
   if (ecn_ce) {
@@ -720,7 +718,8 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
       // The ACK that covered it was lost or is late: say it again, deliver nothing.
       ++stats_.duplicates;
       ++rp.duplicates;
-      request_ack(now, c, *d, b.path_id, b.timestamp, ecn_ce);
+      last_answered_ = now;  // a packet we accepted: its sender needs this answer (§4.6)
+      request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
       return;
     case SackWindow::Check::kNew:
       break;
@@ -747,7 +746,8 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
         }
       }
       rp.win.mark(b.path_seq);
-      request_ack(now, c, *d, b.path_id, b.timestamp, ecn_ce);
+      last_answered_ = now;
+      request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
       return;
     }
     mark_orig = oc == SackWindow::Check::kNew;
@@ -782,13 +782,7 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     r.win.mark(b.path_seq);
     if (mark_orig) d->paths[opath].win.mark(h.orig_seq);
   } else if (why == Syndrome::kUnreachable) {
-    // Neither marked nor NAKed: the sender's retries run out. The ACK still goes (it carries
-    // the path's state), but nothing here is owed an answer.
-    ++stats_.drop_unreachable;
-    const Time keep = last_answered_;
-    request_ack(now, c, *d, path, b.timestamp, ecn_ce);
-    last_answered_ = keep;
-    return;
+    ++stats_.drop_unreachable;  // neither marked nor NAKed: the sender's RTO retries it
   } else if (why == Syndrome::kRnr || r.nak_count == kNakSlots) {
     // Not marked: the sender resends it. An RNR is reported (once) so that the sender backs
     // off instead of treating it as loss; a full NAK list is treated the same way, so that no
@@ -804,7 +798,8 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     if (mark_orig) d->paths[opath].win.mark(h.orig_seq);
     ++stats_.naks_sent;
   }
-  request_ack(now, c, *d, path, b.timestamp, ecn_ce);
+  if (why != Syndrome::kUnreachable) last_answered_ = now;  // nothing is owed for those
+  request_ack(c, *d, path, b.timestamp, ecn_ce);
 }
 
 void EngineImpl::handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_ce,
@@ -827,7 +822,7 @@ void EngineImpl::handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_
   RxPath& rp = d->paths[b.path_id];
   rp.port = sport;
   rp.win.advance_to(b.ack_floor);
-  request_ack(now, c, *d, b.path_id, b.timestamp, ecn_ce);
+  request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
 }
 
 void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt) {

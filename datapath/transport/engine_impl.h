@@ -225,7 +225,7 @@ class EngineImpl final : public Engine {
   void handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_ce, const wire::Packet& pkt);
   RecvDir* find_dir(Connection& c, uint32_t conn_id);
   RecvDir& create_dir(Connection& c, const wire::BaseHeader& b, Time now);
-  void request_ack(Time now, Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce);
+  void request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce);
   void add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn, Syndrome why);
   void account_rx(Time now, Connection& c, size_t bytes);
   void close_rate_interval(Time now);

@@ -1520,6 +1520,23 @@ TEST(PathFailure, AReceiverWhoseStreamIsGoneStillAcknowledgesWhatItAccepted) {
   EXPECT_GT(f.node[1].e->stats().duplicates + f.node[1].e->stats().failover_duplicates, 0u);
 }
 
+TEST(PathFailure, LastAnsweredTracksAcceptedDataOnly) {
+  // What a closing NIC lingers on (§4.6): data it accepted (or had accepted), not packets for
+  // streams it does not have, which nobody waits on.
+  Fabric f;
+  EXPECT_EQ(f.node[1].e->last_answered(), Time::min());
+  f.submit(0, 1, 0, 100);
+  f.run();
+  const Time accepted = f.node[1].e->last_answered();
+  EXPECT_GT(accepted, Time{0});
+  EXPECT_LE(accepted, f.now);
+  f.node[1].host.verdict = [](const Segment&) { return Syndrome::kUnreachable; };
+  f.submit(0, 2, 0, 100);
+  f.run(f.now + 5ms);
+  EXPECT_GT(f.node[1].e->stats().drop_unreachable, 0u);
+  EXPECT_EQ(f.node[1].e->last_answered(), accepted);
+}
+
 TEST(PathFailure, TheQpsTimeoutBoundsWhenRetriesRunOut) {
   // retry_cnt 7, timeout 1 ms: the error comes no sooner than 1 ms after the message left (a
   // peer descheduled for less must not fail it) and no later than 8 ms.
