@@ -511,20 +511,26 @@ std::vector<const Sent*> transmissions_of(const Fabric& f, uint32_t offset) {
   return out;
 }
 
-TEST(Transport, LossOfTheLastPacketIsRecoveredByTailProbeWithinTwoRtts) {
-  Fabric f;
-  const uint64_t cookie = f.submit(0, 1, 0, 8 * kMtu);
-  bool dropped = false;
-  f.fate = [&](const Sent& s) {
-    if (!dropped && s.from == 0 && wire::is_data_opcode(s.pkt.base.opcode) &&
-        s.pkt.data.offset == 7 * kMtu) {
-      dropped = true;
+// A fate that drops the first `times` data packets node 0 sends at `offset` of a message,
+// counting them in *dropped.
+std::function<Fate(const Sent&)> drop_data_at(uint32_t offset, int* dropped, int times = 1) {
+  return [=](const Sent& s) {
+    if (*dropped < times && s.from == 0 && wire::is_data_opcode(s.pkt.base.opcode) &&
+        s.pkt.data.offset == offset) {
+      ++*dropped;
       return Fate::kDrop;
     }
     return Fate::kDeliver;
   };
+}
+
+TEST(Transport, LossOfTheLastPacketIsRecoveredByTailProbeWithinTwoRtts) {
+  Fabric f;
+  const uint64_t cookie = f.submit(0, 1, 0, 8 * kMtu);
+  int dropped = 0;
+  f.fate = drop_data_at(7 * kMtu, &dropped);
   f.run();
-  ASSERT_TRUE(dropped);
+  ASSERT_EQ(dropped, 1);
   EXPECT_EQ(f.node[0].host.acked, std::vector<uint64_t>{cookie});
   EXPECT_EQ(f.node[1].host.received.at({1, 0}), sent_bytes(f, 0, cookie));
   const EngineStats& st = f.node[0].e->stats();
@@ -554,14 +560,7 @@ TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByRto) {
   Fabric f;
   const uint64_t cookie = f.submit(0, 1, 0, 8 * kMtu);
   int dropped = 0;
-  f.fate = [&](const Sent& s) {
-    if (dropped < 2 && s.from == 0 && wire::is_data_opcode(s.pkt.base.opcode) &&
-        s.pkt.data.offset == 7 * kMtu) {
-      ++dropped;
-      return Fate::kDrop;
-    }
-    return Fate::kDeliver;
-  };
+  f.fate = drop_data_at(7 * kMtu, &dropped, 2);
   f.run();
   ASSERT_EQ(dropped, 2);
   EXPECT_EQ(f.node[0].host.acked, std::vector<uint64_t>{cookie});
@@ -1478,16 +1477,10 @@ TEST(PathFailure, TheTailProbeIsWhatRecoversALostLastPacketInRoundTrips) {
     f.run();  // RTT samples
     const Time start = f.now;
     f.submit(0, 1, 0, 8 * kMtu);
-    bool dropped = false;
-    f.fate = [&](const Sent& s) {
-      if (!dropped && s.from == 0 && wire::is_data_opcode(s.pkt.base.opcode) &&
-          s.pkt.data.offset == 7 * kMtu) {
-        dropped = true;
-        return Fate::kDrop;
-      }
-      return Fate::kDeliver;
-    };
+    int dropped = 0;
+    f.fate = drop_data_at(7 * kMtu, &dropped);
     f.run();
+    ASSERT_EQ(dropped, 1);
     ASSERT_EQ(f.node[0].host.acked.size(), 2u);
     const Time rtt = 2 * f.delay;
     if (tlp) EXPECT_LE(f.now - start, 4 * rtt);
