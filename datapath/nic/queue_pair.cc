@@ -8,6 +8,7 @@
 #include <atomic>
 #include <bit>
 #include <cstring>
+#include <new>
 
 #include "datapath/nic/soft_device.h"
 
@@ -144,7 +145,7 @@ QueuePair::QueuePair(SoftDevice& dev, uint32_t qpn, const QpInit& init)
       sq_mask_(static_cast<uint32_t>(sq_.size()) - 1),
       rq_(std::bit_ceil(std::max(init.max_recv_wr, 1u))),
       rq_mask_(static_cast<uint32_t>(rq_.size()) - 1),
-      rx_msgs_(kRecvWindow),
+      rx_msgs_(kRecvWindowInitial),
       srq_(static_cast<SharedReceiveQueue*>(init.srq)),
       claimed_(init.srq ? kRecvWindow : 0),
       ud_seen_(init.type == QpType::kUd ? kUdSeen : 0) {}
@@ -204,7 +205,7 @@ void QueuePair::set_state(QpState s) {
       rd_blocked_ = false;
       for (auto& a : atomics_) a = AtomicResult{};
       rx_next_msn_ = 0;
-      for (auto& m : rx_msgs_) m = RecvMsg{};
+      rx_msgs_.assign(kRecvWindowInitial, RecvMsg{});
       // SRQ entries this QP claimed and never completed go back to the SRQ (a reset discards
       // work without completions; from ERR they were already flushed).
       for (uint32_t r = srq_retired_; r != next_claim_; ++r)
@@ -491,8 +492,11 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     // A message completed long ago: a duplicate. An atomic is answered again, not re-executed.
     return atomic ? execute_atomic(seg, true) : Syndrome::kOk;
   }
-  if (ahead >= kRecvWindow) return Syndrome::kRnr;  // sender too far ahead: come back later
-  RecvMsg& m = rx_msgs_[seg.msn & (kRecvWindow - 1)];
+  // A sender too far ahead comes back later (RNR back-off), as it does when the window cannot
+  // grow.
+  if (ahead >= kRecvWindow || (ahead >= rx_msgs_.size() && !grow_rx_window(ahead)))
+    return Syndrome::kRnr;
+  RecvMsg& m = rx_msg(seg.msn);
   if (atomic) {
     const bool duplicate = m.seen && m.msn == seg.msn;
     if (!duplicate) {
@@ -649,9 +653,30 @@ void QueuePair::answer_atomic(const transport::Segment& seg, AtomicResult& r) {
   dev_.queue_read_response(resp, reinterpret_cast<uintptr_t>(&r.original));
 }
 
+// Doubles the responder's records until message rx_next_msn_ + ahead has one, keeping every
+// record in use. At most log2(kRecvWindow / kRecvWindowInitial) = 6 times in a QP's life, so
+// the packet path allocates a bounded number of times; if it cannot, the sender is only slowed.
+bool QueuePair::grow_rx_window(uint32_t ahead) {
+  size_t size = rx_msgs_.size();
+  while (size <= ahead) size *= 2;
+  std::vector<RecvMsg> bigger;
+  try {
+    bigger.resize(size);
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+  for (uint32_t k = 0; k < rx_msgs_.size(); ++k) {
+    const uint32_t msn = rx_next_msn_ + k;
+    const RecvMsg& m = rx_msg(msn);
+    if (m.seen && m.msn == msn) bigger[msn & (size - 1)] = m;
+  }
+  rx_msgs_.swap(bigger);
+  return true;
+}
+
 void QueuePair::complete_receives() {
   for (;;) {
-    RecvMsg& m = rx_msgs_[rx_next_msn_ & (kRecvWindow - 1)];
+    RecvMsg& m = rx_msg(rx_next_msn_);
     if (!m.seen || m.msn != rx_next_msn_ || m.received < m.total) return;
     if (m.consumes_recv) {
       Cqe c;

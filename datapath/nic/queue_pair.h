@@ -26,6 +26,13 @@ class QueuePair final : public Qp {
 
   // Provider side (application threads).
   uint32_t qpn() const override { return qpn_; }
+  // Messages a stream may run ahead of completion. The responder's record array starts small
+  // and doubles only for a sender that runs further ahead, so the many QPs that never do stay
+  // small.
+  static constexpr uint32_t kRecvWindow = 4096;
+  static constexpr uint32_t kRecvWindowInitial = 64;
+  // Responder records held now (kRecvWindowInitial .. kRecvWindow), for tests and telemetry.
+  size_t responder_window() const { return rx_msgs_.size(); }
   QpState state() const override { return state_.load(std::memory_order_acquire); }
   void set_state(QpState s) override;
   void set_remote(const QpRemote& r) override;
@@ -76,7 +83,8 @@ class QueuePair final : public Qp {
     uint32_t imm = 0;
     ibv_wc_status status = IBV_WC_SUCCESS;
   };
-  static constexpr uint32_t kRecvWindow = 4096;  // messages a stream may run ahead of completion
+  bool grow_rx_window(uint32_t ahead);
+  RecvMsg& rx_msg(uint32_t msn) { return rx_msgs_[msn & (rx_msgs_.size() - 1)]; }
   // Responder's record of executed atomics, so that a request seen again is answered from
   // here rather than executed twice (docs/spec/verbs-mapping.md §3). Larger than the most
   // atomics a requester may have outstanding, so an entry outlives its response.

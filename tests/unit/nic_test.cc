@@ -57,7 +57,7 @@ class NicTest : public ::testing::Test {
       QpInit init;
       init.pd = kPd;
       init.send_cq = init.recv_cq = s->cq;
-      init.max_send_wr = init.max_recv_wr = 64;
+      init.max_send_wr = init.max_recv_wr = sq_depth_;
       init.max_send_sge = init.max_recv_sge = 4;
       init.max_inline = 64;
       s->qp = s->dev->create_qp(init, &err);
@@ -114,6 +114,7 @@ class NicTest : public ::testing::Test {
   }
 
   transport::Time clock_{std::chrono::seconds(1)};
+  uint32_t sq_depth_ = 64;
   Side a_, b_;
 };
 
@@ -173,6 +174,51 @@ TEST_F(NicTest, SendScattersIntoPostedReceiveAndCompletesInOrder) {
   EXPECT_EQ(ntohl(rc[1].imm), 99u);
   EXPECT_EQ(std::memcmp(b_.buf.data(), a_.buf.data(), 3000), 0);
   EXPECT_EQ(std::memcmp(b_.buf.data() + 10000, a_.buf.data() + 3000, 3000), 0);
+}
+
+TEST_F(NicTest, ResponderRecordsStaySmallAndGrowOnlyForASenderFarAhead) {
+  // 300 messages in flight behind a SEND that waits for its receive (RNR): the responder must
+  // hold records for all of them, so its window grows from 64; then everything completes in
+  // order with the right bytes. An idle QP keeps 64 records (~2.3 KiB).
+  sq_depth_ = 512;
+  build(io::MemLinkConfig{});
+  auto* rx = static_cast<QueuePair*>(b_.qp);
+  EXPECT_EQ(rx->responder_window(), QueuePair::kRecvWindowInitial);
+  SendWqe first;
+  first.wr_id = 1000;
+  first.op = WqeOp::kSend;
+  first.num_sge = 1;
+  first.sge[0] = sge(a_, 0, 8);
+  ASSERT_EQ(a_.qp->post_send(first), 0);
+  for (uint32_t i = 0; i < 300; ++i) {
+    a_.buf[4096 + i] = static_cast<uint8_t>(i * 13 + 5);
+    SendWqe w;
+    w.wr_id = i;
+    w.op = WqeOp::kWrite;
+    w.signaled = i == 299;
+    w.num_sge = 1;
+    w.sge[0] = sge(a_, 4096 + i, 1);
+    w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data()) + 8192 + i;
+    w.rkey = b_.key;
+    ASSERT_EQ(a_.qp->post_send(w), 0);
+  }
+  run_until(b_, 1, 300);  // the writes land; nothing completes behind the waiting SEND
+  EXPECT_GT(rx->responder_window(), 300u);
+  EXPECT_LE(rx->responder_window(), 512u);
+  RecvWqe r;
+  r.wr_id = 77;
+  r.num_sge = 1;
+  r.sge[0] = sge(b_, 0, 8);
+  ASSERT_EQ(b_.qp->post_recv(r), 0);
+  auto rc = run_until(b_, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].wr_id, 77u);
+  EXPECT_EQ(rc[0].status, IBV_WC_SUCCESS);
+  auto sc = run_until(a_, 1);
+  ASSERT_EQ(sc.size(), 1u);
+  EXPECT_EQ(sc[0].wr_id, 299u);
+  EXPECT_EQ(sc[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 8192, a_.buf.data() + 4096, 300), 0);
 }
 
 TEST_F(NicTest, ReadFetchesRemoteBytes) {
