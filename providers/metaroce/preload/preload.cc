@@ -4,7 +4,7 @@
 // put it in LD_PRELOAD. It defines libibverbs' ibv_create_comp_channel and
 // ibv_destroy_comp_channel (version IBVERBS_1.0, so that programs linked against libibverbs bind
 // here first) and hands a context to its own provider when that provider offers channel
-// functions, to libibverbs otherwise. It links nothing but libdl and libc, so the many programs
+// functions, to libibverbs otherwise. It links nothing but libc, so the many programs
 // that never touch verbs pay only its loading; nothing in any loaded library is modified.
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
@@ -49,7 +49,8 @@ __attribute__((visibility("default"))) ibv_comp_channel* ibv_create_comp_channel
   if (auto own = reinterpret_cast<CreateFn>(
           provider_function(context, "metaroce_create_comp_channel")))
     return own(context);
-  static const CreateFn next = libibverbs_function<CreateFn>("ibv_create_comp_channel");
+  // Looked up per call (channels are made rarely): no static guard, so no C++ runtime needed.
+  const CreateFn next = libibverbs_function<CreateFn>("ibv_create_comp_channel");
   if (!next) {
     errno = ENOSYS;
     return nullptr;
@@ -62,7 +63,7 @@ __attribute__((visibility("default"))) int ibv_destroy_comp_channel(ibv_comp_cha
   if (auto own = reinterpret_cast<DestroyFn>(
           provider_function(channel->context, "metaroce_destroy_comp_channel")))
     return own(channel);
-  static const DestroyFn next = libibverbs_function<DestroyFn>("ibv_destroy_comp_channel");
+  const DestroyFn next = libibverbs_function<DestroyFn>("ibv_destroy_comp_channel");
   return next ? next(channel) : ENOSYS;
 }
 
