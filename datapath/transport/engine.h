@@ -57,9 +57,9 @@ struct MessageDesc {
   uint64_t cookie = 0;       // the NIC's handle, returned in Host callbacks
   // The QP's retry limits (verbs retry_cnt and timeout, congestion.md §4.5). The message fails
   // with kRetryExceeded once one of its packets has timed out retry_cnt times, on whatever paths,
-  // and `timeout` has passed since the message was first sent; at the latest timeout *
-  // (retry_cnt + 1) after that. kEngineRetries: EngineConfig::max_retries. timeout 0: the count
-  // alone decides.
+  // and the peer has said nothing on any path for `timeout`; at the latest after timeout *
+  // (retry_cnt + 1) of such silence. kEngineRetries: EngineConfig::max_retries. timeout 0: the
+  // count alone decides.
   static constexpr uint8_t kEngineRetries = 0xff;
   uint8_t retry_cnt = kEngineRetries;
   Time timeout{0};

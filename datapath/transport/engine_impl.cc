@@ -436,7 +436,8 @@ bool EngineImpl::send_moving(Time now, Connection& c, TxSink& sink, uint32_t& se
     const uint16_t idx = c.move_head;
     TxDesc& d = c.pool[idx];
     // d.path still names the path it left.
-    const uint16_t p = choose_path(c, now, plane_of(d.path));
+    uint16_t p = choose_path(c, now, plane_of(d.path));
+    if (p == cfg_.num_paths) p = overflow_path(c);
     if (p == cfg_.num_paths) return true;
     TxPath& tp = c.tx[p];
     d.path = p;
@@ -452,6 +453,24 @@ bool EngineImpl::send_moving(Time now, Connection& c, TxSink& sink, uint32_t& se
     ++sent;
   }
   return true;
+}
+
+// No path is open, yet failover copies wait: they go on the active path with the most room left
+// in its SACK span, past its window. A copy held back could be what that window waits for (its
+// original pins the ack floor of the path it left, §4.3), and while it waits no timer runs for
+// it, so nothing would ever fail its message if the peer were gone.
+uint16_t EngineImpl::overflow_path(const Connection& c) const {
+  uint16_t best = cfg_.num_paths;
+  uint32_t best_used = SackWindow::kSpan - 1;
+  for (uint16_t p = 0; p < cfg_.num_paths; ++p) {
+    const TxPath& tp = c.tx[p];
+    const uint32_t used = tp.next_seq - tp.una;
+    if (tp.state == PathState::kActive && used < best_used) {
+      best = p;
+      best_used = used;
+    }
+  }
+  return best;
 }
 
 bool EngineImpl::send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent) {
@@ -1152,16 +1171,19 @@ bool EngineImpl::suspect(Time now, Connection& c, uint16_t path) {
   return true;
 }
 
-// The QP's retry limits (§4.5): retry_cnt timeouts of one packet, not before `timeout` since the
-// message left, and never later than timeout * (retry_cnt + 1).
-bool EngineImpl::out_of_retries(const TxDesc& d, Time now) const {
+// The QP's retry limits (§4.5): retry_cnt timeouts of one packet, and the peer silent on every
+// path for at least `timeout` (since the message left or since the connection's last ACK
+// progress, whichever is later); in any case once it has been silent for timeout *
+// (retry_cnt + 1). Silence, not the message's age: under heavy random loss a packet may time out
+// many times while the peer keeps answering for the others, and that is not an unreachable peer.
+bool EngineImpl::out_of_retries(const Connection& c, const TxDesc& d, Time now) const {
   const detail::MsgSlot& s = slots_[d.slot];
   const uint32_t limit =
       s.m.retry_cnt == MessageDesc::kEngineRetries ? cfg_.max_retries : s.m.retry_cnt;
   if (s.m.timeout <= Time{0}) return d.rto_retries >= limit;
-  const Time age = now - Time(s.first_tx_ns);
-  if (age >= s.m.timeout * (int64_t{limit} + 1)) return true;
-  return d.rto_retries >= limit && age >= s.m.timeout;
+  const Time silent = now - Time(std::max(s.first_tx_ns, c.last_progress_ns));
+  if (silent >= s.m.timeout * (int64_t{limit} + 1)) return true;
+  return d.rto_retries >= limit && silent >= s.m.timeout;
 }
 
 void EngineImpl::path_recovered(Time now, Connection& c, uint16_t path, int64_t sample) {
@@ -1229,7 +1251,7 @@ void EngineImpl::expire(Time now, Connection& c, uint16_t path) {
   ++stats_.timeouts;
   ++c.counters[path].timeouts;
   TxDesc& d = c.pool[idx];
-  if (out_of_retries(d, now)) {
+  if (out_of_retries(c, d, now)) {
     fail_message(c, d.slot, Syndrome::kRetryExceeded, now);
     return;
   }

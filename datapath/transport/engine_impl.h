@@ -249,7 +249,8 @@ class EngineImpl final : public Engine {
   bool check_failure(Time now, Connection& c, uint16_t path);
   void fail_path(Time now, Connection& c, uint16_t path);
   bool suspect(Time now, Connection& c, uint16_t path);
-  bool out_of_retries(const TxDesc& d, Time now) const;
+  bool out_of_retries(const Connection& c, const TxDesc& d, Time now) const;
+  uint16_t overflow_path(const Connection& c) const;
   void path_recovered(Time now, Connection& c, uint16_t path, int64_t sample);
   void tail_probe(Time now, Connection& c);
   void arm_tlp(Time now, Connection& c);

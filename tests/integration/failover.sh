@@ -30,7 +30,8 @@ stop_all() {
   fi
   FABRIC_PID=""
 }
-trap 'stop_all; cleanup' EXIT
+# cleanup (lib.sh) exits with the status it finds in $?: hand it the script's, not stop_all's.
+trap 'rc=$?; stop_all; (exit "$rc"); cleanup' EXIT
 
 # fabric PLANES LINKS [options]: a 2-endpoint fabric and the devices fA (endpoint 0), fB (1).
 fabric() {

@@ -3,7 +3,7 @@
 """Fault injection for failover.sh, through `metaroce fabric set`.
 
   failover_fault.py METAROCE FABRIC down busiest-core|plane1 STATE_FILE
-      Waits until traffic has flowed through the fabric for half a second, then takes down the core
+      Waits until this run's traffic has flowed for half a second, then takes down the core
       link that carried the most frames over the last 200 ms (so that the running connection
       really has paths on it), or every link of plane 1. Records what it did in STATE_FILE.
   failover_fault.py METAROCE FABRIC check STATE_FILE
@@ -27,9 +27,15 @@ def lost(ls, name):
                (name.endswith(".") and n.startswith(name)))
 
 
+def edge_frames(m, fab):
+    return sum(l["frames_out"] for l in links(m, fab).values() if l["kind"] == "edge")
+
+
 def down(m, fab, what, state):
+    # Counters are cumulative over the fabric's life: wait for this run's own traffic.
+    start = edge_frames(m, fab)
     deadline = time.monotonic() + 60
-    while sum(l["frames_out"] for l in links(m, fab).values() if l["kind"] == "edge") < 200:
+    while edge_frames(m, fab) - start < 200:
         if time.monotonic() > deadline:
             sys.exit("no traffic through the fabric within 60 s")
         time.sleep(0.05)
