@@ -2,6 +2,7 @@
 // The `metaroce` command: link records plus the sysfs tree and device node through which an
 // unmodified libibverbs discovers a MetaRoCE device on a host without RDMA in the kernel.
 #include "util/cli.h"
+#include "util/engine_client.h"
 #include "util/stat.h"
 
 #include <fcntl.h>
@@ -47,6 +48,9 @@
 #ifndef METAROCE_PRELOAD_PATH
 #define METAROCE_PRELOAD_PATH ""
 #endif
+#ifndef METAROCE_ENGINE_PATH
+#define METAROCE_ENGINE_PATH ""
+#endif
 
 namespace metaroce::util {
 namespace {
@@ -74,10 +78,12 @@ constexpr const char* kMainHelp =
     "  link flush               delete every link\n"
     "  env                      print the shell settings that make libibverbs find the links\n"
     "  exec [--] PROGRAM [ARGS...]   run PROGRAM with those settings\n"
-    "  stat NAME [--json] [--watch S]   live per-path counters of the processes using a link\n"
+    "  stat NAME [--json] [--watch S]   live per-connection and per-path counters of a link\n"
+    "  engine start|stop|status  the host's engine, which serves every link to every process\n"
     "  fabric run|set|stat|stop NAME ...   the fabric emulator (see 'metaroce fabric --help')\n"
     "\n"
-    "Links live in $METAROCE_RUNDIR (default /run/metaroce). Typical use:\n"
+    "Links live in $METAROCE_RUNDIR (default /run/metaroce); `link add` starts the engine of that\n"
+    "run dir (metaroced) when none runs. Typical use:\n"
     "  metaroce link add mr0 --dpdk net_memif0,role=server --ip 10.0.0.1/24\n"
     "  metaroce exec -- ib_write_bw -d mr0       (or: eval \"$(metaroce env)\"; ib_write_bw ...)\n";
 
@@ -99,6 +105,18 @@ constexpr const char* kLinkHelp =
     "  --rx-capacity MBPS  inbound capacity the receiver shares among its senders with\n"
     "                  fair-share rate hints (default: none, senders rely on ECN alone)\n"
     "  --json          `show` prints a JSON array\n";
+
+constexpr const char* kEngineHelp =
+    "Usage: metaroce engine start [--cores LIST] [--spin adaptive|always] [--spin-us N]\n"
+    "       metaroce engine stop\n"
+    "       metaroce engine status [--json]\n"
+    "\n"
+    "The engine (metaroced) owns the ports of every link of the run dir and serves them to every\n"
+    "process on the host. `start` runs one in the background unless one already serves the run\n"
+    "dir (the options go to metaroced: --cores pins its datapath thread, --spin always never\n"
+    "sleeps); `link add` does it too. `stop` closes every link's ports (applications get\n"
+    "IBV_EVENT_DEVICE_FATAL); the links stay recorded and a new engine opens them again.\n"
+    "`status` lists the contexts it serves: process, link, objects held.\n";
 
 constexpr const char* kFabricHelp =
     "Usage: metaroce fabric run NAME --endpoints E --planes P [OPTIONS]\n"
@@ -638,6 +656,33 @@ Outcome create_link(nic::LinkConfig c, const Context& ctx) {
   return ok();
 }
 
+Outcome remove_record(const std::string& name, const Context& ctx);
+
+// Has the run dir's engine (started if none runs) open a link just recorded; the record goes
+// again if it cannot, so that `link add` is all or nothing.
+Outcome open_in_engine(const std::string& name, const Context& ctx) {
+  if (ctx.engine_program.empty()) return ok();
+  std::string why;
+  auto fail_and_remove = [&](const std::string& what) {
+    (void)remove_record(name, ctx);
+    return fail(what);
+  };
+  auto conn = std::make_unique<EngineConnection>(ctx.rundir);
+  if (!conn->ok()) {
+    if (!start_engine(ctx.engine_program, ctx.rundir, {}, &why)) return fail_and_remove(why);
+    conn = std::make_unique<EngineConnection>(ctx.rundir);
+    if (!conn->ok())
+      return fail_and_remove(describe("cannot reach the engine of " + ctx.rundir, errno));
+  }
+  hostif::LinkReq req;
+  hostif::put_name(req.link, name);
+  hostif::Message resp;
+  const int e = conn->call(hostif::Op::kLinkOpen, req, &resp);
+  if (e == EEXIST) return ok();  // the engine found the record first (it was just starting)
+  if (e) return fail_and_remove("the engine cannot open link " + name + ": " + engine_reason(resp, e));
+  return ok();
+}
+
 Outcome link_add(const std::vector<std::string>& args, const Context& ctx) {
   bool help = false;
   Outcome error{kExitOk, {}};
@@ -647,7 +692,10 @@ Outcome link_add(const std::vector<std::string>& args, const Context& ctx) {
     return ok();
   }
   if (!c) return error;
-  return create_link(std::move(*c), ctx);
+  const std::string name = c->name;
+  Outcome r = create_link(std::move(*c), ctx);
+  if (r.status != kExitOk) return r;
+  return open_in_engine(name, ctx);
 }
 
 Outcome link_del(const std::vector<std::string>& args, const Context& ctx) {
@@ -666,16 +714,35 @@ Outcome link_del(const std::vector<std::string>& args, const Context& ctx) {
   if (!check_name(*name, &err)) return fail(err);
   const Paths p(ctx);
   if (!fs::is_directory(p.link_dir(*name))) return fail("no link named " + *name);
+  if (!ctx.engine_program.empty()) {
+    // The engine closes the link first: its contexts see the device go away.
+    EngineConnection conn(ctx.rundir);
+    hostif::LinkReq req;
+    hostif::put_name(req.link, *name);
+    hostif::Message resp;
+    if (conn.ok()) {
+      const int e = conn.call(hostif::Op::kLinkClose, req, &resp);
+      if (e && e != ENOENT)
+        return fail("the engine cannot close link " + *name + ": " + engine_reason(resp, e));
+    }
+  }
+  return remove_record(*name, ctx);
+}
+
+// Removes the record and tree of a link (its engine no longer has it open).
+Outcome remove_record(const std::string& name, const Context& ctx) {
+  std::string err;
+  const Paths p(ctx);
   RunDirLock lock;
   if (!lock.acquire(ctx.rundir, &err)) return fail(err);
-  if (!fs::is_directory(p.link_dir(*name))) return fail("no link named " + *name);
+  if (!fs::is_directory(p.link_dir(name))) return fail("no link named " + name);
 
   // Every uverbs entry that names this device, so a damaged record cannot leave one behind.
   std::vector<std::string> entries;
   std::error_code ec;
   if (fs::is_directory(p.verbs_class, ec)) {
     for (const auto& e : fs::directory_iterator(p.verbs_class, ec)) {
-      if (e.is_directory(ec) && read_first_line(e.path().string() + "/ibdev") == *name)
+      if (e.is_directory(ec) && read_first_line(e.path().string() + "/ibdev") == name)
         entries.push_back(e.path().string());
     }
   }
@@ -693,7 +760,7 @@ Outcome link_del(const std::vector<std::string>& args, const Context& ctx) {
     fs::remove_all(trash, ignored);
     return fail(why);
   };
-  entries.push_back(p.link_dir(*name));  // last: the uverbs entries must not outlive it
+  entries.push_back(p.link_dir(name));  // last: the uverbs entries must not outlive it
   for (const auto& e : entries) {
     std::string to = trash + "/" + std::to_string(moved.size());
     if (::rename(e.c_str(), to.c_str()) != 0) return undo(describe("cannot remove " + e, errno));
@@ -1169,6 +1236,7 @@ Outcome link_apply(const std::vector<std::string>& args, const Context& ctx) {
   for (auto& p : pending) {
     const std::string name = p.config.name;
     Outcome r = create_link(std::move(p.config), ctx);
+    if (r.status == kExitOk) r = open_in_engine(name, ctx);
     if (r.status != kExitOk) {
       for (auto it = added.rbegin(); it != added.rend(); ++it) (void)link_del({*it}, ctx);
       return {r.status, file + ":" + std::to_string(p.line) + ": " + r.message +
@@ -1247,6 +1315,101 @@ Outcome exec_program(const std::vector<std::string>& args, const Context& ctx) {
   return {kExitCannotRun, describe("exec: cannot run " + program, e)};
 }
 
+Outcome engine_command(const std::vector<std::string>& args, const Context& ctx) {
+  if (args.empty()) return usage("engine: missing subcommand (start, stop, status)");
+  const std::string& sub = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (sub == "--help" || sub == "-h" || sub == "help") {
+    *ctx.out << kEngineHelp;
+    return ok();
+  }
+  if (sub == "start") {
+    std::vector<std::string> extra;
+    for (size_t i = 0; i < rest.size(); ++i) {
+      const std::string& a = rest[i];
+      if (a == "--help" || a == "-h") {
+        *ctx.out << kEngineHelp;
+        return ok();
+      }
+      if (a != "--cores" && a != "--spin" && a != "--spin-us")
+        return usage("engine start: unknown option '" + a + "'");
+      if (i + 1 >= rest.size()) return usage("engine start: option " + a + " needs a value");
+      extra.push_back(a);
+      extra.push_back(rest[++i]);
+    }
+    if (ctx.engine_program.empty()) return fail("engine start: no engine program known");
+    if (EngineConnection(ctx.rundir).ok()) {
+      *ctx.out << "an engine already serves " << ctx.rundir << "\n";
+      return ok();
+    }
+    std::string why;
+    if (!start_engine(ctx.engine_program, ctx.rundir, extra, &why)) return fail(why);
+    return ok();
+  }
+  if (sub == "stop") {
+    if (!rest.empty()) return usage("engine stop: unexpected argument '" + rest[0] + "'");
+    EngineConnection conn(ctx.rundir);
+    if (!conn.ok()) return ok();  // nothing runs: already stopped
+    hostif::Message resp;
+    const int e = conn.call(hostif::Op::kShutdown, nullptr, 0, &resp);
+    if (e) return fail("engine stop: " + engine_reason(resp, e));
+    // Gone once its socket no longer answers (its links closed, goodbyes said).
+    for (int i = 0; i < 200; ++i) {
+      if (!EngineConnection(ctx.rundir).ok()) return ok();
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return fail("engine stop: the engine of " + ctx.rundir + " did not stop within 5 s");
+  }
+  if (sub == "status") {
+    bool json = false;
+    for (const auto& a : rest) {
+      if (a == "--json") json = true;
+      else return usage("engine status: unexpected argument '" + a + "'");
+    }
+    EngineConnection conn(ctx.rundir);
+    if (!conn.ok()) {
+      if (json) *ctx.out << "{\"running\": false}\n";
+      else *ctx.out << "no engine serves " << ctx.rundir << "\n";
+      return json ? ok() : fail("no engine serves " + ctx.rundir);
+    }
+    hostif::Message resp;
+    int e = conn.call(hostif::Op::kEngineInfo, nullptr, 0, &resp);
+    auto info = resp.as<hostif::EngineInfoResp>();
+    if (e || !info) return fail("engine status: " + engine_reason(resp, e ? e : EPROTO));
+    std::vector<hostif::SessionInfoResp> sessions;
+    for (uint32_t i = 0;; ++i) {
+      hostif::SessionInfoReq q;
+      q.index = i;
+      e = conn.call(hostif::Op::kSessionInfo, q, &resp);
+      auto s2 = resp.as<hostif::SessionInfoResp>();
+      if (e || !s2) break;
+      sessions.push_back(*s2);
+    }
+    std::ostream& o = *ctx.out;
+    if (json) {
+      o << "{\"running\": true, \"pid\": " << info->pid << ", \"links\": " << info->links
+        << ", \"contexts\": [";
+      for (size_t i = 0; i < sessions.size(); ++i) {
+        const auto& x = sessions[i];
+        o << (i ? ", " : "") << "{\"pid\": " << x.pid << ", \"link\": "
+          << json_string(hostif::get_name(x.link)) << ", \"pds\": " << x.pds << ", \"mrs\": "
+          << x.mrs << ", \"cqs\": " << x.cqs << ", \"srqs\": " << x.srqs << ", \"qps\": "
+          << x.qps << "}";
+      }
+      o << "]}\n";
+    } else {
+      o << "engine pid " << info->pid << " serves " << ctx.rundir << ": " << info->links
+        << " link(s), " << sessions.size() << " context(s)\n";
+      for (const auto& x : sessions)
+        o << "  pid " << x.pid << "  " << hostif::get_name(x.link) << "  pds " << x.pds
+          << "  mrs " << x.mrs << "  cqs " << x.cqs << "  srqs " << x.srqs << "  qps " << x.qps
+          << "\n";
+    }
+    return ok();
+  }
+  return usage("engine: unknown subcommand '" + sub + "'");
+}
+
 Outcome dispatch(const std::vector<std::string>& args, const Context& ctx) {
   if (args.empty()) return usage("missing command (try 'metaroce --help')");
   const std::string& cmd = args[0];
@@ -1262,6 +1425,7 @@ Outcome dispatch(const std::vector<std::string>& args, const Context& ctx) {
   if (cmd == "env") return env(rest, ctx);
   if (cmd == "exec") return exec_program(rest, ctx);
   if (cmd == "fabric") return fabric_command(rest, ctx);
+  if (cmd == "engine") return engine_command(rest, ctx);
   if (cmd == "stat") {
     std::string why;
     const int status = stat_command(rest, ctx, &why);
@@ -1451,6 +1615,15 @@ Context process_context() {
   if (!ec) ctx.exe_dir = exe.parent_path().string();
   ctx.build_root = METAROCE_BUILD_ROOT;
   ctx.preload_path = METAROCE_PRELOAD_PATH;
+  ctx.engine_program = METAROCE_ENGINE_PATH;
+  // Run from the build tree: the engine built next to it.
+  if (!ctx.build_root.empty() && !ctx.exe_dir.empty()) {
+    fs::path root = fs::weakly_canonical(ctx.build_root, ec);
+    fs::path exe = fs::weakly_canonical(ctx.exe_dir, ec);
+    auto rel = exe.lexically_relative(root);
+    if (!ec && !rel.empty() && *rel.begin() != "..")
+      ctx.engine_program = (root / "datapath/engine/metaroced").string();
+  }
   ctx.out = &std::cout;
   ctx.err = &std::cerr;
   return ctx;

@@ -38,6 +38,9 @@ struct Context {
   std::string exe_dir;                        // directory of the running binary
   std::string build_root;                     // meson build root the binary was compiled in
   std::string preload_path;                   // installed libmetaroce-preload.so (LD_PRELOAD)
+  // The engine to start when none serves the run dir (metaroced). Empty: links are records
+  // only and no engine is asked (the unit tests of the command).
+  std::string engine_program;
   std::ostream* out = nullptr;
   std::ostream* err = nullptr;
 

@@ -529,6 +529,12 @@ std::unique_ptr<Port> open_dpdk_port(const DpdkPortConfig& cfg, std::string* err
   const bool ok = Eal::get().run(cfg.hugepages, [&] {
     Eal& eal = Eal::get();
     const std::set<int> before = open_fds();
+    // A second link naming a device that is open (two links of one engine): refused without
+    // touching the open one's buffers.
+    if (auto open = eal.devices.find(name); open != eal.devices.end() && open->second.open) {
+      why = "device " + name + " is already open in this process (another link uses it)";
+      return;
+    }
     DeviceEntry& entry = eal.devices[name];
     auto fail = [&](std::string reason) {
       why = std::move(reason);
@@ -541,7 +547,6 @@ std::unique_ptr<Port> open_dpdk_port(const DpdkPortConfig& cfg, std::string* err
       mark_cloexec(eal.fds_after_last_op, before);
       eal.fds_after_last_op = open_fds();
     };
-    if (entry.open) return fail("device " + name + " is already open in this process");
     if (!entry.devargs.empty() && entry.devargs != devargs) remove_device(name, entry);
     if (entry.devargs.empty()) {
       const int rc = rte_dev_probe(devargs.c_str());

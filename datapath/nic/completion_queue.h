@@ -1,50 +1,48 @@
 // SPDX-License-Identifier: Apache-2.0
-// A completion queue: a ring the progress thread fills and application threads drain, as a
-// hardware CQ is a ring the NIC writes and the driver reads.
+// A completion queue as the NIC sees it: the producer side of a ring shared with the driver
+// (hostif::CqHeader). Completions are staged during a pass and published at its end, after the
+// data they announce has reached application memory.
 #pragma once
 
-#include <atomic>
-#include <mutex>
-#include <vector>
+#include <cstdint>
 
-#include "datapath/nic/device.h"
+#include "datapath/hostif/queues.h"
 
 namespace metaroce::nic {
 
-class CompletionQueue final : public Cq {
+class Owner;
+
+class CompletionQueue {
  public:
-  explicit CompletionQueue(uint32_t cqe);
-  uint32_t capacity() const override { return capacity_; }
-  int poll(int n, Cqe* out) override;
-  bool overflowed() const override { return overflowed_.load(std::memory_order_relaxed); }
-  void set_notifier(void (*fn)(void* arg), void* arg) override;
-  void arm(bool solicited_only) override;
+  CompletionQueue(uint32_t id, Owner* owner, hostif::CqHeader* ring, uint64_t handle,
+                  bool channel)
+      : id_(id), owner_(owner), producer_(ring), handle_(handle), channel_(channel) {}
 
-  // Called by poll() on an empty queue: the device runs its engine on the caller's thread
-  // when nobody else is (an application spinning on its CQ lends the NIC its cycles).
-  void set_idle_hook(void (*fn)(void* arg), void* arg) {
-    idle_fn_ = fn;
-    idle_arg_ = arg;
-  }
+  uint32_t id() const { return id_; }
+  Owner* owner() const { return owner_; }
+  uint64_t handle() const { return handle_; }
+  bool has_channel() const { return channel_; }
 
-  // Producer side: the progress thread only. Returns false (and records the overflow) when full.
-  bool push(const Cqe& cqe);
-  uint32_t users = 0;  // QPs using this CQ (guarded by the device lock)
+  // Writes a completion, visible at publish(); false when the ring is full (the completion is
+  // lost and the overflow recorded: IBV_EVENT_CQ_ERR, raised once).
+  bool stage(const hostif::Cqe& c);
+  bool has_staged() const { return producer_.has_staged(); }
+  // Publishes staged completions; true when that should raise a completion event.
+  bool publish() { return producer_.publish() && channel_; }
+  hostif::CqProducer& producer() { return producer_; }
+  // The overflow not yet reported (an async event is due); clears the report.
+  bool take_overflow_report();
+
+  uint32_t users = 0;  // QPs using it as send or receive CQ: destroy answers EBUSY meanwhile
 
  private:
-  std::vector<Cqe> ring_;
-  uint32_t mask_;
-  uint32_t capacity_;
-  alignas(64) std::atomic<uint32_t> head_{0};  // next slot the producer writes
-  alignas(64) std::atomic<uint32_t> tail_{0};  // next slot a consumer reads
-  std::mutex consumer_mu_;
-  std::atomic<bool> overflowed_{false};
-  std::atomic<bool> armed_{false};
-  void (*idle_fn_)(void*) = nullptr;
-  void* idle_arg_ = nullptr;
-  void (*notify_fn_)(void*) = nullptr;
-  void* notify_arg_ = nullptr;
-  void fire();
+  const uint32_t id_;
+  Owner* const owner_;
+  hostif::CqProducer producer_;
+  const uint64_t handle_;
+  const bool channel_;
+  bool overflow_reported_ = false;
+  bool overflow_due_ = false;
 };
 
 }  // namespace metaroce::nic

@@ -4,7 +4,8 @@
 
 namespace metaroce::nic {
 
-uint32_t MrTable::add(uint32_t pd, uint64_t addr, uint64_t length, unsigned int access) {
+uint32_t MrTable::add(uint32_t pd, uint64_t addr, uint64_t length, unsigned int access,
+                      Memory* mem, const Owner* owner) {
   uint32_t index;
   if (!free_.empty()) {
     index = free_.back();
@@ -17,9 +18,17 @@ uint32_t MrTable::add(uint32_t pd, uint64_t addr, uint64_t length, unsigned int 
   MemoryRegion& r = regions_[index - 1];
   // A new generation per reuse, so a stale key of a freed region does not match its successor.
   uint32_t gen = ((r.key & 0xff) + 1) & 0xff;
-  r = MemoryRegion{addr, length, access, pd, (index << 8) | gen, true};
+  r = MemoryRegion{addr, length, access, pd, (index << 8) | gen, mem, owner, true};
   ++live_;
   return r.key;
+}
+
+const MemoryRegion* MrTable::find(uint32_t key, const Owner* owner) const {
+  uint32_t index = key >> 8;
+  if (index == 0 || index > regions_.size()) return nullptr;
+  const MemoryRegion& r = regions_[index - 1];
+  if (!r.valid || r.key != key || (owner && r.owner != owner)) return nullptr;
+  return &r;
 }
 
 bool MrTable::remove(uint32_t key) {
@@ -28,23 +37,31 @@ bool MrTable::remove(uint32_t key) {
   MemoryRegion& r = regions_[index - 1];
   if (!r.valid || r.key != key) return false;
   r.valid = false;
+  r.mem = nullptr;
+  r.owner = nullptr;
   free_.push_back(index);
   --live_;
   return true;
 }
 
 MrCheck MrTable::check(uint32_t key, uint32_t pd, unsigned int need, uint64_t addr, uint64_t len,
-                       uint8_t** host) const {
-  uint32_t index = key >> 8;
-  if (index == 0 || index > regions_.size()) return MrCheck::kBadKey;
-  const MemoryRegion& r = regions_[index - 1];
-  if (!r.valid || r.key != key) return MrCheck::kBadKey;
-  if (r.pd != pd) return MrCheck::kBadPd;
-  if ((r.access & need) != need) return MrCheck::kNoAccess;
+                       const MemoryRegion** mr) const {
+  const MemoryRegion* r = find(key);
+  if (!r) return MrCheck::kBadKey;
+  if (r->pd != pd) return MrCheck::kBadPd;
+  if ((r->access & need) != need) return MrCheck::kNoAccess;
   // Overflow-safe bounds check.
-  if (addr < r.addr || len > r.length || addr - r.addr > r.length - len) return MrCheck::kOutOfBounds;
-  if (host) *host = reinterpret_cast<uint8_t*>(addr);
+  if (addr < r->addr || len > r->length || addr - r->addr > r->length - len)
+    return MrCheck::kOutOfBounds;
+  if (mr) *mr = r;
   return MrCheck::kOk;
+}
+
+std::vector<uint32_t> MrTable::keys_of(const Owner* owner) const {
+  std::vector<uint32_t> keys;
+  for (const MemoryRegion& r : regions_)
+    if (r.valid && r.owner == owner) keys.push_back(r.key);
+  return keys;
 }
 
 }  // namespace metaroce::nic

@@ -1,40 +1,42 @@
 // SPDX-License-Identifier: Apache-2.0
-// Requester and responder logic of a queue pair (spec §5): WQEs become transport messages,
-// arriving segments are placed at their final address, completions leave in order.
+// Requester and responder logic of a queue pair (spec §5): WQEs from the shared send ring become
+// transport messages, arriving segments are placed at their final address in the owner's
+// memory, completions leave in order.
 #include "datapath/nic/queue_pair.h"
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <bit>
 #include <cstring>
 #include <new>
 
-#include "datapath/nic/soft_device.h"
+#include "datapath/nic/nic.h"
 
 namespace metaroce::nic {
 
+using hostif::Cqe;
+using hostif::WqeOp;
 using transport::Op;
 using transport::Syndrome;
 
 namespace {
 
-ibv_wc_opcode send_opcode(WqeOp op) {
+WcOpcode send_opcode(WqeOp op) {
   switch (op) {
     case WqeOp::kWrite:
     case WqeOp::kWriteImm:
-      return IBV_WC_RDMA_WRITE;
+      return WcOpcode::kRdmaWrite;
     case WqeOp::kRead:
-      return IBV_WC_RDMA_READ;
+      return WcOpcode::kRdmaRead;
     case WqeOp::kCmpSwp:
-      return IBV_WC_COMP_SWAP;
+      return WcOpcode::kCompSwap;
     case WqeOp::kFetchAdd:
-      return IBV_WC_FETCH_ADD;
+      return WcOpcode::kFetchAdd;
     case WqeOp::kSend:
     case WqeOp::kSendImm:
       break;
   }
-  return IBV_WC_SEND;
+  return WcOpcode::kSend;
 }
 
 Op transport_op(WqeOp op) {
@@ -50,32 +52,32 @@ Op transport_op(WqeOp op) {
   return Op::kSend;
 }
 
-ibv_wc_status remote_status(Syndrome why) {
+WcStatus remote_status(Syndrome why) {
   switch (why) {
     case Syndrome::kRemoteAccess:
     case Syndrome::kRemoteBounds:
-      return IBV_WC_REM_ACCESS_ERR;
+      return WcStatus::kRemAccessErr;
     case Syndrome::kRemoteInvalid:
-      return IBV_WC_REM_INV_REQ_ERR;
+      return WcStatus::kRemInvReqErr;
     case Syndrome::kRemoteOp:
-      return IBV_WC_REM_OP_ERR;
+      return WcStatus::kRemOpErr;
     case Syndrome::kRnr:
-      return IBV_WC_RNR_RETRY_EXC_ERR;
+      return WcStatus::kRnrRetryExcErr;
     case Syndrome::kRetryExceeded:
     case Syndrome::kUnreachable:
-      return IBV_WC_RETRY_EXC_ERR;
+      return WcStatus::kRetryExcErr;
     case Syndrome::kOk:
       break;
   }
-  return IBV_WC_GENERAL_ERR;
+  return WcStatus::kGeneralErr;
 }
 
 // The 40 bytes a UD receive holds in front of the payload. Like a RoCEv2 NIC receiving over
 // IPv4: 20 bytes of zeros, then the IPv4 header of the datagram (ibv_init_ah_from_wc reads the
 // source address there).
-std::array<uint8_t, kGrhLen> make_grh(uint32_t src_ip, uint32_t dst_ip, uint32_t payload) {
-  std::array<uint8_t, kGrhLen> g{};
-  uint8_t* ip = g.data() + 20;
+void make_grh(uint8_t* g, uint32_t src_ip, uint32_t dst_ip, uint32_t payload) {
+  std::memset(g, 0, kGrhLen);
+  uint8_t* ip = g + 20;
   const uint32_t total = 20 + 8 + payload;
   ip[0] = 0x45;
   ip[2] = static_cast<uint8_t>(total >> 8);
@@ -92,172 +94,140 @@ std::array<uint8_t, kGrhLen> make_grh(uint32_t src_ip, uint32_t dst_ip, uint32_t
   const uint16_t csum = static_cast<uint16_t>(~sum);
   ip[10] = static_cast<uint8_t>(csum >> 8);
   ip[11] = static_cast<uint8_t>(csum);
-  return g;
 }
 
-// Places WRITE data. A small payload is stored strictly in ascending address order, as a
-// hardware NIC's PCIe writes land: NCCL announces buffers with a 64-byte WRITE whose sequence
-// number sits mid-slot and spins on it, trusting the bytes below it to be there already (x86
-// keeps stores in program order; memcpy may store its pieces in any order).
-void place_write(uint8_t* dst, std::span<const uint8_t> data) {
-  constexpr size_t kOrdered = 256;
-  if (data.size() > kOrdered) {
-    std::memcpy(dst, data.data(), data.size());
-    return;
+// The responder's event for a request it rejected (IB spec: the responder's QP reports access
+// violations and invalid requests asynchronously; the requester learns from the NAK).
+std::optional<AsyncEvent> responder_event(Syndrome why) {
+  switch (why) {
+    case Syndrome::kRemoteAccess:
+    case Syndrome::kRemoteBounds:
+      return AsyncEvent::kQpAccessErr;
+    case Syndrome::kRemoteInvalid:
+      return AsyncEvent::kQpReqErr;
+    default:
+      return std::nullopt;  // a local error, reported in the receive's completion
   }
-  size_t i = 0;
-  for (; i + 8 <= data.size(); i += 8) {
-    uint64_t w;
-    std::memcpy(&w, data.data() + i, 8);
-    std::memcpy(dst + i, &w, 8);
-    asm volatile("" ::: "memory");  // keeps the compiler from merging or reordering the stores
-  }
-  for (; i < data.size(); ++i) dst[i] = data[i];
 }
 
-// Copies the used part of a WQE only: a full SendWqe is mostly unused SGE and inline space.
-void copy_send_wqe(SendWqe& dst, const SendWqe& src) {
-  dst.wr_id = src.wr_id;
-  dst.op = src.op;
-  dst.signaled = src.signaled;
-  dst.solicited = src.solicited;
-  dst.fence = src.fence;
-  dst.imm = src.imm;
-  dst.remote_addr = src.remote_addr;
-  dst.rkey = src.rkey;
-  dst.compare_add = src.compare_add;
-  dst.swap = src.swap;
-  dst.num_sge = src.num_sge;
-  std::memcpy(dst.sge, src.sge, sizeof(Sge) * src.num_sge);
-  dst.inline_len = src.inline_len;
-  std::memcpy(dst.inline_data, src.inline_data, src.inline_len);
-  dst.ud_ip = src.ud_ip;
-  dst.ud_qpn = src.ud_qpn;
-  dst.ud_qkey = src.ud_qkey;
+Syndrome mr_syndrome(MrCheck c) {
+  return c == MrCheck::kOutOfBounds ? Syndrome::kRemoteBounds : Syndrome::kRemoteAccess;
 }
 
 }  // namespace
 
-QueuePair::QueuePair(SoftDevice& dev, uint32_t qpn, const QpInit& init)
-    : dev_(dev), qpn_(qpn), init_(init),
-      sq_(std::bit_ceil(std::max(init.max_send_wr, 1u))),
-      sq_slots_(sq_.size()),
-      sq_mask_(static_cast<uint32_t>(sq_.size()) - 1),
-      rq_(std::bit_ceil(std::max(init.max_recv_wr, 1u))),
-      rq_mask_(static_cast<uint32_t>(rq_.size()) - 1),
-      rx_msgs_(kRecvWindowInitial),
-      srq_(static_cast<SharedReceiveQueue*>(init.srq)),
-      claimed_(init.srq ? kRecvWindow : 0),
-      ud_seen_(init.type == QpType::kUd ? kUdSeen : 0) {}
+QueuePair::QueuePair(Nic& nic, uint32_t qpn, const QpInit& init, hostif::QpHeader* ring)
+    : nic_(nic), qpn_(qpn), init_(init), ring_(ring),
+      sq_base_(hostif::sq_slot(ring, 0)), sq_mask_(ring->sq_entries - 1),
+      sq_stride_(ring->sq_stride), max_send_wr_(ring->max_send_wr),
+      max_send_sge_(ring->max_send_sge), max_inline_(ring->max_inline),
+      rq_base_(hostif::rq_slot(ring, 0)), rq_mask_(ring->rq_entries - 1),
+      rq_stride_(ring->rq_stride), max_recv_wr_(ring->max_recv_wr),
+      max_recv_sge_(ring->max_recv_sge), sq_slots_(ring->sq_entries),
+      rx_msgs_(init.type == QpType::kUd ? 1 : kRecvWindowInitial), srq_(init.srq),
+      claimed_(init.srq && init.type == QpType::kRc ? kRecvWindowInitial : 0),
+      ud_seen_(init.type == QpType::kUd ? kUdSeen : 0) {
+  publish_state();
+}
 
 QueuePair::~QueuePair() {
   for (uint32_t r = srq_retired_; r != next_claim_; ++r)
-    srq_->release(claimed_[r & (kRecvWindow - 1)]);
+    srq_->release(claimed_[r & (claimed_.size() - 1)]);
 }
 
-void QueuePair::raise(QpEvent ev) const {
-  if (init_.event_fn) init_.event_fn(init_.event_arg, ev);
+size_t QueuePair::state_bytes() const {
+  return sizeof(*this) + sq_slots_.capacity() * sizeof(SendSlot) +
+         rx_msgs_.capacity() * sizeof(RecvMsg) + atomics_.capacity() * sizeof(AtomicResult) +
+         claimed_.capacity() * sizeof(uint32_t) + ud_seen_.capacity() * sizeof(UdSeen);
 }
 
-int QueuePair::post_send(const SendWqe& wqe) {
-  {
-    std::lock_guard lock(sq_lock_);
-    uint32_t head = sq_head_.load(std::memory_order_relaxed);
-    if (head - sq_retired_.load(std::memory_order_acquire) >= init_.max_send_wr) return ENOMEM;
-    copy_send_wqe(sq_[head & sq_mask_], wqe);
-    sq_head_.store(head + 1, std::memory_order_release);
-  }
-  dev_.kick();
-  return 0;
+void QueuePair::raise(AsyncEvent ev) const { init_.owner->async_event(init_.handle, ev); }
+
+void QueuePair::publish_state() { ring_->state.store(static_cast<uint32_t>(state_)); }
+
+bool QueuePair::has_new_work() const {
+  if (state_ == QpState::kRts) return !rd_blocked_ && sq_head() != sq_next_;
+  if (state_ == QpState::kErr) return sq_head() != sq_retired_ || rq_head() != rq_retired_;
+  return false;
 }
 
-int QueuePair::post_recv(const RecvWqe& wqe) {
-  std::lock_guard lock(rq_lock_);
-  uint32_t head = rq_head_.load(std::memory_order_relaxed);
-  if (head - rq_retired_.load(std::memory_order_acquire) >= init_.max_recv_wr) return ENOMEM;
-  RecvWqe& slot = rq_[head & rq_mask_];
-  slot.wr_id = wqe.wr_id;
-  slot.num_sge = wqe.num_sge;
-  std::memcpy(slot.sge, wqe.sge, sizeof(Sge) * wqe.num_sge);
-  rq_head_.store(head + 1, std::memory_order_release);
-  return 0;
+void QueuePair::reset() {
+  nic_.forget_stream(qpn_);
+  // The driver resets its heads when the reset is answered (it refuses posts meanwhile).
+  ring_->sq_done.store(0);
+  ring_->rq_done.store(0);
+  sq_next_ = sq_retired_ = rq_retired_ = 0;
+  next_rsn_ = 0;
+  rd_outstanding_ = 0;
+  rd_blocked_ = false;
+  atomics_.clear();
+  atomics_.shrink_to_fit();
+  rx_next_msn_ = 0;
+  rx_msgs_.assign(init_.type == QpType::kUd ? 1 : kRecvWindowInitial, RecvMsg{});
+  // SRQ entries this QP claimed and never completed go back to the SRQ (a reset discards
+  // work without completions; from ERR they were already flushed).
+  for (uint32_t r = srq_retired_; r != next_claim_; ++r)
+    srq_->release(claimed_[r & (claimed_.size() - 1)]);
+  next_claim_ = srq_retired_ = 0;
+  comm_est_ = false;
+  for (auto& u : ud_seen_) u = UdSeen{};
+  for (auto& s : sq_slots_) s = SendSlot{};
 }
 
 void QueuePair::set_state(QpState s) {
-  std::lock_guard lock(dev_.lock());
   switch (s) {
     case QpState::kErr:
-      if (state() != QpState::kErr) enter_error();
+      if (state_ != QpState::kErr) enter_error();
       return;
     case QpState::kReset:
-      dev_.engine().drop_stream(qpn_);
-      {
-        std::lock_guard sl(sq_lock_);
-        std::lock_guard rl(rq_lock_);
-        sq_head_.store(0);
-        sq_retired_.store(0);
-        rq_head_.store(0);
-        rq_retired_.store(0);
-      }
-      sq_next_ = 0;
-      next_rsn_ = 0;
-      rd_outstanding_ = 0;
-      rd_blocked_ = false;
-      for (auto& a : atomics_) a = AtomicResult{};
-      rx_next_msn_ = 0;
-      rx_msgs_.assign(kRecvWindowInitial, RecvMsg{});
-      // SRQ entries this QP claimed and never completed go back to the SRQ (a reset discards
-      // work without completions; from ERR they were already flushed).
-      for (uint32_t r = srq_retired_; r != next_claim_; ++r)
-        srq_->release(claimed_[r & (kRecvWindow - 1)]);
-      next_claim_ = srq_retired_ = 0;
-      comm_est_ = false;
-      for (auto& u : ud_seen_) u = UdSeen{};
-      for (auto& s2 : sq_slots_) s2 = SendSlot{};
+      reset();
       break;
     case QpState::kRtr:
-      dev_.resolve(remote_.ip);
+      nic_.want_resolve(remote_.ip);
       break;
     default:
       break;
   }
-  state_.store(s, std::memory_order_release);
-  if (s == QpState::kRts) dev_.kick();
+  state_ = s;
+  publish_state();
 }
 
 void QueuePair::set_remote(const QpRemote& r) {
-  std::lock_guard lock(dev_.lock());
   remote_ = r;
-}
-
-void QueuePair::set_access(unsigned int flags) {
-  std::lock_guard lock(dev_.lock());
-  access_ = flags;
+  remote_.max_rd_atomic = std::min<uint8_t>(r.max_rd_atomic, kMaxRdAtomic);
+  remote_.qpn &= 0xffffff;
 }
 
 void QueuePair::push_cqe(CompletionQueue* cq, const Cqe& cqe) {
-  if (cq) cq->push(cqe);
+  if (!cq) return;
+  cq->stage(cqe);
+  nic_.note_dirty(cq);
 }
 
-bool QueuePair::drain_send_queue() {
-  QpState st = state();
-  if (st == QpState::kErr) {
+bool QueuePair::drain() {
+  if (state_ == QpState::kErr) {
     // Work posted after the QP failed completes at once, flushed (as verbs specifies).
-    if (sq_head_.load(std::memory_order_acquire) != sq_retired_.load(std::memory_order_relaxed) ||
-        rq_head_.load(std::memory_order_acquire) != rq_retired_.load(std::memory_order_relaxed)) {
+    if (sq_head() != sq_retired_ || rq_head() != rq_retired_) {
       flush_all();
       return true;
     }
     return false;
   }
-  if (st != QpState::kRts) return false;
-  uint32_t head = sq_head_.load(std::memory_order_acquire);
+  if (state_ != QpState::kRts) return false;
+  const uint32_t head = sq_head();
   if (sq_next_ == head) return false;
+  // A driver cannot post more than max_send_wr ahead of what was retired: more is garbage.
+  if (head - sq_retired_ > max_send_wr_) return false;
   const uint32_t rd_limit = std::max<uint32_t>(remote_.max_rd_atomic, 1);
   rd_blocked_ = false;
   while (sq_next_ != head) {
-    const SendWqe& w = sq_[sq_next_ & sq_mask_];
-    if (needs_response(w.op) && rd_outstanding_ >= rd_limit) {
+    uint8_t* slot = sq_slot(sq_next_);
+    // One snapshot of the fixed part: the application may scribble on its own ring meanwhile,
+    // which can only hurt its own traffic.
+    hostif::SendWqe w;
+    std::memcpy(&w, slot, sizeof(w));
+    const bool known_op = static_cast<uint8_t>(w.op) < hostif::kWqeOpCount;
+    if (known_op && hostif::needs_response(w.op) && rd_outstanding_ >= rd_limit) {
       // max_rd_atomic: this READ/atomic waits (and, in order, everything behind it).
       rd_blocked_ = true;
       break;
@@ -265,21 +235,33 @@ bool QueuePair::drain_send_queue() {
     SendSlot& s = sq_slots_[sq_next_ & sq_mask_];
     s = SendSlot{};
     s.msn = sq_next_;
+    s.wr_id = w.wr_id;
+    s.op = known_op ? w.op : WqeOp::kSend;
+    s.signaled = (w.flags & hostif::kSignaled) || init_.sq_sig_all;
+    s.compare_add = w.compare_add;
+    s.swap = w.swap;
     ++sq_next_;
+    if (!known_op || w.num_sge > max_send_sge_ || w.inline_len > max_inline_ ||
+        (init_.type == QpType::kUd && w.op != WqeOp::kSend && w.op != WqeOp::kSendImm)) {
+      s.failed = true;
+      s.status = WcStatus::kLocQpOpErr;
+      break;
+    }
     uint64_t length = w.inline_len;
-    const unsigned int need = needs_response(w.op) ? IBV_ACCESS_LOCAL_WRITE : 0;
+    const unsigned int need = hostif::needs_response(w.op) ? unsigned{kLocalWrite} : 0u;
+    const hostif::Sge* sge = hostif::send_sges(slot);
     for (uint32_t i = 0; i < w.num_sge; ++i) {
-      length += w.sge[i].length;
-      if (dev_.mrs().check(w.sge[i].lkey, init_.pd, need, w.sge[i].addr, w.sge[i].length,
-                           nullptr) != MrCheck::kOk) {
+      const hostif::Sge g = sge[i];
+      length += g.length;
+      if (nic_.mrs().check(g.lkey, init_.pd, need, g.addr, g.length, nullptr) != MrCheck::kOk) {
         s.failed = true;
-        s.status = IBV_WC_LOC_PROT_ERR;
+        s.status = WcStatus::kLocProtErr;
       }
     }
-    if (length > kMaxMrSize || (is_atomic(w.op) && (length != kAtomicSize || w.inline_len)) ||
-        (init_.type == QpType::kUd && length > dev_.active_mtu())) {
+    if (length > kMaxMrSize || (hostif::is_atomic(w.op) && (length != kAtomicSize || w.inline_len)) ||
+        (init_.type == QpType::kUd && length > nic_.active_mtu())) {
       s.failed = true;
-      s.status = IBV_WC_LOC_LEN_ERR;
+      s.status = WcStatus::kLocLenErr;
     }
     if (s.failed) break;  // the QP goes to error at retirement; nothing behind it is sent
     s.length = static_cast<uint32_t>(length);
@@ -293,8 +275,8 @@ bool QueuePair::drain_send_queue() {
       // A datagram: its own destination, the Q_Key where an RC message carries an rkey, and
       // no RSN (the receiver takes its next receive, docs/spec/verbs-mapping.md §7).
       m.peer_ip = w.ud_ip;
-      m.dst_stream = w.ud_qpn;
-      dev_.resolve(w.ud_ip);
+      m.dst_stream = w.ud_qpn & 0xffffff;
+      nic_.want_resolve(w.ud_ip);
     } else if (w.op == WqeOp::kSend || w.op == WqeOp::kSendImm || w.op == WqeOp::kWriteImm) {
       m.rsn = next_rsn_++;
     }
@@ -302,59 +284,64 @@ bool QueuePair::drain_send_queue() {
       // The QP's own limits: retry_cnt timeouts, over whatever paths, and the local ACK timeout
       // (4.096 us * 2^timeout, 0 = none) bound when RETRY_EXC_ERR comes (congestion.md §4.5).
       m.retry_cnt = remote_.retry_cnt;
-      m.timeout = remote_.timeout ? transport::Time(int64_t{4096} << remote_.timeout)
+      m.timeout = remote_.timeout ? transport::Time(int64_t{4096} << std::min<uint8_t>(remote_.timeout, 31))
                                   : transport::Time{0};
     }
     m.length = s.length;
     s.resp_length = w.op == WqeOp::kRead ? s.length : 0;
-    if (is_atomic(w.op)) {
+    if (hostif::is_atomic(w.op)) {
       m.rsn = w.op == WqeOp::kCmpSwp ? kRsnAtomicCmpSwp : kRsnAtomicFetchAdd;
       m.length = kAtomicRequestLen;
       s.resp_length = kAtomicSize;
     }
-    if (needs_response(w.op)) ++rd_outstanding_;
+    if (hostif::needs_response(w.op)) {
+      if (rd_outstanding_++ == 0) response_progress_ = nic_.now();
+    }
     m.remote_addr = w.remote_addr;
-    m.rkey = init_.type == QpType::kUd ? w.ud_qkey : w.rkey;
+    m.rkey = w.rkey;
     m.imm = w.imm;
-    m.cookie = SoftDevice::cookie(qpn_, s.msn);
+    m.cookie = Nic::cookie(qpn_, s.msn);
     s.submitted = true;
-    dev_.engine().submit(m);
+    nic_.transport().submit(m);
   }
   retire_sends();
   return true;
 }
 
-bool QueuePair::send_done(const SendSlot& s, const SendWqe& w) const {
+bool QueuePair::send_done(const SendSlot& s) const {
   if (s.failed) return true;
   if (!s.acked) return false;
-  return !needs_response(w.op) || s.read_bytes >= s.resp_length;
+  return !hostif::needs_response(s.op) || s.read_bytes >= s.resp_length;
 }
 
 void QueuePair::retire_sends() {
-  uint32_t r = sq_retired_.load(std::memory_order_relaxed);
+  uint32_t r = sq_retired_;
   while (r != sq_next_) {
-    const SendWqe& w = sq_[r & sq_mask_];
     const SendSlot& s = sq_slots_[r & sq_mask_];
-    if (!send_done(s, w)) break;
-    const bool report = s.failed || w.signaled || init_.sq_sig_all;
-    Cqe c;
+    if (!send_done(s)) break;
+    const bool report = s.failed || s.signaled;
+    Cqe c{};
     if (report) {
-      c.wr_id = w.wr_id;
-      c.status = s.failed ? s.status : IBV_WC_SUCCESS;
-      c.opcode = send_opcode(w.op);
-      c.byte_len = needs_response(w.op) ? s.resp_length : 0;
+      c.wr_id = s.wr_id;
+      c.status = s.failed ? s.status : WcStatus::kSuccess;
+      c.opcode = send_opcode(s.op);
+      c.byte_len = hostif::needs_response(s.op) ? s.resp_length : 0;
       c.qp_num = qpn_;
     }
-    if (needs_response(w.op) && s.submitted && rd_outstanding_ > 0) --rd_outstanding_;
+    if (hostif::needs_response(s.op) && s.submitted && rd_outstanding_ > 0) {
+      --rd_outstanding_;
+      response_progress_ = nic_.now();
+    }
     ++r;
     // The slot is free before its completion is visible: an application that reposts as soon
     // as it polls the completion must find room in the queue.
-    sq_retired_.store(r, std::memory_order_release);
-    if (report) push_cqe(static_cast<CompletionQueue*>(init_.send_cq), c);
+    sq_retired_ = r;
+    ring_->sq_done.store(r);
+    if (report) push_cqe(init_.send_cq, c);
     if (s.failed) {
       const bool transport_gave_up =
-          s.status == IBV_WC_RETRY_EXC_ERR || s.status == IBV_WC_RNR_RETRY_EXC_ERR;
-      enter_error(transport_gave_up ? std::optional(QpEvent::kFatal) : std::nullopt);
+          s.status == WcStatus::kRetryExcErr || s.status == WcStatus::kRnrRetryExcErr;
+      enter_error(transport_gave_up ? std::optional(AsyncEvent::kQpFatal) : std::nullopt);
       return;
     }
   }
@@ -381,59 +368,109 @@ void QueuePair::on_message_failed(uint32_t msn, Syndrome why) {
   retire_sends();
 }
 
-void QueuePair::gather(uint32_t msn, uint32_t offset, std::span<uint8_t> out) const {
-  const SendWqe& w = sq_[msn & sq_mask_];
-  if (is_atomic(w.op)) {
+void QueuePair::gather_failed(uint32_t msn) {
+  SendSlot& s = sq_slots_[msn & sq_mask_];
+  if (s.msn != msn || !s.submitted || s.failed || state_ == QpState::kErr) return;
+  s.failed = true;
+  s.status = WcStatus::kLocProtErr;
+  retire_sends();
+}
+
+void QueuePair::check_responses(transport::Time now) {
+  if (rd_outstanding_ == 0 || state_ != QpState::kRts || remote_.timeout == 0) return;
+  const transport::Time limit =
+      transport::Time(int64_t{4096} << std::min<uint8_t>(remote_.timeout, 31)) *
+      (int64_t{remote_.retry_cnt} + 1);
+  if (now - response_progress_ < limit) return;
+  // The oldest READ/atomic still waiting for its answer fails, and with it the QP.
+  for (uint32_t r = sq_retired_; r != sq_next_; ++r) {
+    SendSlot& s = sq_slots_[r & sq_mask_];
+    if (s.submitted && !s.failed && hostif::needs_response(s.op) && s.read_bytes < s.resp_length) {
+      s.failed = true;
+      s.status = WcStatus::kRetryExcErr;
+      break;
+    }
+  }
+  retire_sends();
+}
+
+void QueuePair::gather(uint32_t msn, uint32_t offset, std::span<uint8_t> out) {
+  const SendSlot& s = sq_slots_[msn & sq_mask_];
+  if (s.msn != msn || !s.submitted) {
+    std::memset(out.data(), 0, out.size());
+    return;
+  }
+  if (hostif::is_atomic(s.op)) {
     // The request's payload is its operands, not the local buffer (that receives the answer).
     uint8_t ops[kAtomicRequestLen];
     for (int i = 0; i < 8; ++i) {
-      ops[i] = static_cast<uint8_t>(w.compare_add >> (56 - 8 * i));
-      ops[8 + i] = static_cast<uint8_t>(w.swap >> (56 - 8 * i));
+      ops[i] = static_cast<uint8_t>(s.compare_add >> (56 - 8 * i));
+      ops[8 + i] = static_cast<uint8_t>(s.swap >> (56 - 8 * i));
     }
+    std::memset(out.data(), 0, out.size());
     if (offset < kAtomicRequestLen)
       std::memcpy(out.data(), ops + offset, std::min<size_t>(out.size(), kAtomicRequestLen - offset));
     return;
   }
-  if (w.inline_len > 0) {
-    std::memcpy(out.data(), w.inline_data + offset, out.size());
+  uint8_t* slot = sq_slot(msn);
+  const hostif::SendWqe* w = hostif::send_wqe(slot);
+  const uint32_t inline_len = std::min(w->inline_len, max_inline_);
+  if (inline_len > 0) {
+    const uint8_t* data = hostif::send_inline(slot, max_send_sge_);
+    const size_t n = offset < inline_len ? std::min<size_t>(out.size(), inline_len - offset) : 0;
+    std::memcpy(out.data(), data + offset, n);
+    std::memset(out.data() + n, 0, out.size() - n);
     return;
   }
+  const uint32_t num_sge = std::min<uint32_t>(w->num_sge, max_send_sge_);
+  const hostif::Sge* sge = hostif::send_sges(slot);
+  Memory& mem = init_.owner->memory();
   size_t done = 0;
-  for (uint32_t i = 0; i < w.num_sge && done < out.size(); ++i) {
-    const Sge& g = w.sge[i];
+  for (uint32_t i = 0; i < num_sge && done < out.size(); ++i) {
+    const hostif::Sge g = sge[i];
     if (offset >= g.length) {
       offset -= g.length;
       continue;
     }
-    size_t n = std::min<size_t>(g.length - offset, out.size() - done);
-    std::memcpy(out.data() + done, reinterpret_cast<const uint8_t*>(g.addr) + offset, n);
+    const size_t n = std::min<size_t>(g.length - offset, out.size() - done);
+    nic_.queue_read(&mem, g.addr + offset, out.subspan(done, n), qpn_, msn);
     done += n;
     offset = 0;
   }
+  // SGEs changed under the NIC's feet after posting: what is missing goes out as zeros.
+  if (done < out.size()) std::memset(out.data() + done, 0, out.size() - done);
 }
 
-Syndrome QueuePair::scatter(uint32_t pd, const Sge* sge, uint32_t num_sge, uint32_t offset,
-                            std::span<const uint8_t> data, ibv_wc_status* local_err) const {
+QueuePair::Receive QueuePair::receive_of(const uint8_t* slot, uint32_t max_sge, uint32_t pd) const {
+  Receive r;
+  r.wqe = reinterpret_cast<const hostif::RecvWqe*>(slot);
+  r.sge = reinterpret_cast<const hostif::Sge*>(slot + sizeof(hostif::RecvWqe));
+  r.num_sge = std::min(r.wqe->num_sge, max_sge);
+  r.pd = pd;
+  return r;
+}
+
+Syndrome QueuePair::scatter(const Receive& r, uint32_t offset, std::span<const uint8_t> data,
+                            WcStatus* local_err) {
   size_t done = 0;
-  for (uint32_t i = 0; i < num_sge && done < data.size(); ++i) {
-    const Sge& g = sge[i];
+  for (uint32_t i = 0; i < r.num_sge && done < data.size(); ++i) {
+    const hostif::Sge g = r.sge[i];
     if (offset >= g.length) {
       offset -= g.length;
       continue;
     }
-    size_t n = std::min<size_t>(g.length - offset, data.size() - done);
-    uint8_t* dst = nullptr;
-    if (dev_.mrs().check(g.lkey, pd, IBV_ACCESS_LOCAL_WRITE, g.addr + offset, n, &dst) !=
-        MrCheck::kOk) {
-      *local_err = IBV_WC_LOC_PROT_ERR;
+    const size_t n = std::min<size_t>(g.length - offset, data.size() - done);
+    const MemoryRegion* mr = nullptr;
+    if (nic_.mrs().check(g.lkey, r.pd, kLocalWrite, g.addr + offset, n, &mr) != MrCheck::kOk) {
+      *local_err = WcStatus::kLocProtErr;
       return Syndrome::kRemoteOp;
     }
-    std::memcpy(dst, data.data() + done, n);
+    nic_.queue_write(mr->mem, g.addr + offset, data.subspan(done, n), qpn_, 0);
     done += n;
     offset = 0;
   }
   if (done < data.size()) {
-    *local_err = IBV_WC_LOC_LEN_ERR;
+    *local_err = WcStatus::kLocLenErr;
     return Syndrome::kRemoteInvalid;
   }
   return Syndrome::kOk;
@@ -441,40 +478,33 @@ Syndrome QueuePair::scatter(uint32_t pd, const Sge* sge, uint32_t num_sge, uint3
 
 Syndrome QueuePair::place_read_response(const transport::Segment& seg) {
   SendSlot& s = sq_slots_[seg.msn & sq_mask_];
-  const SendWqe& w = sq_[seg.msn & sq_mask_];
-  if (s.msn != seg.msn || !s.submitted || s.failed || !needs_response(w.op)) return Syndrome::kOk;
+  if (s.msn != seg.msn || !s.submitted || s.failed || !hostif::needs_response(s.op))
+    return Syndrome::kOk;
   if (s.read_bytes >= s.resp_length) return Syndrome::kOk;  // an answer seen again
   if (seg.src_stream != remote_.qpn || seg.total_length != s.resp_length ||
       uint64_t{seg.offset} + seg.payload.size() > s.resp_length)
     return Syndrome::kRemoteInvalid;
-  ibv_wc_status err = IBV_WC_SUCCESS;
-  if (scatter(init_.pd, w.sge, w.num_sge, seg.offset, seg.payload, &err) != Syndrome::kOk) {
+  // The answer lands in the READ's (or atomic's) own SGEs.
+  uint8_t* slot = sq_slot(seg.msn);
+  Receive r;
+  r.sge = hostif::send_sges(slot);
+  r.num_sge = std::min<uint32_t>(hostif::send_wqe(slot)->num_sge, max_send_sge_);
+  r.pd = init_.pd;
+  WcStatus err = WcStatus::kSuccess;
+  if (scatter(r, seg.offset, seg.payload, &err) != Syndrome::kOk) {
     s.failed = true;
     s.status = err;
   } else {
     s.read_bytes += static_cast<uint32_t>(seg.payload.size());
+    response_progress_ = nic_.now();
   }
   retire_sends();
   return Syndrome::kOk;
 }
 
-// The responder's event for a request it rejected (IB spec: the responder's QP reports access
-// violations and invalid requests asynchronously; the requester learns from the NAK).
-static std::optional<QpEvent> responder_event(Syndrome why) {
-  switch (why) {
-    case Syndrome::kRemoteAccess:
-    case Syndrome::kRemoteBounds:
-      return QpEvent::kAccessErr;
-    case Syndrome::kRemoteInvalid:
-      return QpEvent::kReqErr;
-    default:
-      return std::nullopt;  // a local error, reported in the receive's completion
-  }
-}
-
 Syndrome QueuePair::deliver(const transport::Segment& seg) {
   if (init_.type == QpType::kUd) return deliver_ud(seg);
-  const QpState st = state();
+  const QpState st = state_;
   if (seg.op == Op::kReadResp) {
     if (st != QpState::kRts) return Syndrome::kRemoteInvalid;
     return place_read_response(seg);
@@ -483,7 +513,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
   if (seg.peer_ip != remote_.ip || seg.src_stream != remote_.qpn) return Syndrome::kRemoteInvalid;
   if (st == QpState::kRtr && !comm_est_) {
     comm_est_ = true;  // the connection is established: the peer reached us before our RTS
-    raise(QpEvent::kCommEst);
+    raise(AsyncEvent::kCommEst);
   }
   const bool atomic = seg.op == Op::kWrite &&
                       (seg.rsn == kRsnAtomicCmpSwp || seg.rsn == kRsnAtomicFetchAdd);
@@ -506,12 +536,8 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     }
     Syndrome r = execute_atomic(seg, duplicate);
     m.seen = true;
-    if (r != Syndrome::kOk) {
-      complete_receives();
-      enter_error(responder_event(r));
-      return r;
-    }
     complete_receives();
+    if (r != Syndrome::kOk) enter_error(responder_event(r));
     return r;
   }
   if (!m.seen || m.msn != seg.msn) {
@@ -530,42 +556,42 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     case Op::kWrite:
     case Op::kWriteImm: {
       if (m.consumes_recv && !recv_for(seg.rsn)) return Syndrome::kRnr;
-      uint8_t* dst = nullptr;
-      MrCheck c = (access_ & IBV_ACCESS_REMOTE_WRITE)
-                      ? dev_.mrs().check(seg.rkey, init_.pd, IBV_ACCESS_REMOTE_WRITE,
-                                         seg.remote_addr, seg.payload.size(), &dst)
-                      : MrCheck::kNoAccess;
+      const MemoryRegion* mr = nullptr;
+      const MrCheck c = (access_ & kRemoteWrite)
+                            ? nic_.mrs().check(seg.rkey, init_.pd, kRemoteWrite, seg.remote_addr,
+                                               seg.payload.size(), &mr)
+                            : MrCheck::kNoAccess;
       if (c == MrCheck::kOk) {
-        place_write(dst, seg.payload);
+        if (!seg.payload.empty())
+          nic_.queue_write(mr->mem, seg.remote_addr, seg.payload, qpn_, seg.msn);
       } else {
-        result = c == MrCheck::kOutOfBounds ? Syndrome::kRemoteBounds : Syndrome::kRemoteAccess;
-        m.status = IBV_WC_REM_ACCESS_ERR;
+        result = mr_syndrome(c);
+        m.status = WcStatus::kRemAccessErr;
       }
       break;
     }
     case Op::kSend:
     case Op::kSendImm: {
-      const RecvWqe* rp = recv_for(seg.rsn);
+      const auto rp = recv_for(seg.rsn);
       if (!rp) return Syndrome::kRnr;
-      const RecvWqe& r = *rp;
       uint64_t room = 0;
-      for (uint32_t i = 0; i < r.num_sge; ++i) room += r.sge[i].length;
+      for (uint32_t i = 0; i < rp->num_sge; ++i) room += rp->sge[i].length;
       if (seg.total_length > room) {
-        m.status = IBV_WC_LOC_LEN_ERR;
+        m.status = WcStatus::kLocLenErr;
         result = Syndrome::kRemoteInvalid;
       } else {
-        ibv_wc_status err = IBV_WC_SUCCESS;
-        result = scatter(srq_ ? srq_->pd() : init_.pd, r.sge, r.num_sge, seg.offset, seg.payload,
-                         &err);
+        WcStatus err = WcStatus::kSuccess;
+        result = scatter(*rp, seg.offset, seg.payload, &err);
         if (result != Syndrome::kOk) m.status = err;
       }
       break;
     }
     case Op::kReadReq: {
-      MrCheck c = (access_ & IBV_ACCESS_REMOTE_READ)
-                      ? dev_.mrs().check(seg.rkey, init_.pd, IBV_ACCESS_REMOTE_READ,
-                                         seg.remote_addr, seg.total_length, nullptr)
-                      : MrCheck::kNoAccess;
+      const MemoryRegion* mr = nullptr;
+      const MrCheck c = (access_ & kRemoteRead)
+                            ? nic_.mrs().check(seg.rkey, init_.pd, kRemoteRead, seg.remote_addr,
+                                               seg.total_length, &mr)
+                            : MrCheck::kNoAccess;
       if (c == MrCheck::kOk) {
         transport::MessageDesc resp;
         resp.peer_ip = seg.peer_ip;
@@ -574,9 +600,9 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
         resp.msn = seg.msn;
         resp.op = Op::kReadResp;
         resp.length = seg.total_length;
-        dev_.queue_read_response(resp, seg.remote_addr);
+        nic_.queue_read_response(resp, mr->mem, seg.remote_addr, &seg);
       } else {
-        result = c == MrCheck::kOutOfBounds ? Syndrome::kRemoteBounds : Syndrome::kRemoteAccess;
+        result = mr_syndrome(c);
       }
       placed = 0;
       m.total = 0;  // nothing arrives for a READ request but the request itself
@@ -600,6 +626,23 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
   return result;
 }
 
+void QueuePair::placement_failed(uint32_t /*msn*/) {
+  if (state_ == QpState::kErr) return;
+  // The data of a message this pass completed did not reach memory: its receive completions,
+  // staged but not yet visible, carry the error instead (IB: the responder's local access
+  // violation), and the QP fails as on any access error.
+  for (CompletionQueue* cq : {init_.recv_cq}) {
+    hostif::CqProducer& p = cq->producer();
+    for (uint32_t i = 0; i < p.staged(); ++i) {
+      Cqe& c = p.staged_at(i);
+      if (c.qp_num == qpn_ && c.status == WcStatus::kSuccess &&
+          (c.opcode == WcOpcode::kRecv || c.opcode == WcOpcode::kRecvRdmaWithImm))
+        c.status = WcStatus::kLocAccessErr;
+    }
+  }
+  enter_error(AsyncEvent::kQpAccessErr);
+}
+
 Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate) {
   if (duplicate) {
     for (AtomicResult& r : atomics_)
@@ -612,28 +655,34 @@ Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate
   if (seg.payload.size() != kAtomicRequestLen || seg.total_length != kAtomicRequestLen ||
       (seg.remote_addr & (kAtomicSize - 1)) != 0)
     return Syndrome::kRemoteInvalid;  // IBV_WC_REM_INV_REQ_ERR at the requester
-  uint8_t* dst = nullptr;
-  const MrCheck c = (access_ & IBV_ACCESS_REMOTE_ATOMIC)
-                        ? dev_.mrs().check(seg.rkey, init_.pd, IBV_ACCESS_REMOTE_ATOMIC,
-                                           seg.remote_addr, kAtomicSize, &dst)
+  const MemoryRegion* mr = nullptr;
+  const MrCheck c = (access_ & kRemoteAtomic)
+                        ? nic_.mrs().check(seg.rkey, init_.pd, kRemoteAtomic, seg.remote_addr,
+                                           kAtomicSize, &mr)
                         : MrCheck::kNoAccess;
-  if (c != MrCheck::kOk)
-    return c == MrCheck::kOutOfBounds ? Syndrome::kRemoteBounds : Syndrome::kRemoteAccess;
+  if (c != MrCheck::kOk) return mr_syndrome(c);
   uint64_t compare_add = 0, swap = 0;
   for (int i = 0; i < 8; ++i) {
     compare_add = (compare_add << 8) | seg.payload[i];
     swap = (swap << 8) | seg.payload[8 + i];
   }
-  // Atomic with respect to every other atomic of this NIC (IBV_ATOMIC_HCA) and, since this is
-  // a CPU atomic, to the host's own atomics too.
-  std::atomic_ref<uint64_t> target(*reinterpret_cast<uint64_t*>(dst));
-  uint64_t original;
+  // Atomic with respect to every other atomic of this NIC (IBV_ATOMIC_HCA): the engine is one
+  // thread, and earlier writes of this pass are carried out first (RC ordering).
+  nic_.flush_writes();
+  uint64_t original = 0;
+  Access rd{seg.remote_addr, reinterpret_cast<uint8_t*>(&original), kAtomicSize};
+  if (mr->mem->read({&rd, 1}) != 1) return Syndrome::kRemoteAccess;
+  uint64_t value = original;
   if (seg.rsn == kRsnAtomicCmpSwp) {
-    original = compare_add;
-    target.compare_exchange_strong(original, swap);  // on a miss, original is what was found
+    if (original == compare_add) value = swap;
   } else {
-    original = target.fetch_add(compare_add);
+    value = original + compare_add;
   }
+  if (value != original) {
+    Access wr{seg.remote_addr, reinterpret_cast<uint8_t*>(&value), kAtomicSize};
+    if (mr->mem->write({&wr, 1}) != 1) return Syndrome::kRemoteAccess;
+  }
+  if (atomics_.empty()) atomics_.resize(kAtomicCache);
   AtomicResult& r = atomics_[seg.msn % kAtomicCache];
   r.msn = seg.msn;
   r.valid = true;
@@ -650,7 +699,8 @@ void QueuePair::answer_atomic(const transport::Segment& seg, AtomicResult& r) {
   resp.msn = seg.msn;
   resp.op = Op::kReadResp;
   resp.length = kAtomicSize;
-  dev_.queue_read_response(resp, reinterpret_cast<uintptr_t>(&r.original));
+  // The answer is engine memory (the record outlives the response: kAtomicCache).
+  nic_.queue_read_response(resp, nullptr, reinterpret_cast<uintptr_t>(&r.original), nullptr);
 }
 
 // Doubles the responder's records until message rx_next_msn_ + ahead has one, keeping every
@@ -679,93 +729,119 @@ void QueuePair::complete_receives() {
     RecvMsg& m = rx_msg(rx_next_msn_);
     if (!m.seen || m.msn != rx_next_msn_ || m.received < m.total) return;
     if (m.consumes_recv) {
-      Cqe c;
+      Cqe c{};
       c.wr_id = retire_recv(m.rsn);  // room first (retire_sends)
       c.status = m.status;
-      c.opcode = m.is_write ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+      c.opcode = m.is_write ? WcOpcode::kRecvRdmaWithImm : WcOpcode::kRecv;
       c.byte_len = m.total;
       c.imm = m.imm;
       c.qp_num = qpn_;
       c.src_qp = remote_.qpn;
-      c.wc_flags = m.with_imm ? IBV_WC_WITH_IMM : 0;
-      push_cqe(static_cast<CompletionQueue*>(init_.recv_cq), c);
+      c.wc_flags = m.with_imm ? hostif::kWcWithImm : 0;
+      push_cqe(init_.recv_cq, c);
     }
     m.seen = false;
     ++rx_next_msn_;
   }
 }
 
-void QueuePair::enter_error(std::optional<QpEvent> why) {
-  state_.store(QpState::kErr, std::memory_order_release);
-  dev_.engine().drop_stream(qpn_);
+void QueuePair::enter_error(std::optional<AsyncEvent> why) {
+  state_ = QpState::kErr;
+  publish_state();
+  nic_.forget_stream(qpn_);
   flush_all();
   if (why) raise(*why);
   // Every SRQ entry this QP claimed has now completed: the application may destroy it.
-  if (srq_) raise(QpEvent::kLastWqeReached);
+  if (srq_) raise(AsyncEvent::kQpLastWqeReached);
 }
 
 void QueuePair::flush_all() {
-  const uint32_t sq_head = sq_head_.load(std::memory_order_acquire);
-  for (uint32_t r = sq_retired_.load(std::memory_order_relaxed); r != sq_head; ++r) {
-    const SendWqe& w = sq_[r & sq_mask_];
-    Cqe c;
-    c.wr_id = w.wr_id;
-    c.status = IBV_WC_WR_FLUSH_ERR;
-    c.opcode = send_opcode(w.op);
+  const uint32_t head = sq_head();
+  // Only what the driver could have posted: a garbage head flushes nothing beyond the ring.
+  const uint32_t sq_end = head - sq_retired_ <= max_send_wr_ ? head : sq_retired_;
+  for (uint32_t r = sq_retired_; r != sq_end; ++r) {
+    Cqe c{};
+    if (r - sq_retired_ < sq_next_ - sq_retired_) {
+      const SendSlot& s = sq_slots_[r & sq_mask_];
+      c.wr_id = s.wr_id;
+      c.opcode = send_opcode(s.op);
+    } else {
+      const hostif::SendWqe* w = hostif::send_wqe(sq_slot(r));
+      c.wr_id = w->wr_id;
+      c.opcode = static_cast<uint8_t>(w->op) < hostif::kWqeOpCount ? send_opcode(w->op)
+                                                                     : WcOpcode::kSend;
+    }
+    c.status = WcStatus::kWrFlushErr;
     c.qp_num = qpn_;
-    push_cqe(static_cast<CompletionQueue*>(init_.send_cq), c);
+    push_cqe(init_.send_cq, c);
   }
-  sq_next_ = sq_head;
-  sq_retired_.store(sq_head, std::memory_order_release);
+  sq_next_ = sq_retired_ = sq_end;
+  ring_->sq_done.store(sq_end);
   rd_outstanding_ = 0;
   rd_blocked_ = false;
-  const uint32_t rq_head = rq_head_.load(std::memory_order_acquire);
-  for (uint32_t r = rq_retired_.load(std::memory_order_relaxed); r != rq_head; ++r) {
-    Cqe c;
-    c.wr_id = rq_[r & rq_mask_].wr_id;
-    c.status = IBV_WC_WR_FLUSH_ERR;
-    c.opcode = IBV_WC_RECV;
+  const uint32_t rhead = rq_head();
+  const uint32_t rq_end = rhead - rq_retired_ <= max_recv_wr_ ? rhead : rq_retired_;
+  for (uint32_t r = rq_retired_; r != rq_end; ++r) {
+    Cqe c{};
+    c.wr_id = hostif::recv_wqe(rq_slot(r))->wr_id;
+    c.status = WcStatus::kWrFlushErr;
+    c.opcode = WcOpcode::kRecv;
     c.qp_num = qpn_;
-    push_cqe(static_cast<CompletionQueue*>(init_.recv_cq), c);
+    push_cqe(init_.recv_cq, c);
   }
-  rq_retired_.store(rq_head, std::memory_order_release);
+  rq_retired_ = rq_end;
+  ring_->rq_done.store(rq_end);
   // SRQ entries claimed by this QP are flushed; those never claimed stay in the SRQ for others.
   for (uint32_t r = srq_retired_; r != next_claim_; ++r) {
-    Cqe c;
+    Cqe c{};
     c.wr_id = retire_recv(r);
-    c.status = IBV_WC_WR_FLUSH_ERR;
-    c.opcode = IBV_WC_RECV;
+    c.status = WcStatus::kWrFlushErr;
+    c.opcode = WcOpcode::kRecv;
     c.qp_num = qpn_;
-    push_cqe(static_cast<CompletionQueue*>(init_.recv_cq), c);
+    push_cqe(init_.recv_cq, c);
   }
 }
 
-const RecvWqe* QueuePair::recv_for(uint32_t rsn) {
+std::optional<QueuePair::Receive> QueuePair::recv_for(uint32_t rsn) {
   if (!srq_) {
-    const uint32_t done = rq_retired_.load(std::memory_order_relaxed);
-    if (rsn - done >= rq_head_.load(std::memory_order_acquire) - done) return nullptr;
-    return &rq_[rsn & rq_mask_];
+    const uint32_t head = rq_head();
+    if (head - rq_retired_ > max_recv_wr_) return std::nullopt;  // garbage head
+    if (rsn - rq_retired_ >= head - rq_retired_) return std::nullopt;
+    return receive_of(rq_slot(rsn), max_recv_sge_, init_.pd);
   }
   // RSNs are never this far ahead of the oldest open receive (the msn window bounds them);
   // refusing keeps a malformed RSN from draining the SRQ.
-  if (rsn - srq_retired_ >= kRecvWindow) return nullptr;
+  if (rsn - srq_retired_ >= kRecvWindow) return std::nullopt;
+  if (rsn - srq_retired_ >= claimed_.size()) {
+    // Grow the RSN -> slot map, keeping what is claimed.
+    size_t size = claimed_.size();
+    while (size <= rsn - srq_retired_) size *= 2;
+    std::vector<uint32_t> bigger(size);
+    for (uint32_t r = srq_retired_; r != next_claim_; ++r)
+      bigger[r & (size - 1)] = claimed_[r & (claimed_.size() - 1)];
+    claimed_.swap(bigger);
+  }
+  const uint32_t mask = static_cast<uint32_t>(claimed_.size()) - 1;
   while (rsn - next_claim_ < 0x80000000u) {  // rsn >= next_claim_: claim up to it, in order
     uint32_t slot;
-    if (!srq_->claim(&slot)) return nullptr;
-    claimed_[next_claim_ & (kRecvWindow - 1)] = slot;
+    bool limit_hit = false;
+    if (!srq_->claim(&slot, &limit_hit)) return std::nullopt;
+    if (limit_hit) srq_->owner()->async_event(srq_->handle(), AsyncEvent::kSrqLimitReached);
+    claimed_[next_claim_ & mask] = slot;
     ++next_claim_;
   }
-  return &srq_->entry(claimed_[rsn & (kRecvWindow - 1)]);
+  return receive_of(srq_->slot(claimed_[rsn & mask]), srq_->max_sge(), srq_->pd());
 }
 
 uint64_t QueuePair::retire_recv(uint32_t rsn) {
   if (!srq_) {
-    const uint64_t id = rq_[rsn & rq_mask_].wr_id;
-    rq_retired_.store(rsn + 1, std::memory_order_release);
+    const uint64_t id = hostif::recv_wqe(rq_slot(rsn))->wr_id;
+    rq_retired_ = rsn + 1;
+    ring_->rq_done.store(rq_retired_);
     return id;
   }
-  const uint32_t slot = claimed_[rsn & (kRecvWindow - 1)];
-  const uint64_t id = srq_->entry(slot).wr_id;
+  const uint32_t slot = claimed_[rsn & (claimed_.size() - 1)];
+  const uint64_t id = reinterpret_cast<const hostif::RecvWqe*>(srq_->slot(slot))->wr_id;
   srq_->release(slot);
   srq_retired_ = rsn + 1;
   return id;
@@ -785,44 +861,50 @@ Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
   // transport does not retry it (docs/spec/verbs-mapping.md §7).
   if (seg.op != Op::kSend && seg.op != Op::kSendImm) return Syndrome::kRemoteInvalid;
   if (seg.offset != 0 || seg.payload.size() != seg.total_length) return Syndrome::kRemoteInvalid;
-  const QpState st = state();
+  const QpState st = state_;
   if (st != QpState::kRtr && st != QpState::kRts) return Syndrome::kOk;
   if (seg.rkey != remote_.qkey) return Syndrome::kOk;  // the Q_Key travels in the rkey field
   if (ud_seen_before(seg)) return Syndrome::kOk;
-  const RecvWqe* r = nullptr;
+  Receive r;
   uint32_t slot = 0;
-  uint32_t done = 0;
   if (srq_) {
-    if (!srq_->claim(&slot)) return Syndrome::kOk;
-    r = &srq_->entry(slot);
+    bool limit_hit = false;
+    if (!srq_->claim(&slot, &limit_hit)) return Syndrome::kOk;
+    if (limit_hit) srq_->owner()->async_event(srq_->handle(), AsyncEvent::kSrqLimitReached);
+    r = receive_of(srq_->slot(slot), srq_->max_sge(), srq_->pd());
   } else {
-    done = rq_retired_.load(std::memory_order_relaxed);
-    if (rq_head_.load(std::memory_order_acquire) == done) return Syndrome::kOk;
-    r = &rq_[done & rq_mask_];
+    const uint32_t head = rq_head();
+    if (head == rq_retired_ || head - rq_retired_ > max_recv_wr_) return Syndrome::kOk;
+    r = receive_of(rq_slot(rq_retired_), max_recv_sge_, init_.pd);
   }
-  Cqe c;
-  c.wr_id = r->wr_id;
-  c.opcode = IBV_WC_RECV;
+  Cqe c{};
+  c.wr_id = r.wqe->wr_id;
+  c.opcode = WcOpcode::kRecv;
   c.qp_num = qpn_;
   c.src_qp = seg.src_stream;
   c.imm = seg.imm;
-  c.wc_flags = IBV_WC_GRH | (seg.op == Op::kSendImm ? IBV_WC_WITH_IMM : 0);
+  c.wc_flags = hostif::kWcGrh | (seg.op == Op::kSendImm ? hostif::kWcWithImm : 0);
   c.byte_len = kGrhLen + seg.total_length;
   uint64_t room = 0;
-  for (uint32_t i = 0; i < r->num_sge; ++i) room += r->sge[i].length;
+  for (uint32_t i = 0; i < r.num_sge; ++i) room += r.sge[i].length;
   if (room < c.byte_len) {
-    c.status = IBV_WC_LOC_LEN_ERR;
+    c.status = WcStatus::kLocLenErr;
   } else {
-    const uint32_t pd = srq_ ? srq_->pd() : init_.pd;
-    const auto grh = make_grh(seg.peer_ip, dev_.config().ip, seg.total_length);
-    ibv_wc_status err = IBV_WC_SUCCESS;
-    if (scatter(pd, r->sge, r->num_sge, 0, grh, &err) != Syndrome::kOk ||
-        scatter(pd, r->sge, r->num_sge, kGrhLen, seg.payload, &err) != Syndrome::kOk)
+    // The GRH must outlive this call: the write is carried out at the end of the pass.
+    uint8_t* grh = nic_.scratch(kGrhLen);
+    make_grh(grh, seg.peer_ip, nic_.config().ip, seg.total_length);
+    WcStatus err = WcStatus::kSuccess;
+    if (scatter(r, 0, {grh, kGrhLen}, &err) != Syndrome::kOk ||
+        scatter(r, kGrhLen, seg.payload, &err) != Syndrome::kOk)
       c.status = err;
   }
-  if (srq_) srq_->release(slot);
-  else rq_retired_.store(done + 1, std::memory_order_release);
-  push_cqe(static_cast<CompletionQueue*>(init_.recv_cq), c);
+  if (srq_) {
+    srq_->release(slot);
+  } else {
+    ++rq_retired_;
+    ring_->rq_done.store(rq_retired_);
+  }
+  push_cqe(init_.recv_cq, c);
   return Syndrome::kOk;
 }
 

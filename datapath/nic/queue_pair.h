@@ -1,74 +1,111 @@
 // SPDX-License-Identifier: Apache-2.0
-// A queue pair of the software NIC: the send and receive rings the provider fills, and the
-// requester and responder logic the progress thread runs on them (spec §5: streams, message
-// and receive sequence numbers, in-order completion).
+// A queue pair of the software NIC: the requester and responder logic run on the send and
+// receive rings a driver shares with the engine (hostif), a stream of the link's transport (spec
+// §5: streams, message and receive sequence numbers, in-order completion). Single-threaded, like
+// the rest of the NIC core: the engine's datapath thread is the only caller.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
+#include "datapath/hostif/control.h"
+#include "datapath/hostif/queues.h"
 #include "datapath/nic/completion_queue.h"
-#include "datapath/nic/device.h"
+#include "datapath/nic/memory.h"
 #include "datapath/nic/shared_receive_queue.h"
-#include "datapath/nic/spin_lock.h"
 #include "datapath/transport/engine.h"
 
 namespace metaroce::nic {
 
-class SoftDevice;
+class Nic;
+class Owner;
 
-class QueuePair final : public Qp {
+using hostif::QpRemote;
+using hostif::QpState;
+using hostif::QpType;
+using hostif::WcOpcode;
+using hostif::WcStatus;
+
+// What creates a QP (the engine has checked the ring and the caps against the limits).
+struct QpInit {
+  Owner* owner = nullptr;
+  uint32_t pd = 0;
+  CompletionQueue* send_cq = nullptr;
+  CompletionQueue* recv_cq = nullptr;
+  SharedReceiveQueue* srq = nullptr;  // receives come from here; the QP's own ring is unused
+  QpType type = QpType::kRc;
+  bool sq_sig_all = false;
+  uint64_t handle = 0;                // the driver's name for the QP in async events
+};
+
+// Asynchronous events a QP raises (hostif::AsyncEvent values, delivered through its owner).
+using hostif::AsyncEvent;
+
+class QueuePair {
  public:
-  QueuePair(SoftDevice& dev, uint32_t qpn, const QpInit& init);
-  ~QueuePair() override;  // returns SRQ entries claimed and never completed
+  // ring: formatted by hostif::init_qp for this qpn; its geometry is read here, once.
+  QueuePair(Nic& nic, uint32_t qpn, const QpInit& init, hostif::QpHeader* ring);
+  ~QueuePair();  // returns SRQ entries claimed and never completed
+  QueuePair(const QueuePair&) = delete;
+  QueuePair& operator=(const QueuePair&) = delete;
 
-  // Provider side (application threads).
-  uint32_t qpn() const override { return qpn_; }
-  // Messages a stream may run ahead of completion. The responder's record array starts small
-  // and doubles only for a sender that runs further ahead, so the many QPs that never do stay
-  // small.
-  static constexpr uint32_t kRecvWindow = 4096;
-  static constexpr uint32_t kRecvWindowInitial = 64;
-  // Responder records held now (kRecvWindowInitial .. kRecvWindow), for tests and telemetry.
-  size_t responder_window() const { return rx_msgs_.size(); }
-  QpState state() const override { return state_.load(std::memory_order_acquire); }
-  void set_state(QpState s) override;
-  void set_remote(const QpRemote& r) override;
-  void set_access(unsigned int flags) override;
-  int post_send(const SendWqe& wqe) override;
-  int post_recv(const RecvWqe& wqe) override;
-
-  // True when WQEs were posted that the progress thread has not taken yet.
-  bool has_new_work() const {
-    return (!rd_blocked_ && sq_head_.load(std::memory_order_acquire) != sq_next_) ||
-           (state() == QpState::kErr &&
-            rq_head_.load(std::memory_order_acquire) != rq_retired_.load(std::memory_order_relaxed));
-  }
-  // Progress thread side; all under the device lock.
-  // Hands newly posted send WQEs to the transport. Returns true if it did anything.
-  bool drain_send_queue();
-  void on_message_acked(uint32_t msn);
-  void on_message_failed(uint32_t msn, transport::Syndrome why);
-  // Copies payload of the send WQE whose message sequence number is msn.
-  void gather(uint32_t msn, uint32_t offset, std::span<uint8_t> out) const;
-  // Places one arriving segment addressed to this QP.
-  transport::Syndrome deliver(const transport::Segment& seg);
+  uint32_t qpn() const { return qpn_; }
+  QpState state() const { return state_; }
   const QpInit& init() const { return init_; }
   const QpRemote& remote() const { return remote_; }
+
+  // Control path (hostif kModifyQp); the driver checked verbs' transition rules.
+  void set_state(QpState s);
+  void set_remote(const QpRemote& r);
+  void set_access(unsigned int flags) { access_ = flags; }
+
+  // Messages a stream may run ahead of completion. The responder's record array starts small
+  // and doubles only for a sender that runs further ahead, so the many QPs that never do stay
+  // small (docs/spec/congestion.md §7).
+  static constexpr uint32_t kRecvWindow = 4096;
+  static constexpr uint32_t kRecvWindowInitial = 64;
+  size_t responder_window() const { return rx_msgs_.size(); }
+  // Engine memory this QP holds beyond the shared rings, in bytes (telemetry, tests).
+  size_t state_bytes() const;
+
+  // True when WQEs were posted that the NIC has not taken yet.
+  bool has_new_work() const;
+  // Hands newly posted send WQEs to the transport; in ERR, flushes what was posted. Returns true
+  // if it did anything.
+  bool drain();
+  // The transport's callbacks for this QP's messages.
+  void on_message_acked(uint32_t msn);
+  void on_message_failed(uint32_t msn, transport::Syndrome why);
+  // Queues the payload bytes [offset, offset + out.size()) of message msn for reading into out.
+  void gather(uint32_t msn, uint32_t offset, std::span<uint8_t> out);
+  // A read queued by gather() failed: the local buffer is gone (IBV_WC_LOC_PROT_ERR).
+  void gather_failed(uint32_t msn);
+  // Places one arriving segment addressed to this QP.
+  transport::Syndrome deliver(const transport::Segment& seg);
+  // A write deliver() queued could not be done: the memory under the region is gone.
+  void placement_failed(uint32_t msn);
+  // READ and atomic requests whose answer never came (the responder vanished, or abandoned it):
+  // after the QP's timeout x (retry_cnt + 1) without progress they fail with RETRY_EXC_ERR.
+  void check_responses(transport::Time now);
+  bool awaits_response() const { return rd_outstanding_ > 0; }
 
  private:
   // Requester state of one send WQE, by slot.
   struct SendSlot {
     uint32_t msn = 0;
-    uint32_t length = 0;      // message bytes
-    uint32_t resp_length = 0; // kRead, atomics: response bytes expected
-    uint32_t read_bytes = 0;  // kRead, atomics: response bytes placed so far
+    uint32_t length = 0;       // message bytes
+    uint32_t resp_length = 0;  // kRead, atomics: response bytes expected
+    uint32_t read_bytes = 0;   // kRead, atomics: response bytes placed so far
+    hostif::WqeOp op = hostif::WqeOp::kSend;
+    bool signaled = false;
     bool submitted = false;
     bool acked = false;
     bool failed = false;
-    ibv_wc_status status = IBV_WC_SUCCESS;
+    WcStatus status = WcStatus::kSuccess;
+    uint64_t wr_id = 0;
+    uint64_t compare_add = 0, swap = 0;  // atomics: the operands, read once at submission
   };
   // Responder state of one incoming message, by msn slot.
   struct RecvMsg {
@@ -81,10 +118,8 @@ class QueuePair final : public Qp {
     uint32_t total = 0;
     uint32_t received = 0;
     uint32_t imm = 0;
-    ibv_wc_status status = IBV_WC_SUCCESS;
+    WcStatus status = WcStatus::kSuccess;
   };
-  bool grow_rx_window(uint32_t ahead);
-  RecvMsg& rx_msg(uint32_t msn) { return rx_msgs_[msn & (rx_msgs_.size() - 1)]; }
   // Responder's record of executed atomics, so that a request seen again is answered from
   // here rather than executed twice (docs/spec/verbs-mapping.md §3). Larger than the most
   // atomics a requester may have outstanding, so an entry outlives its response.
@@ -93,17 +128,31 @@ class QueuePair final : public Qp {
     bool valid = false;
     uint64_t original = 0;  // the target's value before the operation, as memory held it
   };
-  static constexpr uint32_t kAtomicCache = 4 * kMaxRdAtomic;
+  static constexpr uint32_t kAtomicCache = 64;
+  // A receive as the NIC uses it: a snapshot of the WQE taken when a message claims it.
+  struct Receive {
+    const hostif::RecvWqe* wqe = nullptr;
+    const hostif::Sge* sge = nullptr;
+    uint32_t num_sge = 0;
+    uint32_t pd = 0;
+  };
 
-  // UD: a datagram of one packet lands in the next receive, behind a 40-byte GRH.
+  bool grow_rx_window(uint32_t ahead);
+  RecvMsg& rx_msg(uint32_t msn) { return rx_msgs_[msn & (rx_msgs_.size() - 1)]; }
+  uint8_t* sq_slot(uint32_t i) const { return sq_base_ + size_t{i & sq_mask_} * sq_stride_; }
+  uint8_t* rq_slot(uint32_t i) const { return rq_base_ + size_t{i & rq_mask_} * rq_stride_; }
+  uint32_t sq_head() const { return ring_->sq_head.load(); }
+  uint32_t rq_head() const { return ring_->rq_head.load(); }
+
   transport::Syndrome deliver_ud(const transport::Segment& seg);
   bool ud_seen_before(const transport::Segment& seg);
-  // The receive that message rsn consumes, or nullptr when none is posted yet (RNR). With an
+  // The receive that message rsn consumes, or nothing when none is posted yet (RNR). With an
   // SRQ, claims entries for every RSN up to rsn not yet claimed, in increasing order.
-  const RecvWqe* recv_for(uint32_t rsn);
+  std::optional<Receive> recv_for(uint32_t rsn);
+  Receive receive_of(const uint8_t* slot, uint32_t max_sge, uint32_t pd) const;
   // Frees the receive rsn consumed (in its queue or SRQ) and returns its wr_id.
   uint64_t retire_recv(uint32_t rsn);
-  void raise(QpEvent ev) const;
+  void raise(AsyncEvent ev) const;
 
   transport::Syndrome execute_atomic(const transport::Segment& seg, bool duplicate);
   void answer_atomic(const transport::Segment& seg, AtomicResult& r);
@@ -111,49 +160,52 @@ class QueuePair final : public Qp {
   void retire_sends();
   void complete_receives();
   // why: the event to raise (none when the application asked for ERR).
-  void enter_error(std::optional<QpEvent> why = std::nullopt);
+  void enter_error(std::optional<AsyncEvent> why = std::nullopt);
   void flush_all();
-  bool send_done(const SendSlot& s, const SendWqe& w) const;
+  bool send_done(const SendSlot& s) const;
   transport::Syndrome place_read_response(const transport::Segment& seg);
-  transport::Syndrome scatter(uint32_t pd, const Sge* sge, uint32_t num_sge, uint32_t offset,
-                              std::span<const uint8_t> data, ibv_wc_status* local_err) const;
-  void push_cqe(CompletionQueue* cq, const Cqe& cqe);
+  // Queues the writes of data at `offset` into the receive's SGEs (local keys checked).
+  transport::Syndrome scatter(const Receive& r, uint32_t offset, std::span<const uint8_t> data,
+                              WcStatus* local_err);
+  void push_cqe(CompletionQueue* cq, const hostif::Cqe& cqe);
+  void publish_state();
+  void reset();
 
-  SoftDevice& dev_;
+  Nic& nic_;
   const uint32_t qpn_;
   const QpInit init_;
-  std::atomic<QpState> state_{QpState::kReset};
+  hostif::QpHeader* const ring_;
+  QpState state_ = QpState::kReset;
   QpRemote remote_;
   unsigned int access_ = 0;
 
-  // Send ring: the provider advances sq_head_; the progress thread submits at sq_next_ and
-  // frees slots by advancing sq_retired_.
-  std::vector<SendWqe> sq_;
+  // Ring geometry, copied at creation (the driver can write the shared header).
+  uint8_t* sq_base_;
+  uint32_t sq_mask_, sq_stride_, max_send_wr_, max_send_sge_, max_inline_;
+  uint8_t* rq_base_;
+  uint32_t rq_mask_, rq_stride_, max_recv_wr_, max_recv_sge_;
+
+  // Send ring: the driver advances sq_head; the NIC submits at sq_next_ and frees slots by
+  // advancing sq_done (sq_retired_ is its private copy).
   std::vector<SendSlot> sq_slots_;
-  uint32_t sq_mask_;
-  SpinLock sq_lock_;
-  alignas(64) std::atomic<uint32_t> sq_head_{0};
-  alignas(64) std::atomic<uint32_t> sq_retired_{0};
   uint32_t sq_next_ = 0;
-  uint32_t next_rsn_ = 0;  // receives consumed at the peer by our SENDs / WRITE_IMMs
+  uint32_t sq_retired_ = 0;
+  uint32_t next_rsn_ = 0;        // receives consumed at the peer by our SENDs / WRITE_IMMs
   uint32_t rd_outstanding_ = 0;  // READ/atomic WQEs submitted and not yet retired
   bool rd_blocked_ = false;      // the next WQE waits for rd_outstanding_ < max_rd_atomic
+  transport::Time response_progress_{};  // last response progress while rd_outstanding_ > 0
 
   // Receive ring, indexed by receive sequence number.
-  std::vector<RecvWqe> rq_;
-  uint32_t rq_mask_;
-  SpinLock rq_lock_;
-  alignas(64) std::atomic<uint32_t> rq_head_{0};
-  alignas(64) std::atomic<uint32_t> rq_retired_{0};
+  uint32_t rq_retired_ = 0;
 
   // Responder: messages from the peer, completed in msn order.
   std::vector<RecvMsg> rx_msgs_;
   uint32_t rx_next_msn_ = 0;
-  AtomicResult atomics_[kAtomicCache];
+  std::vector<AtomicResult> atomics_;
   bool comm_est_ = false;  // kCommEst raised since the last reset
 
   // With an SRQ: the slot claimed for each RSN, indexed by RSN (a message's RSN is never more
-  // than kRecvWindow ahead of the oldest receive not yet completed).
+  // than kRecvWindow ahead of the oldest receive not yet completed). Grows like rx_msgs_.
   SharedReceiveQueue* const srq_;
   std::vector<uint32_t> claimed_;
   uint32_t next_claim_ = 0;   // lowest RSN without an SRQ entry

@@ -1,65 +1,52 @@
 // SPDX-License-Identifier: Apache-2.0
-// Shared receive queue: posting, claiming in posting order, and the limit event.
+// Shared receive queue: claiming in posting order, returning slots, and the limit event.
 #include "datapath/nic/shared_receive_queue.h"
-
-#include <algorithm>
-#include <bit>
-#include <cstring>
-#include <mutex>
 
 namespace metaroce::nic {
 
-SharedReceiveQueue::SharedReceiveQueue(uint32_t pd, uint32_t max_wr, uint32_t max_sge)
-    : pd_(pd), max_sge_(max_sge), slots_(std::max(max_wr, 1u)),
-      fifo_(std::bit_ceil(std::max(max_wr, 1u))),
-      mask_(static_cast<uint32_t>(fifo_.size()) - 1) {
-  free_.reserve(slots_.size());
-  for (uint32_t i = static_cast<uint32_t>(slots_.size()); i-- > 0;) free_.push_back(i);
-}
+SharedReceiveQueue::SharedReceiveQueue(uint32_t id, Owner* owner, uint32_t pd,
+                                       hostif::SrqHeader* ring, uint64_t handle)
+    : id_(id), owner_(owner), pd_(pd), ring_(ring), handle_(handle),
+      slots_(hostif::srq_slot(ring, 0)), posted_(hostif::srq_posted_ring(ring)),
+      free_(hostif::srq_free_ring(ring)), mask_(ring->entries - 1), stride_(ring->stride),
+      max_wr_(ring->max_wr), max_sge_(ring->max_sge), free_head_(ring->free_head.peek()),
+      held_(ring->max_wr, false) {}
 
-int SharedReceiveQueue::post_recv(const RecvWqe& wqe) {
-  std::lock_guard lock(lock_);
-  if (free_.empty()) return ENOMEM;
-  const uint32_t slot = free_.back();
-  free_.pop_back();
-  RecvWqe& s = slots_[slot];
-  s.wr_id = wqe.wr_id;
-  s.num_sge = wqe.num_sge;
-  std::memcpy(s.sge, wqe.sge, sizeof(Sge) * wqe.num_sge);
-  fifo_[head_++ & mask_] = slot;
-  return 0;
-}
-
-void SharedReceiveQueue::set_limit_notifier(void (*fn)(void* arg), void* arg) {
-  std::lock_guard lock(lock_);
-  notify_fn_ = fn;
-  notify_arg_ = arg;
-}
-
-bool SharedReceiveQueue::claim(uint32_t* slot) {
-  bool fire = false;
-  {
-    std::lock_guard lock(lock_);
-    if (head_ == tail_) return false;
-    *slot = fifo_[tail_++ & mask_];
-    const uint32_t left = head_ - tail_;
-    uint32_t armed = limit_.load(std::memory_order_relaxed);
-    // One event per arming: whoever clears the limit reports it.
-    fire = armed != 0 && left < armed &&
-           limit_.compare_exchange_strong(armed, 0, std::memory_order_acq_rel);
+bool SharedReceiveQueue::claim(uint32_t* slot, bool* limit_hit) {
+  *limit_hit = false;
+  const uint32_t head = ring_->posted_head.load();
+  for (;;) {
+    // A driver cannot post more than max_wr (it holds no more slots): more is garbage.
+    if (tail_ == head || head - tail_ > max_wr_) return false;
+    const uint32_t s = posted_[tail_ & mask_];
+    ++tail_;
+    ring_->posted_tail.store(tail_);
+    if (s >= max_wr_ || held_[s]) continue;  // not a slot, or one posted twice: skip it
+    held_[s] = true;
+    *slot = s;
+    break;
   }
-  if (fire && notify_fn_) notify_fn_(notify_arg_);
+  const uint32_t left = head - tail_;
+  const uint32_t armed = ring_->limit.peek();
+  // One event per arming: whoever clears the limit reports it.
+  if (armed != 0 && left < armed) {
+    uint32_t expected = armed;
+    *limit_hit = ring_->limit.v.compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
+  }
   return true;
 }
 
-void SharedReceiveQueue::release(uint32_t slot) {
-  std::lock_guard lock(lock_);
-  free_.push_back(slot);
+void SharedReceiveQueue::release(uint32_t s) {
+  if (s >= max_wr_ || !held_[s]) return;
+  held_[s] = false;
+  free_[free_head_ & mask_] = s;
+  ++free_head_;
+  ring_->free_head.store(free_head_);
 }
 
 uint32_t SharedReceiveQueue::posted() const {
-  std::lock_guard lock(lock_);
-  return head_ - tail_;
+  const uint32_t n = ring_->posted_head.load() - tail_;
+  return n > max_wr_ ? 0 : n;
 }
 
 }  // namespace metaroce::nic

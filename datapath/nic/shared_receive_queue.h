@@ -1,51 +1,55 @@
 // SPDX-License-Identifier: Apache-2.0
-// A shared receive queue: entries the application posts and that QPs attached to it claim, in
-// posting order, when a message needs one (docs/spec/verbs-mapping.md §6).
+// A shared receive queue as the NIC sees it: the consumer of the driver's posted ring and the
+// producer of its free ring (hostif::SrqHeader). QPs attached to it claim receives in posting
+// order when a message needs one (docs/spec/verbs-mapping.md §6) and return the slot when it
+// completes, in any order.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <vector>
 
-#include "datapath/nic/device.h"
-#include "datapath/nic/spin_lock.h"
+#include "datapath/hostif/queues.h"
 
 namespace metaroce::nic {
 
-class SharedReceiveQueue final : public Srq {
+class Owner;
+
+class SharedReceiveQueue {
  public:
-  SharedReceiveQueue(uint32_t pd, uint32_t max_wr, uint32_t max_sge);
+  // ring: formatted by hostif::init_srq; its geometry is read here, once.
+  SharedReceiveQueue(uint32_t id, Owner* owner, uint32_t pd, hostif::SrqHeader* ring,
+                     uint64_t handle);
 
-  // Provider side (application threads).
-  int post_recv(const RecvWqe& wqe) override;
-  void set_limit(uint32_t limit) override { limit_.store(limit, std::memory_order_release); }
-  uint32_t limit() const override { return limit_.load(std::memory_order_acquire); }
-  void set_limit_notifier(void (*fn)(void* arg), void* arg) override;
-
-  // Progress thread side. Takes the oldest posted entry for a QP: its slot, which stays valid
-  // (and out of the queue) until release(); false when nothing is posted.
-  bool claim(uint32_t* slot);
-  const RecvWqe& entry(uint32_t slot) const { return slots_[slot]; }
-  void release(uint32_t slot);
-  uint32_t posted() const;  // entries waiting to be claimed
-
+  uint32_t id() const { return id_; }
+  Owner* owner() const { return owner_; }
   uint32_t pd() const { return pd_; }
+  uint64_t handle() const { return handle_; }
   uint32_t max_sge() const { return max_sge_; }
-  uint32_t users = 0;  // QPs attached (guarded by the device lock)
+
+  // Takes the oldest posted receive: its slot, owned by the NIC until release(); false when
+  // nothing is posted. *limit_hit: the armed limit event is due now (fewer than `limit` left).
+  bool claim(uint32_t* slot, bool* limit_hit);
+  const uint8_t* slot(uint32_t s) const { return slots_ + size_t{s} * stride_; }
+  void release(uint32_t slot);
+  // Receives posted and not claimed.
+  uint32_t posted() const;
+
+  uint32_t users = 0;  // QPs attached: destroy answers EBUSY meanwhile
 
  private:
+  const uint32_t id_;
+  Owner* const owner_;
   const uint32_t pd_;
-  const uint32_t max_sge_;
-  std::vector<RecvWqe> slots_;     // max_wr entries, posted or claimed or free
-  std::vector<uint32_t> free_;     // stack of free slots
-  std::vector<uint32_t> fifo_;     // posted slots in posting order (a ring)
-  uint32_t mask_;
-  uint32_t head_ = 0;              // next fifo position the provider fills
-  uint32_t tail_ = 0;              // next fifo position a QP claims
-  mutable SpinLock lock_;
-  std::atomic<uint32_t> limit_{0};
-  void (*notify_fn_)(void*) = nullptr;
-  void* notify_arg_ = nullptr;
+  hostif::SrqHeader* const ring_;
+  const uint64_t handle_;
+  // Geometry, copied at creation.
+  uint8_t* const slots_;
+  uint32_t* const posted_;
+  uint32_t* const free_;
+  const uint32_t mask_, stride_, max_wr_, max_sge_;
+  uint32_t tail_ = 0;       // next posted entry to claim (private copy of posted_tail)
+  uint32_t free_head_;      // next free-ring entry to fill (private copy of free_head)
+  std::vector<bool> held_;  // slots the NIC holds: a slot posted twice is claimed once
 };
 
 }  // namespace metaroce::nic

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Live counters a process's software NIC publishes for `metaroce stat`: a versioned block of
-// plain data in a file under <run dir>/stat/<link>.<pid>, mapped shared and updated under a
+// Live counters the engine publishes per link for `metaroce stat`: a versioned block of plain
+// data in a file under <run dir>/stat/<link>.<engine pid>, mapped shared and updated under a
 // sequence lock. The layout is this header; readers never link the datapath.
 #pragma once
 
@@ -13,10 +13,11 @@
 namespace metaroce::nic {
 
 inline constexpr uint32_t kTelemetryMagic = 0x5453524d;  // "MRST"
-inline constexpr uint32_t kTelemetryVersion = 1;
+inline constexpr uint32_t kTelemetryVersion = 2;
 inline constexpr uint32_t kTelemetryConns = 64;     // connections shown per device
 inline constexpr uint32_t kTelemetryPaths = 64;     // paths shown per connection
 inline constexpr uint32_t kTelemetryCounters = 64;  // named device counters
+inline constexpr uint32_t kTelemetryStreams = 64;   // streams (QPs) shown per connection
 
 struct TelemetryPath {
   uint16_t path_id;
@@ -32,11 +33,24 @@ struct TelemetryPath {
   int64_t rto_ns;
 };
 
+// A QP of this device that is a stream of the connection.
+struct TelemetryStream {
+  uint32_t qpn;
+  uint32_t remote_qpn;
+  uint32_t pid;    // of the process that owns it
+  uint8_t state;   // hostif::QpState
+  uint8_t type;    // hostif::QpType
+  uint16_t reserved;
+};
+
 struct TelemetryConn {
   uint32_t peer_ip;       // host byte order
   uint32_t num_paths;
   uint32_t window, in_flight, rate_hint_mbps, rx_rate_mbps, rx_hint_mbps, paths_active;
+  uint32_t num_streams;   // QPs to the peer (may exceed kTelemetryStreams; that many listed)
+  uint32_t reserved;
   TelemetryPath paths[kTelemetryPaths];
+  TelemetryStream streams[kTelemetryStreams];
 };
 
 struct TelemetryCounter {
@@ -58,7 +72,7 @@ struct TelemetryBlock {
   TelemetryConn conns[kTelemetryConns];
 };
 
-// A consistent copy of one process's block.
+// A consistent copy of one block.
 struct TelemetrySnapshot {
   std::string file;
   uint32_t pid = 0;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Shared-memory block the NIC updates under a sequence lock.
+// Shared-memory block the engine updates under a sequence lock, and what it puts in it.
 #include "datapath/nic/telemetry_writer.h"
 
 #include <fcntl.h>
@@ -7,8 +7,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+
+#include "datapath/nic/link_layer.h"
+#include "datapath/nic/nic.h"
+#include "datapath/transport/path_stats.h"
 
 namespace metaroce::nic {
 
@@ -58,6 +64,125 @@ void TelemetryWriter::end_update() {
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count();
   block_->seq.fetch_add(1, std::memory_order_release);
+}
+
+}  // namespace metaroce::nic
+
+namespace metaroce::nic {
+
+void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link,
+                       uint64_t contexts) {
+  TelemetryBlock* b = w.begin_update();
+  if (!b) return;
+  uint32_t n = 0;
+  auto put = [&](const char* name, uint64_t v) {
+    if (n == kTelemetryCounters) return;
+    std::snprintf(b->counters[n].name, sizeof(b->counters[n].name), "%s", name);
+    b->counters[n++].value = v;
+  };
+  const LinkCounters& l = link.counters();
+  put("contexts", contexts);
+  put("qps", nic.qp_count());
+  put("rx_frames", l.rx_frames);
+  put("tx_frames", l.tx_frames);
+  put("rx_drop_malformed", l.rx_drop_malformed);
+  put("rx_drop_not_ours", l.rx_drop_not_ours);
+  put("arp_requests", l.arp_requests);
+  put("arp_replies", l.arp_replies);
+  const NicCounters& d = nic.counters();
+  put("naks_sent_access", d.naks_access);
+  put("rnr", d.rnr);
+  put("memory_faults", d.memory_faults);
+  const transport::EngineStats& e = nic.engine().stats();
+  put("tx_packets", e.tx_packets);
+  put("tx_bytes", e.tx_bytes);
+  put("rx_packets", e.rx_packets);
+  put("rx_bytes", e.rx_bytes);
+  put("retransmits", e.retransmits);
+  put("timeouts", e.timeouts);
+  put("acks_sent", e.acks_sent);
+  put("acks_received", e.acks_received);
+  put("duplicates", e.duplicates);
+  put("naks_sent", e.naks_sent);
+  put("naks_received", e.naks_received);
+  put("drop_malformed", e.drop_malformed);
+  put("drop_version", e.drop_version);
+  put("drop_unknown_conn", e.drop_unknown_conn);
+  put("drop_token", e.drop_token);
+  put("drop_out_of_window", e.drop_out_of_window);
+  put("drop_rnr", e.drop_rnr);
+  put("drop_unreachable", e.drop_unreachable);
+  put("ecn_decreases", e.ecn_decreases);
+  put("sack_gaps", e.sack_gaps);
+  put("tail_probes", e.tail_probes);
+  put("paths_failed", e.paths_failed);
+  put("paths_suspected", e.paths_suspected);
+  put("paths_recovered", e.paths_recovered);
+  put("failover_resends", e.failover_resends);
+  put("pacing_waits", e.pacing_waits);
+  b->num_counters = n;
+  // Connections: one per peer some QP talks to; its QPs are its streams.
+  const std::vector<const QueuePair*> qps = nic.qps();
+  std::vector<uint32_t> peers;
+  for (const QueuePair* qp : qps) {
+    const uint32_t ip = qp->remote().ip;
+    if (ip != 0 && std::find(peers.begin(), peers.end(), ip) == peers.end()) peers.push_back(ip);
+  }
+  uint32_t c = 0;
+  for (uint32_t ip : peers) {
+    if (c == kTelemetryConns) break;
+    const transport::ConnStats cs = transport::conn_stats(nic.engine(), ip);
+    if (!cs.exists) continue;
+    TelemetryConn& tc = b->conns[c++];
+    tc.peer_ip = ip;
+    tc.window = cs.window;
+    tc.in_flight = cs.in_flight;
+    tc.rate_hint_mbps = cs.rate_hint_mbps;
+    tc.rx_rate_mbps = cs.rx_rate_mbps;
+    tc.rx_hint_mbps = cs.rx_hint_mbps;
+    tc.paths_active = cs.paths_active;
+    const auto paths = transport::path_stats(nic.engine(), ip);
+    tc.num_paths = static_cast<uint32_t>(std::min<size_t>(paths.size(), kTelemetryPaths));
+    for (uint32_t i = 0; i < tc.num_paths; ++i) {
+      const transport::PathStats& ps = paths[i];
+      TelemetryPath& tp = tc.paths[i];
+      tp.path_id = ps.path_id;
+      tp.udp_src_port = ps.udp_src_port;
+      tp.plane = ps.plane;
+      tp.state = static_cast<uint8_t>(ps.state);
+      tp.window = ps.window;
+      tp.in_flight = ps.in_flight;
+      tp.tx_packets = ps.tx_packets;
+      tp.tx_bytes = ps.tx_bytes;
+      tp.retransmits = ps.retransmits;
+      tp.timeouts = ps.timeouts;
+      tp.ecn_ce_echoed = ps.ecn_ce_echoed;
+      tp.sack_gaps = ps.sack_gaps;
+      tp.failures = ps.failures;
+      tp.rx_packets = ps.rx_packets;
+      tp.rx_bytes = ps.rx_bytes;
+      tp.duplicates = ps.duplicates;
+      tp.ecn_ce_received = ps.ecn_ce_received;
+      tp.srtt_ns = ps.srtt_ns;
+      tp.rto_ns = ps.rto_ns;
+    }
+    uint32_t streams = 0;
+    for (const QueuePair* qp : qps) {
+      if (qp->remote().ip != ip) continue;
+      if (streams < kTelemetryStreams) {
+        TelemetryStream& ts = tc.streams[streams];
+        ts.qpn = qp->qpn();
+        ts.remote_qpn = qp->remote().qpn;
+        ts.pid = qp->init().owner->pid();
+        ts.state = static_cast<uint8_t>(qp->state());
+        ts.type = static_cast<uint8_t>(qp->init().type);
+      }
+      ++streams;
+    }
+    tc.num_streams = streams;
+  }
+  b->num_conns = c;
+  w.end_update();
 }
 
 }  // namespace metaroce::nic

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The publishing side of telemetry.h: one block per device per process.
+// The publishing side of telemetry.h: one block per link, written by the engine.
 #pragma once
 
 #include <string>
@@ -7,6 +7,9 @@
 #include "datapath/nic/telemetry.h"
 
 namespace metaroce::nic {
+
+class Nic;
+class LinkLayer;
 
 class TelemetryWriter {
  public:
@@ -25,5 +28,10 @@ class TelemetryWriter {
   std::string file_;
   TelemetryBlock* block_ = nullptr;
 };
+
+// Refreshes the block of a link from its NIC and link layer; contexts: driver contexts open on
+// the link (shown as a counter).
+void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link,
+                       uint64_t contexts);
 
 }  // namespace metaroce::nic

@@ -65,6 +65,18 @@ struct MessageDesc {
   Time timeout{0};
 };
 
+// Names one received data packet, so that the NIC can still reject a packet that deliver()
+// accepted when its placement fails later in the same pass (the memory under a region was
+// gone), before the acknowledgement leaves: reject() turns it into a NAK (spec §5.3).
+struct RxRef {
+  uint32_t peer_ip = 0;
+  uint32_t dir = 0;         // the peer's direction (its conn_id)
+  uint32_t seq = 0;         // on `path`
+  uint32_t src_stream = 0;
+  uint32_t msn = 0;
+  uint16_t path = 0;
+};
+
 // One arriving data packet, after duplicate filtering, handed to the NIC for placement.
 struct Segment {
   uint32_t peer_ip = 0;
@@ -79,6 +91,7 @@ struct Segment {
   uint32_t rkey = 0;
   uint32_t imm = 0;
   std::span<const uint8_t> payload;
+  RxRef ref;
 };
 
 // Implemented by the software NIC.
@@ -97,12 +110,13 @@ class Host {
 };
 
 // Where the engine writes outgoing packets. begin() returns room for the UDP payload (the NIC
-// puts Ethernet/IP/UDP in front); commit() sends it. begin() may return an empty span when the
-// link has no buffers: the engine then stops for this poll and tries again later.
+// puts Ethernet/IP/UDP in front) of a packet for `plane`; commit() sends it (the same plane).
+// begin() may return an empty span when the link has no buffers: the engine then stops for this
+// poll and tries again later.
 class TxSink {
  public:
   virtual ~TxSink() = default;
-  virtual std::span<uint8_t> begin(uint32_t max_len) = 0;
+  virtual std::span<uint8_t> begin(uint32_t max_len, uint8_t plane) = 0;
   virtual void commit(uint32_t peer_ip, uint16_t udp_src_port, uint8_t plane, uint32_t len) = 0;
 };
 
@@ -178,6 +192,10 @@ class Engine {
   // Forget everything queued for or from one stream (QP destroyed or reset). Queued messages of
   // the stream are dropped without callbacks.
   virtual void drop_stream(uint32_t src_stream) = 0;
+  // Rejects a packet deliver() accepted in this pass (RxRef): its ACK carries a NAK with `why`,
+  // so the sender fails the message instead of completing it. No effect once the connection or
+  // direction is gone.
+  virtual void reject(const RxRef& ref, Syndrome why) = 0;
   virtual const EngineStats& stats() const = 0;
   // When a data packet last arrived that we accepted or had accepted (Time::min() if never): a
   // closing NIC keeps answering until its peers have had time to resend what they still miss

@@ -294,7 +294,7 @@ bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, 
   const MessageDesc& m = slots_[d.slot].m;
   const uint32_t plen = seg_len(d.slot, d.offset);
   const uint32_t len = wire::kDataHeadersLen + plen;
-  std::span<uint8_t> buf = sink.begin(len);
+  std::span<uint8_t> buf = sink.begin(len, plane_of(d.path));
   if (buf.size() < len) return false;
   TxPath& tp = c.tx[d.path];
   const bool copy = d.flags & detail::kCopy;
@@ -349,7 +349,7 @@ bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, 
 }
 
 bool EngineImpl::emit_probe(Time now, Connection& c, uint16_t path, TxSink& sink) {
-  std::span<uint8_t> buf = sink.begin(wire::kBaseHeaderLen);
+  std::span<uint8_t> buf = sink.begin(wire::kBaseHeaderLen, plane_of(path));
   if (buf.size() < wire::kBaseHeaderLen) return false;
   TxPath& tp = c.tx[path];
   // Entropy re-pick: every probe tries another route through the fabric (congestion.md §4.4).
@@ -393,7 +393,7 @@ bool EngineImpl::emit_ack(Time now, Connection& c, RecvDir& d, uint16_t path, Tx
     naks[i] = {rp.naks[i].seq, rp.naks[i].src_stream, rp.naks[i].msn, rp.naks[i].syndrome};
   }
   const uint32_t len = wire::kAckHeadersLen + n * wire::kNakRecordLen;
-  std::span<uint8_t> buf = sink.begin(len);
+  std::span<uint8_t> buf = sink.begin(len, plane_of(path));
   if (buf.size() < len) return false;
 
   wire::BaseHeader b;
@@ -788,6 +788,7 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
   seg.payload = pkt.payload;
   const uint32_t dir_id = d->conn_id;
   const uint16_t path = b.path_id;
+  seg.ref = RxRef{c.peer_ip, dir_id, b.path_seq, h.src_stream, h.msn, path};
 
   const Syndrome why = host_.deliver(seg);
   // deliver() may submit (a READ response); our receive state is untouched by that, but look
@@ -1095,6 +1096,17 @@ void EngineImpl::drop_stream(uint32_t src_stream) {
       s = next;
     }
   }
+}
+
+void EngineImpl::reject(const RxRef& ref, Syndrome why) {
+  auto it = conns_.find(ref.peer_ip);
+  if (it == conns_.end() || why == Syndrome::kOk) return;
+  RecvDir* d = find_dir(*it->second, ref.dir);
+  if (!d || ref.path >= d->paths.size()) return;
+  // The packet stays marked received: the NAK, processed before the acknowledgements of the
+  // same ACK, fails its message at the sender (spec §5.3).
+  add_nak(d->paths[ref.path], ref.seq, ref.src_stream, ref.msn, why);
+  ++stats_.naks_sent;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -173,6 +173,7 @@ class EngineImpl final : public Engine {
   Time next_deadline() const override;
   bool idle() const override;
   void drop_stream(uint32_t src_stream) override;
+  void reject(const RxRef& ref, Syndrome why) override;
   const EngineStats& stats() const override { return stats_; }
   Time last_answered() const override { return last_answered_; }
 

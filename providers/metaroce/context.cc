@@ -1,9 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // Provider registration, device discovery from the sysfs tree `metaroce link add` writes, the
-// context lifecycle, and the device-level verbs (query_device_ex, query_port).
+// context lifecycle and its connection to the host engine, the device-level verbs
+// (query_device_ex, query_port), and the flush of every queue when the engine goes away.
 #include "providers/metaroce/context.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,11 +45,24 @@ abi::VerbsDevice* alloc_device(abi::SysfsDev* /*sysfs*/) {
 
 void uninit_device(abi::VerbsDevice* vdev) { delete reinterpret_cast<Device*>(vdev); }
 
+void close_state(ContextState* st) {
+  if (st->watcher.joinable()) {
+    const char c = 1;
+    [[maybe_unused]] ssize_t n = write(st->watcher_stop[1], &c, 1);
+    st->watcher.join();
+  }
+  for (int fd : {st->watcher_stop[0], st->watcher_stop[1], st->sock, st->doorbell_fd,
+                 st->async_write_fd})
+    if (fd >= 0) close(fd);
+  if (st->status) munmap(const_cast<hostif::StatusPage*>(st->status), st->engine.status_bytes);
+  delete st;
+}
+
 void free_context(ibv_context* ibctx) {
   Context* ctx = to_context(ibctx);
-  // Closing the write end first wakes a thread blocked in ibv_get_async_event.
-  if (ctx->state->async_write_fd >= 0) close(ctx->state->async_write_fd);
-  delete ctx->state;
+  // Closing the socket tells the engine to reclaim whatever the application left behind;
+  // closing the async write end wakes a thread blocked in ibv_get_async_event.
+  close_state(ctx->state);
   verbs_uninit_context(&ctx->vctx);
   free(ctx);
 }
@@ -82,7 +100,7 @@ const abi::ContextOps kContextOps = [] {
 
 // Failing after _verbs_init_and_alloc_context: undo it and report err through errno.
 verbs_context* abandon(Context* ctx, int err) {
-  delete ctx->state;
+  if (ctx->state) close_state(ctx->state);
   ctx->state = nullptr;
   verbs_uninit_context(&ctx->vctx);
   free(ctx);
@@ -90,23 +108,84 @@ verbs_context* abandon(Context* ctx, int err) {
   return nullptr;
 }
 
-// Loads the link record and opens the shared NIC; may throw (strings), the caller catches.
-int open_nic(Context* ctx, const ibv_device* ibdev) {
-  std::string why;
-  const std::string path = config_path(ibdev->ibdev_path);
-  auto cfg = nic::LinkConfig::load(path, &why);
-  if (!cfg) {
-    METAROCE_LOG(&ctx->vctx, abi::kLogErr, "cannot read %s: %s", path.c_str(), why.c_str());
+// The run dir of a link record <run dir>/sys/class/infiniband/<name>/metaroce.conf.
+std::string run_dir_of(const nic::LinkConfig& link, const char* ibdev_path) {
+  if (!link.run_dir.empty()) return link.run_dir;
+  std::string p = ibdev_path;  // <run dir>/sys/class/infiniband/<name>
+  for (int i = 0; i < 4 && !p.empty(); ++i) p = p.substr(0, p.rfind('/'));
+  return p;
+}
+
+// Connects to the engine and says hello; 0 or an errno (logged with the reason).
+int connect_engine(Context* ctx, const ibv_device* ibdev) {
+  ContextState& st = *ctx->state;
+  const std::string sock_path = run_dir_of(st.link, ibdev->ibdev_path) + "/" + hostif::kEngineSocket;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (sock_path.size() >= sizeof(addr.sun_path)) return ENAMETOOLONG;
+  std::memcpy(addr.sun_path, sock_path.c_str(), sock_path.size() + 1);
+  st.sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (st.sock < 0) return errno;
+  // Our credentials go with every message, whenever the engine gets to accept us.
+  int one = 1;
+  setsockopt(st.sock, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
+  if (connect(st.sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int e = errno;
+    METAROCE_LOG(&ctx->vctx, abi::kLogErr,
+                 "no MetaRoCE engine serves this device (%s: %s; start one with "
+                 "`metaroce engine start`)",
+                 sock_path.c_str(), std::strerror(e));
     return ENODEV;
   }
-  int err = 0;
-  ctx->state->nic = nic::Device::open(*cfg, &err, &why);
-  if (!ctx->state->nic) {
-    if (!err) err = ENODEV;
-    METAROCE_LOG(&ctx->vctx, abi::kLogErr, "cannot open the NIC: %s (%s)", why.c_str(),
-                 std::strerror(err));
+  hostif::HelloReq hello;
+  if (!hostif::put_name(hello.link, st.link.name)) return ENAMETOOLONG;
+  hostif::Message resp;
+  const int e = engine_call(&ctx->vctx.context, hostif::Op::kHello, hello, &resp,
+                            {st.async_write_fd});
+  auto body = resp.as<hostif::HelloResp>();
+  if (e || !body || resp.fds.size() != 2) {
+    hostif::close_fds(&resp);
+    METAROCE_LOG(&ctx->vctx, abi::kLogErr, "the engine refused the device: %s",
+                 std::strerror(e ? e : EPROTO));
+    return e ? e : EPROTO;
   }
-  return ctx->state->nic ? 0 : err;
+  st.engine = *body;
+  st.doorbell_fd = resp.fds[0];
+  void* status = mmap(nullptr, body->status_bytes, PROT_READ, MAP_SHARED, resp.fds[1], 0);
+  close(resp.fds[1]);
+  if (status == MAP_FAILED) return errno;
+  st.status = static_cast<const hostif::StatusPage*>(status);
+  if (st.status->magic != hostif::kStatusMagic) return EPROTO;
+  return 0;
+}
+
+// The engine is gone (it died, restarted, or removed the link): everything outstanding
+// completes as flushed, the application hears IBV_EVENT_DEVICE_FATAL, and nothing waits for an
+// engine that will not answer.
+void engine_lost(ibv_context* context) {
+  ContextState& st = state_of(context);
+  if (st.dead.exchange(true)) return;
+  {
+    std::lock_guard lock(st.objects_mu);
+    for (Qp* qp : st.qps) flush_orphan(qp);
+    for (Srq* srq : st.srqs) flush_orphan(srq, st.qps);
+    for (Cq* cq : st.cqs) notify_orphan(cq);
+  }
+  post_async_event(context, reinterpret_cast<uintptr_t>(context), IBV_EVENT_DEVICE_FATAL);
+}
+
+void watch_engine(ibv_context* context) {
+  ContextState& st = state_of(context);
+  pollfd fds[2] = {{st.sock, POLLRDHUP, 0}, {st.watcher_stop[0], POLLIN, 0}};
+  for (;;) {
+    const int n = poll(fds, 2, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (fds[1].revents) return;  // the context closes
+    if (fds[0].revents & (POLLHUP | POLLRDHUP | POLLERR)) {
+      engine_lost(context);
+      return;
+    }
+  }
 }
 
 verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data*/) {
@@ -118,22 +197,43 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data
   if (!ctx) return nullptr;
   ctx->state = new (std::nothrow) ContextState{};
   if (!ctx->state) return abandon(ctx, ENOMEM);
+  ContextState& st = *ctx->state;
 
   int err = 0;
   try {
-    err = open_nic(ctx, ibdev);
+    std::string why;
+    const std::string path = config_path(ibdev->ibdev_path);
+    auto cfg = nic::LinkConfig::load(path, &why);
+    if (!cfg) {
+      METAROCE_LOG(&ctx->vctx, abi::kLogErr, "cannot read %s: %s", path.c_str(), why.c_str());
+      return abandon(ctx, ENODEV);
+    }
+    st.link = *cfg;
   } catch (...) {  // nothing may unwind into libibverbs' C frames
-    METAROCE_LOG(&ctx->vctx, abi::kLogErr, "cannot open the NIC: out of memory");
-    err = ENOMEM;
+    return abandon(ctx, ENOMEM);
   }
-  if (err) return abandon(ctx, err);
 
-  // libibverbs would ask the kernel for an async fd if we left -1; a pipe stands in for it.
+  // libibverbs would ask the kernel for an async fd if we left -1; a pipe stands in for it. The
+  // engine writes events into its write end (the watcher too, when the engine is gone).
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return abandon(ctx, errno);
   fcntl(fds[1], F_SETFL, fcntl(fds[1], F_GETFL) | O_NONBLOCK);
-  ctx->state->async_write_fd = fds[1];
+  st.async_write_fd = fds[1];
   ctx->vctx.context.async_fd = fds[0];
+  if ((err = connect_engine(ctx, ibdev)) != 0) {
+    close(fds[0]);
+    return abandon(ctx, err);
+  }
+  if (pipe2(st.watcher_stop, O_CLOEXEC) != 0) {
+    close(fds[0]);
+    return abandon(ctx, errno);
+  }
+  try {
+    st.watcher = std::thread(watch_engine, &ctx->vctx.context);
+  } catch (...) {
+    close(fds[0]);
+    return abandon(ctx, EAGAIN);
+  }
   ctx->vctx.context.num_comp_vectors = 1;
   verbs_set_ops(&ctx->vctx, &kContextOps);
   if (!comp_channel_preload_active())
@@ -180,11 +280,71 @@ void post_async_event(ibv_context* context, uint64_t element, ibv_event_type typ
   (void)n;  // a full pipe drops the event: the application is not reading them
 }
 
+int engine_call(ibv_context* context, hostif::Op op, const void* body, size_t len,
+                std::initializer_list<int> fds, hostif::Message* resp) noexcept {
+  ContextState& st = state_of(context);
+  if (st.dead.load(std::memory_order_acquire)) return ENODEV;
+  hostif::Message req;
+  req.header.op = op;
+  try {
+    req.body.assign(static_cast<const uint8_t*>(body), static_cast<const uint8_t*>(body) + len);
+    req.fds.assign(fds.begin(), fds.end());
+  } catch (...) {
+    return ENOMEM;
+  }
+  std::lock_guard lock(st.call_mu);
+  req.header.seq = ++st.seq;
+  int e = hostif::send_message(st.sock, req);
+  if (e) return engine_gone(e) || e == ENOTCONN ? ENODEV : e;
+  e = hostif::recv_message(st.sock, resp);
+  if (e) return e == ECONNRESET || e == ENOTCONN ? ENODEV : e;
+  if (resp->header.seq != req.header.seq || resp->header.op != op) {
+    hostif::close_fds(resp);
+    return EPROTO;
+  }
+  return resp->header.status;
+}
+
+void* map_segment(int fd, size_t bytes) noexcept {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  // A forked child must not share the rings (it is not this context; verbs forbids it to use
+  // the parent's objects).
+  madvise(p, bytes, MADV_DONTFORK);
+  return p;
+}
+
+void track(ibv_context* c, Cq* cq) noexcept {
+  std::lock_guard lock(state_of(c).objects_mu);
+  state_of(c).cqs.push_back(cq);
+}
+void track(ibv_context* c, Qp* qp) noexcept {
+  std::lock_guard lock(state_of(c).objects_mu);
+  state_of(c).qps.push_back(qp);
+}
+void track(ibv_context* c, Srq* srq) noexcept {
+  std::lock_guard lock(state_of(c).objects_mu);
+  state_of(c).srqs.push_back(srq);
+}
+void untrack(ibv_context* c, Cq* cq) noexcept {
+  std::lock_guard lock(state_of(c).objects_mu);
+  std::erase(state_of(c).cqs, cq);
+}
+void untrack(ibv_context* c, Qp* qp) noexcept {
+  std::lock_guard lock(state_of(c).objects_mu);
+  std::erase(state_of(c).qps, qp);
+}
+void untrack(ibv_context* c, Srq* srq) noexcept {
+  std::lock_guard lock(state_of(c).objects_mu);
+  std::erase(state_of(c).srqs, srq);
+}
+
 int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input,
                     ibv_device_attr_ex* attr, size_t attr_size) noexcept {
   if (input && input->comp_mask) return EINVAL;
   if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
-  const ibv_device_attr_ex full = device_attr(nic_of(context).config());
+  const ibv_device_attr_ex full = device_attr(state_of(context).link);
   // Callers built against older headers pass a shorter struct: fill only what they have.
   std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));
   return 0;
@@ -192,8 +352,9 @@ int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input
 
 int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr) noexcept {
   if (port_num != kPortNum) return EINVAL;
-  nic::Device& nic = nic_of(context);
-  *attr = port_attr(nic.port_active(), nic.active_mtu());
+  const ContextState& st = state_of(context);
+  // ACTIVE while the engine serves the link (docs/design.md, "Port state"); DOWN once it is gone.
+  *attr = port_attr(!st.dead.load(std::memory_order_acquire), st.engine.active_mtu);
   return 0;
 }
 

@@ -1,19 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
-// The provider's device (one per sysfs link) and context (one per ibv_open_device), and the
-// device-level verbs: discovery, query_device_ex, query_port, async events.
+// The provider's device (one per sysfs link) and context (one per ibv_open_device): the
+// connection to the host's engine that serves the link, the device-level verbs, async events,
+// and what happens when the engine goes away (IBV_EVENT_DEVICE_FATAL, every queue flushed).
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
-#include <memory>
+#include <mutex>
+#include <thread>
 #include <type_traits>
+#include <vector>
 
-#include "datapath/nic/device.h"
+#include "datapath/hostif/control.h"
+#include "datapath/hostif/queues.h"
+#include "datapath/nic/link_config.h"
 #include "providers/metaroce/device_attr.h"
 #include "providers/metaroce/verbs_abi.h"
 
 namespace metaroce::provider {
+
+struct Cq;
+struct Qp;
+struct Srq;
 
 struct Device {
   abi::VerbsDevice vdev;  // first: libibverbs hands us &vdev.device
@@ -21,8 +32,21 @@ struct Device {
 
 // What a context owns besides the verbs structure (kept apart so Context stays a C layout).
 struct ContextState {
-  std::shared_ptr<nic::Device> nic;
-  int async_write_fd = -1;  // the pipe whose read end is context.async_fd
+  nic::LinkConfig link;           // the link record (addresses, GIDs)
+  hostif::HelloResp engine;       // what the engine said of the device
+  int sock = -1;                  // control connection to the engine (SOCK_SEQPACKET)
+  std::mutex call_mu;             // one request at a time on it
+  uint32_t seq = 0;
+  int doorbell_fd = -1;           // eventfd: wakes a sleeping engine
+  const hostif::StatusPage* status = nullptr;  // read-only
+  int async_write_fd = -1;        // the pipe whose read end is context.async_fd
+  std::atomic<bool> dead{false};  // the engine went away: queues flushed, nothing reaches it
+  std::thread watcher;            // waits for the engine to go away
+  int watcher_stop[2] = {-1, -1};
+  std::mutex objects_mu;          // the lists below (the watcher flushes them)
+  std::vector<Cq*> cqs;
+  std::vector<Qp*> qps;
+  std::vector<Srq*> srqs;
 };
 
 struct Context {
@@ -35,7 +59,7 @@ inline Context* to_context(ibv_context* c) {
   // ibv_context is the last member of verbs_context, which is the first member of Context.
   return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
 }
-inline nic::Device& nic_of(ibv_context* c) { return *to_context(c)->state->nic; }
+inline ContextState& state_of(ibv_context* c) { return *to_context(c)->state; }
 
 // True for a context this provider opened.
 bool is_ours(const ibv_context* context) noexcept;
@@ -43,6 +67,33 @@ bool is_ours(const ibv_context* context) noexcept;
 // Writes one async event record (struct ib_uverbs_async_event_desc) for ibv_get_async_event.
 // Never blocks: if the application does not read its events, later ones are dropped.
 void post_async_event(ibv_context* context, uint64_t element, ibv_event_type type) noexcept;
+
+// One request to the engine and its answer: 0 or a positive errno (the engine's, or ENODEV
+// when it is gone). fds are sent along; the answer's descriptors are the caller's.
+int engine_call(ibv_context* context, hostif::Op op, const void* body, size_t len,
+                std::initializer_list<int> fds, hostif::Message* resp) noexcept;
+template <typename T>
+int engine_call(ibv_context* context, hostif::Op op, const T& body, hostif::Message* resp,
+                std::initializer_list<int> fds = {}) noexcept {
+  return engine_call(context, op, &body, sizeof(T), fds, resp);
+}
+// True when err says the engine is gone: a destroy then succeeds (there is nothing left to
+// undo in it).
+inline bool engine_gone(int err) { return err == ENODEV || err == ECONNRESET || err == EPIPE; }
+
+// After posting: wakes the engine if it sleeps (no system call while it is awake).
+inline void ring_doorbell(ContextState& st) noexcept;
+
+// Maps a segment the engine sent (size `bytes`), then closes fd; nullptr on failure.
+void* map_segment(int fd, size_t bytes) noexcept;
+
+// Registers objects so that a dead engine's queues can be flushed.
+void track(ibv_context* context, Cq* cq) noexcept;
+void track(ibv_context* context, Qp* qp) noexcept;
+void track(ibv_context* context, Srq* srq) noexcept;
+void untrack(ibv_context* context, Cq* cq) noexcept;
+void untrack(ibv_context* context, Qp* qp) noexcept;
+void untrack(ibv_context* context, Srq* srq) noexcept;
 
 // Logs one line through libibverbs' logger (printed when VERBS_LOG_LEVEL >= level).
 #define METAROCE_LOG(ctx, level, fmt, ...)                                              \
@@ -53,5 +104,14 @@ void post_async_event(ibv_context* context, uint64_t element, ibv_event_type typ
 int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input,
                     ibv_device_attr_ex* attr, size_t attr_size) noexcept;
 int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr) noexcept;
+
+inline void ring_doorbell(ContextState& st) noexcept {
+  // Pairs with the engine's fence between announcing sleep and its last look at the rings.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (st.status->sleeping.peek()) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(st.doorbell_fd, &one, sizeof(one));
+  }
+}
 
 }  // namespace metaroce::provider

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Conversions between verbs enumerations and the software NIC's terms (MTUs, QP states,
-// work-request opcodes); pure functions so that the unit tests can pin every mapping.
+// Conversions between verbs enumerations and the engine interface's terms (MTUs, QP states,
+// work-request opcodes, completion values); pure functions so that the unit tests can pin every
+// mapping.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -9,7 +10,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "datapath/nic/device.h"
+#include "datapath/hostif/queues.h"
 
 namespace metaroce::provider {
 
@@ -28,42 +29,76 @@ constexpr ibv_mtu bytes_to_mtu(uint32_t bytes) {
   return IBV_MTU_256;
 }
 
-constexpr ibv_qp_state to_verbs(nic::QpState s) {
+constexpr ibv_qp_state to_verbs(hostif::QpState s) {
   switch (s) {
-    case nic::QpState::kReset: return IBV_QPS_RESET;
-    case nic::QpState::kInit: return IBV_QPS_INIT;
-    case nic::QpState::kRtr: return IBV_QPS_RTR;
-    case nic::QpState::kRts: return IBV_QPS_RTS;
-    case nic::QpState::kErr: return IBV_QPS_ERR;
+    case hostif::QpState::kReset: return IBV_QPS_RESET;
+    case hostif::QpState::kInit: return IBV_QPS_INIT;
+    case hostif::QpState::kRtr: return IBV_QPS_RTR;
+    case hostif::QpState::kRts: return IBV_QPS_RTS;
+    case hostif::QpState::kErr: return IBV_QPS_ERR;
   }
   return IBV_QPS_ERR;
 }
 
 // The NIC has no SQD/SQE: those states have no NIC equivalent.
-constexpr std::optional<nic::QpState> to_nic(ibv_qp_state s) {
+constexpr std::optional<hostif::QpState> to_nic(ibv_qp_state s) {
   switch (s) {
-    case IBV_QPS_RESET: return nic::QpState::kReset;
-    case IBV_QPS_INIT: return nic::QpState::kInit;
-    case IBV_QPS_RTR: return nic::QpState::kRtr;
-    case IBV_QPS_RTS: return nic::QpState::kRts;
-    case IBV_QPS_ERR: return nic::QpState::kErr;
+    case IBV_QPS_RESET: return hostif::QpState::kReset;
+    case IBV_QPS_INIT: return hostif::QpState::kInit;
+    case IBV_QPS_RTR: return hostif::QpState::kRtr;
+    case IBV_QPS_RTS: return hostif::QpState::kRts;
+    case IBV_QPS_ERR: return hostif::QpState::kErr;
     default: return std::nullopt;
   }
 }
 
 // The seven RC operations the NIC carries; MW binds, invalidations and TSO have no WQE.
-constexpr std::optional<nic::WqeOp> to_nic(ibv_wr_opcode op) {
+constexpr std::optional<hostif::WqeOp> to_nic(ibv_wr_opcode op) {
   switch (op) {
-    case IBV_WR_SEND: return nic::WqeOp::kSend;
-    case IBV_WR_SEND_WITH_IMM: return nic::WqeOp::kSendImm;
-    case IBV_WR_RDMA_WRITE: return nic::WqeOp::kWrite;
-    case IBV_WR_RDMA_WRITE_WITH_IMM: return nic::WqeOp::kWriteImm;
-    case IBV_WR_RDMA_READ: return nic::WqeOp::kRead;
-    case IBV_WR_ATOMIC_CMP_AND_SWP: return nic::WqeOp::kCmpSwp;
-    case IBV_WR_ATOMIC_FETCH_AND_ADD: return nic::WqeOp::kFetchAdd;
+    case IBV_WR_SEND: return hostif::WqeOp::kSend;
+    case IBV_WR_SEND_WITH_IMM: return hostif::WqeOp::kSendImm;
+    case IBV_WR_RDMA_WRITE: return hostif::WqeOp::kWrite;
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return hostif::WqeOp::kWriteImm;
+    case IBV_WR_RDMA_READ: return hostif::WqeOp::kRead;
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return hostif::WqeOp::kCmpSwp;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return hostif::WqeOp::kFetchAdd;
     default: return std::nullopt;
   }
 }
+
+// The interface names completion and event values after verbs' own: pin them.
+static_assert(static_cast<int>(hostif::WcStatus::kSuccess) == IBV_WC_SUCCESS);
+static_assert(static_cast<int>(hostif::WcStatus::kLocLenErr) == IBV_WC_LOC_LEN_ERR);
+static_assert(static_cast<int>(hostif::WcStatus::kLocQpOpErr) == IBV_WC_LOC_QP_OP_ERR);
+static_assert(static_cast<int>(hostif::WcStatus::kLocProtErr) == IBV_WC_LOC_PROT_ERR);
+static_assert(static_cast<int>(hostif::WcStatus::kWrFlushErr) == IBV_WC_WR_FLUSH_ERR);
+static_assert(static_cast<int>(hostif::WcStatus::kLocAccessErr) == IBV_WC_LOC_ACCESS_ERR);
+static_assert(static_cast<int>(hostif::WcStatus::kRemInvReqErr) == IBV_WC_REM_INV_REQ_ERR);
+static_assert(static_cast<int>(hostif::WcStatus::kRemAccessErr) == IBV_WC_REM_ACCESS_ERR);
+static_assert(static_cast<int>(hostif::WcStatus::kRemOpErr) == IBV_WC_REM_OP_ERR);
+static_assert(static_cast<int>(hostif::WcStatus::kRetryExcErr) == IBV_WC_RETRY_EXC_ERR);
+static_assert(static_cast<int>(hostif::WcStatus::kRnrRetryExcErr) == IBV_WC_RNR_RETRY_EXC_ERR);
+static_assert(static_cast<int>(hostif::WcStatus::kFatalErr) == IBV_WC_FATAL_ERR);
+static_assert(static_cast<int>(hostif::WcStatus::kGeneralErr) == IBV_WC_GENERAL_ERR);
+static_assert(static_cast<int>(hostif::WcOpcode::kSend) == IBV_WC_SEND);
+static_assert(static_cast<int>(hostif::WcOpcode::kRdmaWrite) == IBV_WC_RDMA_WRITE);
+static_assert(static_cast<int>(hostif::WcOpcode::kRdmaRead) == IBV_WC_RDMA_READ);
+static_assert(static_cast<int>(hostif::WcOpcode::kCompSwap) == IBV_WC_COMP_SWAP);
+static_assert(static_cast<int>(hostif::WcOpcode::kFetchAdd) == IBV_WC_FETCH_ADD);
+static_assert(static_cast<int>(hostif::WcOpcode::kRecv) == IBV_WC_RECV);
+static_assert(static_cast<int>(hostif::WcOpcode::kRecvRdmaWithImm) == IBV_WC_RECV_RDMA_WITH_IMM);
+static_assert(hostif::kWcWithImm == IBV_WC_WITH_IMM && hostif::kWcGrh == IBV_WC_GRH);
+static_assert(static_cast<int>(hostif::AsyncEvent::kCqErr) == IBV_EVENT_CQ_ERR);
+static_assert(static_cast<int>(hostif::AsyncEvent::kQpFatal) == IBV_EVENT_QP_FATAL);
+static_assert(static_cast<int>(hostif::AsyncEvent::kQpReqErr) == IBV_EVENT_QP_REQ_ERR);
+static_assert(static_cast<int>(hostif::AsyncEvent::kQpAccessErr) == IBV_EVENT_QP_ACCESS_ERR);
+static_assert(static_cast<int>(hostif::AsyncEvent::kCommEst) == IBV_EVENT_COMM_EST);
+static_assert(static_cast<int>(hostif::AsyncEvent::kDeviceFatal) == IBV_EVENT_DEVICE_FATAL);
+static_assert(static_cast<int>(hostif::AsyncEvent::kSrqLimitReached) == IBV_EVENT_SRQ_LIMIT_REACHED);
+static_assert(static_cast<int>(hostif::AsyncEvent::kQpLastWqeReached) == IBV_EVENT_QP_LAST_WQE_REACHED);
+static_assert(IBV_ACCESS_LOCAL_WRITE == 1 && IBV_ACCESS_REMOTE_WRITE == 2 &&
+              IBV_ACCESS_REMOTE_READ == 4 && IBV_ACCESS_REMOTE_ATOMIC == 8 &&
+              IBV_ACCESS_MW_BIND == 16);
 
 // ibv_qp_ex send_ops_flags we can honour, matching to_nic(ibv_wr_opcode).
 inline constexpr uint64_t kSupportedSendOps =

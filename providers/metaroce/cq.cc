@@ -3,10 +3,12 @@
 // ibv_poll_cq, ibv_req_notify_cq, ibv_destroy_cq).
 #include "providers/metaroce/cq.h"
 
+#include <sys/mman.h>
 #include <sys/socket.h>
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <new>
 
 #include "providers/metaroce/comp_channel.h"
@@ -18,13 +20,15 @@ namespace {
 // poll_cq drains the ring through a small stack buffer: the hot path never allocates.
 constexpr int kPollBatch = 16;
 
-// Handles only tell CQs apart in logs and dumps; no kernel ever sees them.
-std::atomic<uint32_t> next_cq_handle{1};
+struct SpinGuard {
+  explicit SpinGuard(pthread_spinlock_t* l) : l_(l) { pthread_spin_lock(l_); }
+  ~SpinGuard() { pthread_spin_unlock(l_); }
+  pthread_spinlock_t* l_;
+};
 
 // The CQ's completion event: one struct ib_uverbs_comp_event_desc naming the CQ, as the
 // kernel would queue it on the channel for ibv_get_cq_event.
-void notify(void* arg) {
-  Cq* cq = static_cast<Cq*>(arg);
+void notify(Cq* cq) {
   const uint64_t handle = reinterpret_cast<uintptr_t>(&cq->vcq.cq);
   // A full socket means the application ignores its events; dropping one cannot lose a
   // wake-up, since an unread event is already waiting.
@@ -32,16 +36,11 @@ void notify(void* arg) {
       send(cq->event_fd, &handle, sizeof(handle), MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
-void report_overflow(Cq* cq) {
-  // A lost completion cannot be reported in a work completion: verbs says IBV_EVENT_CQ_ERR.
-  if (cq->nic->overflowed() && !cq->overflow_reported.exchange(true, std::memory_order_relaxed))
-    post_async_event(cq->vcq.cq.context, reinterpret_cast<uintptr_t>(&cq->vcq.cq),
-                     IBV_EVENT_CQ_ERR);
-}
+bool has_completions(const Cq* cq) { return cq->ring->head.load() != cq->ring->tail.peek(); }
 
-// Shared by create_cq and create_cq_ex: the NIC ring and the channel hookup.
+// Shared by create_cq and create_cq_ex: the engine's ring and the channel hookup.
 Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32_t comp_vector) {
-  if (cqe < 1 || cqe > nic::kMaxCqe ||
+  if (cqe < 1 || cqe > hostif::kMaxCqe ||
       comp_vector >= static_cast<uint32_t>(context->num_comp_vectors)) {
     errno = EINVAL;
     return nullptr;
@@ -49,7 +48,7 @@ Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32
   int event_fd = -1;
   if (channel) {
     event_fd = comp_channel_event_fd(channel);
-    if (event_fd < 0) {
+    if (event_fd < 0 || channel->context != context) {
       errno = EINVAL;  // a channel of another device
       return nullptr;
     }
@@ -59,17 +58,38 @@ Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32
     errno = ENOMEM;
     return nullptr;
   }
-  int err = 0;
-  cq->nic = nic_of(context).create_cq(cqe, &err);
-  if (!cq->nic) {
+  hostif::CreateCqReq req;
+  req.cqe = cqe;
+  req.has_channel = event_fd >= 0;
+  req.handle = reinterpret_cast<uintptr_t>(&cq->vcq.cq);
+  hostif::Message resp;
+  int err = event_fd >= 0 ? engine_call(context, hostif::Op::kCreateCq, req, &resp, {event_fd})
+                          : engine_call(context, hostif::Op::kCreateCq, req, &resp);
+  auto body = resp.as<hostif::CreateCqResp>();
+  void* seg = nullptr;
+  if (!err && (!body || resp.fds.size() != 1)) err = EPROTO;
+  if (!err) {
+    seg = map_segment(resp.fds[0], body->bytes);
+    resp.fds.clear();
+    if (!seg || !hostif::valid_cq(seg, body->bytes)) err = EPROTO;
+  }
+  hostif::close_fds(&resp);
+  if (err) {
+    if (seg) munmap(seg, body->bytes);
+    if (body && err == EPROTO)
+      engine_call(context, hostif::Op::kDestroyCq, hostif::IdReq{body->id}, &resp);
     delete cq;
-    errno = err ? err : ENOMEM;
+    errno = err;
     return nullptr;
   }
+  cq->ring = static_cast<hostif::CqHeader*>(seg);
+  cq->ring_bytes = body->bytes;
+  cq->id = body->id;
   cq->event_fd = event_fd;
-  if (event_fd >= 0) cq->nic->set_notifier(notify, cq);
-  cq->vcq.cq.cqe = static_cast<int>(cq->nic->capacity());
-  cq->vcq.cq.handle = next_cq_handle.fetch_add(1, std::memory_order_relaxed);
+  pthread_spin_init(&cq->poll_lock, PTHREAD_PROCESS_PRIVATE);
+  cq->vcq.cq.cqe = static_cast<int>(cq->ring->capacity);
+  cq->vcq.cq.handle = cq->id;
+  track(context, cq);
   return cq;
 }
 
@@ -78,25 +98,27 @@ Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32
 void make_current(Cq* cq) {
   ibv_cq_ex& x = cq->vcq.cq_ex;
   x.wr_id = cq->cur.wr_id;
-  x.status = cq->cur.status;
+  x.status = static_cast<ibv_wc_status>(cq->cur.status);
 }
 
 int start_poll(ibv_cq_ex* x, ibv_poll_cq_attr* attr) {
   if (attr->comp_mask) return EINVAL;
   Cq* cq = to_cq(x);
-  report_overflow(cq);
-  if (cq->nic->poll(1, &cq->cur) != 1) return ENOENT;
+  if (!has_completions(cq)) return ENOENT;
+  SpinGuard g(&cq->poll_lock);
+  if (hostif::cq_poll(cq->ring, 1, &cq->cur) != 1) return ENOENT;
   make_current(cq);
   return 0;
 }
 int next_poll(ibv_cq_ex* x) {
   Cq* cq = to_cq(x);
-  if (cq->nic->poll(1, &cq->cur) != 1) return ENOENT;
+  SpinGuard g(&cq->poll_lock);
+  if (hostif::cq_poll(cq->ring, 1, &cq->cur) != 1) return ENOENT;
   make_current(cq);
   return 0;
 }
 void end_poll(ibv_cq_ex*) {}  // nothing is held between start_poll and end_poll
-ibv_wc_opcode read_opcode(ibv_cq_ex* x) { return to_cq(x)->cur.opcode; }
+ibv_wc_opcode read_opcode(ibv_cq_ex* x) { return static_cast<ibv_wc_opcode>(to_cq(x)->cur.opcode); }
 uint32_t read_vendor_err(ibv_cq_ex* x) { return to_cq(x)->cur.vendor_err; }
 uint32_t read_byte_len(ibv_cq_ex* x) { return to_cq(x)->cur.byte_len; }
 __be32 read_imm_data(ibv_cq_ex* x) { return to_cq(x)->cur.imm; }
@@ -109,11 +131,11 @@ uint8_t read_dlid_path_bits(ibv_cq_ex*) { return 0; }
 
 }  // namespace
 
-void to_wc(const nic::Cqe& cqe, ibv_wc* wc) noexcept {
+void to_wc(const hostif::Cqe& cqe, ibv_wc* wc) noexcept {
   std::memset(wc, 0, sizeof(*wc));
   wc->wr_id = cqe.wr_id;
-  wc->status = cqe.status;
-  wc->opcode = cqe.opcode;
+  wc->status = static_cast<ibv_wc_status>(cqe.status);
+  wc->opcode = static_cast<ibv_wc_opcode>(cqe.opcode);
   wc->vendor_err = cqe.vendor_err;
   wc->byte_len = cqe.byte_len;
   wc->imm_data = cqe.imm;
@@ -176,8 +198,12 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) noexcep
 int destroy_cq(ibv_cq* ibcq) noexcept {
   Cq* cq = to_cq(ibcq);
   if (cq->users.load(std::memory_order_acquire) != 0) return EBUSY;
-  int err = nic_of(ibcq->context).destroy_cq(cq->nic);
-  if (err) return err;
+  hostif::Message resp;
+  const int err = engine_call(ibcq->context, hostif::Op::kDestroyCq, hostif::IdReq{cq->id}, &resp);
+  if (err && !engine_gone(err)) return err;
+  untrack(ibcq->context, cq);
+  munmap(cq->ring, cq->ring_bytes);
+  pthread_spin_destroy(&cq->poll_lock);
   delete cq;
   return 0;
 }
@@ -185,25 +211,41 @@ int destroy_cq(ibv_cq* ibcq) noexcept {
 int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
   if (num_entries < 0) return -EINVAL;
   Cq* cq = to_cq(ibcq);
-  nic::Cqe batch[kPollBatch];
+  // Pollers spin here: an empty queue costs one shared read and no lock.
+  if (!has_completions(cq)) return 0;
+  hostif::Cqe batch[kPollBatch];
   int done = 0;
+  SpinGuard g(&cq->poll_lock);
   while (done < num_entries) {
-    int want = num_entries - done < kPollBatch ? num_entries - done : kPollBatch;
-    int got = cq->nic->poll(want, batch);
-    if (got < 0) return done ? done : got;
+    const int want = num_entries - done < kPollBatch ? num_entries - done : kPollBatch;
+    const int got = hostif::cq_poll(cq->ring, want, batch);
     for (int i = 0; i < got; ++i) to_wc(batch[i], &wc[done + i]);
     done += got;
     if (got < want) break;
   }
-  report_overflow(cq);
   return done;
 }
 
 int req_notify_cq(ibv_cq* ibcq, int solicited_only) noexcept {
   Cq* cq = to_cq(ibcq);
   // Without a channel there is nobody to tell; arming still succeeds, as on hardware.
-  if (cq->event_fd >= 0) cq->nic->arm(solicited_only != 0);
+  if (cq->event_fd < 0) return 0;
+  cq->ring->armed.store(solicited_only ? 2 : 1);
+  // Pairs with the engine's fence after publishing: either it sees the CQ armed, or we see its
+  // completions here and raise the event ourselves (whoever disarms it raises it).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (has_completions(cq) && cq->ring->armed.v.exchange(0) != 0) notify(cq);
   return 0;
+}
+
+void push_orphan(Cq* cq, const hostif::Cqe& cqe) noexcept {
+  SpinGuard g(&cq->poll_lock);
+  hostif::cq_push_orphan(cq->ring, cqe);
+}
+
+void notify_orphan(Cq* cq) noexcept {
+  if (cq->event_fd < 0) return;
+  if (has_completions(cq) && cq->ring->armed.v.exchange(0) != 0) notify(cq);
 }
 
 }  // namespace metaroce::provider

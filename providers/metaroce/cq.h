@@ -1,33 +1,37 @@
 // SPDX-License-Identifier: Apache-2.0
-// Completion queues: a verbs CQ in front of a NIC completion ring that poll_cq reads directly.
+// Completion queues: a verbs CQ in front of a completion ring the engine fills and poll_cq reads
+// directly, in memory shared with the engine.
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cstdint>
 #include <type_traits>
 
-#include "datapath/nic/device.h"
+#include "datapath/hostif/queues.h"
 #include "providers/metaroce/verbs_abi.h"
 
 namespace metaroce::provider {
 
 struct Cq {
   abi::VerbsCq vcq;               // first: the application holds &vcq.cq (or &vcq.cq_ex)
-  nic::Cq* nic;
+  hostif::CqHeader* ring;
+  size_t ring_bytes;
+  uint32_t id;                    // the engine's
   std::atomic<uint32_t> users;    // QPs using it as send or receive CQ: destroy answers EBUSY
-  std::atomic<bool> overflow_reported;
   int event_fd;                   // where completion events go (its channel's), -1 without one
-  nic::Cqe cur;                   // ibv_cq_ex: the completion start_poll/next_poll made current
+  pthread_spinlock_t poll_lock;   // several threads may poll one CQ
+  hostif::Cqe cur;                // ibv_cq_ex: the completion start_poll/next_poll made current
 };
 static_assert(std::is_standard_layout_v<Cq>);
 
 inline Cq* to_cq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 inline Cq* to_cq(ibv_cq_ex* c) { return reinterpret_cast<Cq*>(c); }
 
-// Converts one NIC completion into the verbs work completion the application reads.
-void to_wc(const nic::Cqe& cqe, ibv_wc* wc) noexcept;
+// Converts one completion into the verbs work completion the application reads.
+void to_wc(const hostif::Cqe& cqe, ibv_wc* wc) noexcept;
 
 // wc_flags of ibv_create_cq_ex this provider can fill in.
 inline constexpr uint64_t kSupportedWcFlags =
@@ -41,5 +45,10 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) noexcep
 int destroy_cq(ibv_cq* cq) noexcept;
 int poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) noexcept;
 int req_notify_cq(ibv_cq* cq, int solicited_only) noexcept;
+
+// With the engine gone, the provider produces into the CQ itself (flushed work).
+void push_orphan(Cq* cq, const hostif::Cqe& cqe) noexcept;
+// Raises the completion event an armed CQ owes (after push_orphan).
+void notify_orphan(Cq* cq) noexcept;
 
 }  // namespace metaroce::provider

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The device and port attributes the provider reports, derived only from the NIC's limits and
-// the link configuration, so that query_device_ex/query_port stay honest and testable.
+// The device and port attributes the provider reports, derived only from the interface's limits
+// and the link configuration, so that query_device_ex/query_port stay honest and testable.
 #pragma once
 
 #include <endian.h>
@@ -9,7 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "datapath/nic/device.h"
+#include "datapath/hostif/queues.h"
+#include "datapath/nic/link_config.h"
 #include "providers/metaroce/convert.h"
 
 #ifndef METAROCE_VERSION
@@ -18,14 +19,14 @@
 
 namespace metaroce::provider {
 
-// Limits the NIC contract does not state; chosen so the NIC's tables never need to grow.
-inline constexpr uint32_t kMaxQp = 16384;
-inline constexpr uint32_t kMaxCq = 16384;
+// The engine's limits per link (all processes together).
+inline constexpr uint32_t kMaxQp = hostif::kMaxQps;
+inline constexpr uint32_t kMaxCq = hostif::kMaxCqs;
 inline constexpr uint32_t kMaxMr = 1u << 20;
-inline constexpr uint32_t kMaxPd = 1u << 16;
-inline constexpr uint32_t kMaxSrq = 16384;
+inline constexpr uint32_t kMaxPd = hostif::kMaxPds;
+inline constexpr uint32_t kMaxSrq = hostif::kMaxSrqs;
 inline constexpr uint32_t kMaxAh = 1u << 20;  // an AH is an IPv4 address in host memory
-inline constexpr uint32_t kMaxRdAtom = nic::kMaxRdAtomic;  // outstanding READ/atomics per QP
+inline constexpr uint32_t kMaxRdAtom = hostif::kMaxRdAtomic;  // outstanding READ/atomics per QP
 inline constexpr uint32_t kVendorId = 0x4d5243;  // "MRC": no IEEE OUI is registered for us
 inline constexpr uint32_t kVendorPartId = 1;
 inline constexpr uint8_t kPortNum = 1;
@@ -46,19 +47,19 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   std::strncpy(a.fw_ver, METAROCE_VERSION, sizeof(a.fw_ver) - 1);
   a.node_guid = htobe64(node_guid_of(cfg));
   a.sys_image_guid = a.node_guid;
-  a.max_mr_size = nic::kMaxMrSize;
+  a.max_mr_size = hostif::kMaxMrSize;
   a.page_size_cap = ~uint64_t{4095};  // any power-of-two page size from 4 KiB up
   a.vendor_id = kVendorId;
   a.vendor_part_id = kVendorPartId;
   a.hw_ver = 1;
   a.max_qp = kMaxQp;
-  a.max_qp_wr = nic::kMaxQpWr;
+  a.max_qp_wr = hostif::kMaxQpWr;
   // Honest flags only: RNR NAKs are generated; the GUID above is a system image GUID.
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID;
-  a.max_sge = nic::kMaxSge;
-  a.max_sge_rd = nic::kMaxSge;
+  a.max_sge = hostif::kMaxSge;
+  a.max_sge_rd = hostif::kMaxSge;
   a.max_cq = kMaxCq;
-  a.max_cqe = nic::kMaxCqe;
+  a.max_cqe = hostif::kMaxCqe;
   a.max_mr = kMaxMr;
   a.max_pd = kMaxPd;
   a.max_qp_rd_atom = kMaxRdAtom;
@@ -66,13 +67,14 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   a.max_res_rd_atom = kMaxRdAtom * kMaxQp;
   a.max_qp_init_rd_atom = kMaxRdAtom;
   a.max_ee_init_rd_atom = 0;
-  // Responder atomics are CPU atomics: atomic among themselves and with the host's own.
+  // Responder atomics are atomic among themselves (the engine carries them out one at a time),
+  // not with the host CPU's own accesses: IBV_ATOMIC_HCA, as verbs defines it.
   a.atomic_cap = IBV_ATOMIC_HCA;
   a.max_pkeys = 1;
   a.max_ah = kMaxAh;
   a.max_srq = kMaxSrq;
-  a.max_srq_wr = nic::kMaxSrqWr;
-  a.max_srq_sge = nic::kMaxSge;
+  a.max_srq_wr = hostif::kMaxSrqWr;
+  a.max_srq_sge = hostif::kMaxSge;
   a.local_ca_ack_delay = kLocalCaAckDelay;
   a.phys_port_cnt = 1;
   ex.device_cap_flags_ex = a.device_cap_flags;

@@ -1,22 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// Protection domains and memory regions (ibv_alloc_pd, ibv_reg_mr and their inverses).
+// Protection domains and memory regions (ibv_alloc_pd, ibv_reg_mr and their inverses): requests
+// to the engine, which reaches the registered memory itself.
 #include "providers/metaroce/pd.h"
 
 #include <cerrno>
 #include <new>
 
-#include "datapath/nic/device.h"
 #include "providers/metaroce/context.h"
 #include "providers/metaroce/convert.h"
 
 namespace metaroce::provider {
-namespace {
-
-// PD handles name a domain inside the NIC, which every context of the process shares, so
-// they must be unique per process rather than per context.
-std::atomic<uint32_t> next_pd_id{1};
-
-}  // namespace
 
 ibv_pd* alloc_pd(ibv_context* context) noexcept {
   auto* pd = new (std::nothrow) Pd{};
@@ -24,7 +17,16 @@ ibv_pd* alloc_pd(ibv_context* context) noexcept {
     errno = ENOMEM;
     return nullptr;
   }
-  pd->id = next_pd_id.fetch_add(1, std::memory_order_relaxed);
+  hostif::Message resp;
+  const int err = engine_call(context, hostif::Op::kAllocPd, nullptr, 0, {}, &resp);
+  auto body = resp.as<hostif::PdResp>();
+  hostif::close_fds(&resp);
+  if (err || !body) {
+    delete pd;
+    errno = err ? err : EPROTO;
+    return nullptr;
+  }
+  pd->id = body->pd;
   pd->pd.context = context;
   pd->pd.handle = pd->id;
   return &pd->pd;
@@ -33,13 +35,16 @@ ibv_pd* alloc_pd(ibv_context* context) noexcept {
 int dealloc_pd(ibv_pd* ibpd) noexcept {
   Pd* pd = to_pd(ibpd);
   if (pd->users.load(std::memory_order_acquire) != 0) return EBUSY;
+  hostif::Message resp;
+  const int err = engine_call(ibpd->context, hostif::Op::kDeallocPd, hostif::IdReq{pd->id}, &resp);
+  if (err && !engine_gone(err)) return err;
   delete pd;
   return 0;
 }
 
 ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int access) noexcept {
   const auto flags = static_cast<unsigned>(access);
-  if (!addr || length == 0 || length > nic::kMaxMrSize) {
+  if (!addr || length == 0 || length > hostif::kMaxMrSize) {
     errno = EINVAL;
     return nullptr;
   }
@@ -62,12 +67,17 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
     return nullptr;
   }
   Pd* pd = to_pd(ibpd);
-  uint32_t lkey = 0, rkey = 0;
-  int err = nic_of(ibpd->context).reg_mr(pd->id, reinterpret_cast<uintptr_t>(addr), length, flags,
-                                         &lkey, &rkey);
-  if (err) {
+  hostif::RegMrReq req;
+  req.pd = pd->id;
+  req.access = flags;
+  req.addr = reinterpret_cast<uintptr_t>(addr);
+  req.length = length;
+  hostif::Message resp;
+  const int err = engine_call(ibpd->context, hostif::Op::kRegMr, req, &resp);
+  auto body = resp.as<hostif::RegMrResp>();
+  if (err || !body) {
     delete mr;
-    errno = err;
+    errno = err ? err : EPROTO;
     return nullptr;
   }
   pd->users.fetch_add(1, std::memory_order_relaxed);
@@ -77,15 +87,17 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
   mr->mr.pd = ibpd;
   mr->mr.addr = addr;
   mr->mr.length = length;
-  mr->mr.lkey = lkey;
-  mr->mr.rkey = rkey;
-  mr->mr.handle = lkey;
+  mr->mr.lkey = body->lkey;
+  mr->mr.rkey = body->rkey;
+  mr->mr.handle = body->lkey;
   return &mr->mr;
 }
 
 int dereg_mr(abi::VerbsMr* mr) noexcept {
-  int err = nic_of(mr->mr.context).dereg_mr(mr->mr.lkey);
-  if (err) return err;
+  hostif::Message resp;
+  const int err =
+      engine_call(mr->mr.context, hostif::Op::kDeregMr, hostif::IdReq{mr->mr.lkey}, &resp);
+  if (err && !engine_gone(err)) return err;
   to_pd(mr->mr.pd)->users.fetch_sub(1, std::memory_order_release);
   delete mr;
   return 0;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Protection domains and memory regions: the provider's half (verbs checks, bookkeeping); the
-// NIC keeps the MR table that checks every key on the wire.
+// engine keeps the MR table that checks every key on the wire.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -15,8 +15,8 @@ namespace metaroce::provider {
 
 struct Pd {
   ibv_pd pd;                    // first: the application holds &pd
-  uint32_t id;                  // the NIC's PD handle, unique in the process
-  std::atomic<uint32_t> users;  // MRs and QPs created in it: dealloc_pd answers EBUSY meanwhile
+  uint32_t id;                  // the engine's PD handle
+  std::atomic<uint32_t> users;  // MRs, QPs, SRQs and AHs in it: dealloc_pd answers EBUSY meanwhile
 };
 static_assert(std::is_standard_layout_v<Pd>);
 

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // RC and UD queue pairs: creation, the state machine (ibv_modify_qp), ibv_query_qp and the classic
-// ibv_post_send / ibv_post_recv paths.
+// ibv_post_send / ibv_post_recv paths, which write WQEs straight into the shared rings.
 #include "providers/metaroce/qp.h"
+
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -26,33 +28,25 @@ constexpr unsigned kSendFlags =
 constexpr int kCreateMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
                             IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 
-void fail(int err) noexcept { errno = err; }
+struct SpinGuard {
+  explicit SpinGuard(pthread_spinlock_t* l) : l_(l) { pthread_spin_lock(l_); }
+  ~SpinGuard() { pthread_spin_unlock(l_); }
+  pthread_spinlock_t* l_;
+};
 
-// The NIC's events, as the records ibv_get_async_event returns (element: the QP).
-void qp_event(void* arg, nic::QpEvent ev) {
-  Qp* qp = static_cast<Qp*>(arg);
-  ibv_event_type type = IBV_EVENT_QP_FATAL;
-  switch (ev) {
-    case nic::QpEvent::kCommEst: type = IBV_EVENT_COMM_EST; break;
-    case nic::QpEvent::kFatal: type = IBV_EVENT_QP_FATAL; break;
-    case nic::QpEvent::kAccessErr: type = IBV_EVENT_QP_ACCESS_ERR; break;
-    case nic::QpEvent::kReqErr: type = IBV_EVENT_QP_REQ_ERR; break;
-    case nic::QpEvent::kLastWqeReached: type = IBV_EVENT_QP_LAST_WQE_REACHED; break;
-  }
-  post_async_event(qp->vqp.qp.context, reinterpret_cast<uintptr_t>(&qp->vqp.qp), type);
-}
+void fail(int err) noexcept { errno = err; }
 
 // Send operations of a UD QP: datagrams only.
 constexpr uint64_t kUdSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
 
 // 0 or an errno for the requested caps; writes back what will be granted.
 int grant_caps(const ibv_qp_cap& want, ibv_qp_cap* got) noexcept {
-  if (want.max_send_wr > nic::kMaxQpWr || want.max_recv_wr > nic::kMaxQpWr ||
-      want.max_send_sge > nic::kMaxSge || want.max_recv_sge > nic::kMaxSge ||
-      want.max_inline_data > nic::kMaxInline)
+  if (want.max_send_wr > hostif::kMaxQpWr || want.max_recv_wr > hostif::kMaxQpWr ||
+      want.max_send_sge > hostif::kMaxSge || want.max_recv_sge > hostif::kMaxSge ||
+      want.max_inline_data > hostif::kMaxInline)
     return EINVAL;
   *got = want;
-  // Rings of zero entries are not worth a special case in the NIC.
+  // Rings of zero entries are not worth a special case.
   if (got->max_send_wr == 0) got->max_send_wr = 1;
   if (got->max_recv_wr == 0) got->max_recv_wr = 1;
   return 0;
@@ -95,16 +89,7 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
     fail(ENOMEM);
     return nullptr;
   }
-  if (ex) {
-    qp->pending = new (std::nothrow) nic::SendWqe[cap.max_send_wr];
-    if (!qp->pending) {
-      delete qp;
-      fail(ENOMEM);
-      return nullptr;
-    }
-    qp->pending_cap = cap.max_send_wr;
-    qp->send_ops = a->send_ops_flags;
-  }
+  qp->send_ops = ex ? a->send_ops_flags : 0;
   qp->pd = to_pd(a->pd);
   qp->send_cq = to_cq(a->send_cq);
   qp->recv_cq = to_cq(a->recv_cq);
@@ -113,31 +98,45 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   qp->cap = cap;
   qp->sq_sig_all = a->sq_sig_all != 0;
 
-  nic::QpInit init;
-  init.pd = qp->pd->id;
-  init.send_cq = qp->send_cq->nic;
-  init.recv_cq = qp->recv_cq->nic;
-  init.max_send_wr = cap.max_send_wr;
-  init.max_recv_wr = std::max<uint32_t>(cap.max_recv_wr, 1);
-  init.max_send_sge = cap.max_send_sge;
-  init.max_recv_sge = cap.max_recv_sge;
-  init.max_inline = cap.max_inline_data;
-  init.sq_sig_all = qp->sq_sig_all;
-  init.type = qp->type == IBV_QPT_UD ? nic::QpType::kUd : nic::QpType::kRc;
-  init.srq = qp->srq ? qp->srq->nic : nullptr;
-  init.event_fn = qp_event;
-  init.event_arg = qp;
-  int err = 0;
-  qp->nic = nic_of(context).create_qp(init, &err);
-  if (!qp->nic) {
-    delete[] qp->pending;
+  hostif::CreateQpReq req;
+  req.pd = qp->pd->id;
+  req.send_cq = qp->send_cq->id;
+  req.recv_cq = qp->recv_cq->id;
+  req.srq = qp->srq ? qp->srq->id : 0;
+  req.type = qp->type == IBV_QPT_UD ? hostif::QpType::kUd : hostif::QpType::kRc;
+  req.sq_sig_all = qp->sq_sig_all;
+  req.caps.max_send_wr = cap.max_send_wr;
+  req.caps.max_recv_wr = std::max<uint32_t>(cap.max_recv_wr, 1);
+  req.caps.max_send_sge = cap.max_send_sge;
+  req.caps.max_recv_sge = cap.max_recv_sge;
+  req.caps.max_inline = cap.max_inline_data;
+  req.handle = reinterpret_cast<uintptr_t>(&qp->vqp.qp);
+  hostif::Message resp;
+  int err = engine_call(context, hostif::Op::kCreateQp, req, &resp);
+  auto body = resp.as<hostif::CreateQpResp>();
+  void* seg = nullptr;
+  if (!err && (!body || resp.fds.size() != 1)) err = EPROTO;
+  if (!err) {
+    seg = map_segment(resp.fds[0], body->bytes);
+    resp.fds.clear();
+    if (!seg || !hostif::valid_qp(seg, body->bytes)) err = EPROTO;
+  }
+  hostif::close_fds(&resp);
+  if (err) {
+    if (seg) munmap(seg, body->bytes);
+    if (body && err == EPROTO)
+      engine_call(context, hostif::Op::kDestroyQp, hostif::IdReq{body->qpn}, &resp);
     delete qp;
-    fail(err ? err : ENOMEM);
+    fail(err);
     return nullptr;
   }
+  qp->ring = static_cast<hostif::QpHeader*>(seg);
+  qp->ring_bytes = body->bytes;
+  qp->ring_sge = qp->ring->max_send_sge;
 
   pthread_mutex_init(&qp->lock, nullptr);
-  pthread_spin_init(&qp->wr_lock, PTHREAD_PROCESS_PRIVATE);
+  pthread_spin_init(&qp->sq_lock, PTHREAD_PROCESS_PRIVATE);
+  pthread_spin_init(&qp->rq_lock, PTHREAD_PROCESS_PRIVATE);
   qp->attr.qp_state = IBV_QPS_RESET;
   qp->attr.cur_qp_state = IBV_QPS_RESET;
   qp->attr.port_num = kPortNum;
@@ -155,7 +154,7 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   q.events_completed = 0;
   pthread_mutex_init(&q.mutex, nullptr);
   pthread_cond_init(&q.cond, nullptr);
-  q.qp_num = qp->nic->qpn();
+  q.qp_num = body->qpn;
   q.handle = q.qp_num;
   if (ex) {
     init_qp_ex(qp);
@@ -166,12 +165,13 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   qp->send_cq->users.fetch_add(1, std::memory_order_relaxed);
   qp->recv_cq->users.fetch_add(1, std::memory_order_relaxed);
   if (qp->srq) qp->srq->users.fetch_add(1, std::memory_order_relaxed);
+  track(context, qp);
   a->cap = cap;
   return qp;
 }
 
 // Range checks of the attribute values a valid mask names; 0 or EINVAL.
-int check_values(nic::Device& nic, const ibv_qp_attr& a, int mask, uint32_t* peer_ip) noexcept {
+int check_values(uint32_t active_mtu, const ibv_qp_attr& a, int mask, uint32_t* peer_ip) noexcept {
   if ((mask & IBV_QP_PORT) && a.port_num != kPortNum) return EINVAL;
   if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index != 0) return EINVAL;
   if ((mask & IBV_QP_ACCESS_FLAGS) && (a.qp_access_flags & ~kQpAccess)) return EINVAL;
@@ -186,7 +186,7 @@ int check_values(nic::Device& nic, const ibv_qp_attr& a, int mask, uint32_t* pee
   }
   if (mask & IBV_QP_PATH_MTU) {
     uint32_t bytes = mtu_to_bytes(a.path_mtu);
-    if (bytes == 0 || bytes > nic.active_mtu()) return EINVAL;
+    if (bytes == 0 || bytes > active_mtu) return EINVAL;
   }
   if ((mask & IBV_QP_DEST_QPN) && a.dest_qp_num > kPsnMask) return EINVAL;
   if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > kMaxRdAtom) return EINVAL;
@@ -198,10 +198,10 @@ int check_values(nic::Device& nic, const ibv_qp_attr& a, int mask, uint32_t* pee
   return 0;
 }
 
-// Records the values of a checked modify_qp in the QP and in the remote the NIC will get.
+// Records the values of a checked modify_qp in the QP and in the remote the engine will get.
 void record(Qp* qp, const ibv_qp_attr& a, int mask, uint32_t peer_ip) noexcept {
   ibv_qp_attr& s = qp->attr;
-  nic::QpRemote& r = qp->remote;
+  hostif::QpRemote& r = qp->remote;
   if (mask & IBV_QP_ACCESS_FLAGS) s.qp_access_flags = a.qp_access_flags;
   if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = a.pkey_index;
   if (mask & IBV_QP_PORT) s.port_num = a.port_num;
@@ -231,63 +231,120 @@ constexpr int kRemoteMask = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_
                             IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC |
                             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_QKEY;
 
-// Fills wqe from a classic work request; 0 or EINVAL. Never allocates.
-int build_send(const Qp& qp, const ibv_send_wr& wr, nic::SendWqe* wqe) noexcept {
+// Writes a classic work request into a send slot; 0 or EINVAL. Never allocates.
+int build_send(const Qp& qp, const ibv_send_wr& wr, uint8_t* slot) noexcept {
   auto op = to_nic(wr.opcode);
   if (!op) return EINVAL;  // MW binds, invalidations, TSO: no such WQE in this NIC
+  hostif::SendWqe* w = hostif::send_wqe(slot);
+  std::memset(w, 0, sizeof(*w));
   if (qp.type == IBV_QPT_UD) {
-    if (*op != nic::WqeOp::kSend && *op != nic::WqeOp::kSendImm) return EINVAL;
+    if (*op != hostif::WqeOp::kSend && *op != hostif::WqeOp::kSendImm) return EINVAL;
     if (!wr.wr.ud.ah || wr.wr.ud.ah->context != qp.vqp.qp.context) return EINVAL;
-    wqe->ud_ip = to_ah(wr.wr.ud.ah)->ip;
-    wqe->ud_qpn = wr.wr.ud.remote_qpn & kPsnMask;
+    w->ud_ip = to_ah(wr.wr.ud.ah)->ip;
+    w->ud_qpn = wr.wr.ud.remote_qpn & kPsnMask;
     // A Q_Key with its high bit set means "use the QP's own" (IB spec 10.2.5).
-    wqe->ud_qkey = (wr.wr.ud.remote_qkey & 0x80000000u) ? qp.attr.qkey : wr.wr.ud.remote_qkey;
+    w->rkey = (wr.wr.ud.remote_qkey & 0x80000000u) ? qp.attr.qkey : wr.wr.ud.remote_qkey;
   }
   if (wr.num_sge < 0 || static_cast<uint32_t>(wr.num_sge) > qp.cap.max_send_sge) return EINVAL;
   if (wr.send_flags & ~kSendFlags) return EINVAL;
-  wqe->wr_id = wr.wr_id;
-  wqe->op = *op;
-  wqe->signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp.sq_sig_all;
-  wqe->solicited = wr.send_flags & IBV_SEND_SOLICITED;
-  wqe->fence = wr.send_flags & IBV_SEND_FENCE;
-  wqe->imm = (*op == nic::WqeOp::kSendImm || *op == nic::WqeOp::kWriteImm) ? wr.imm_data : 0;
-  const bool remote = *op == nic::WqeOp::kWrite || *op == nic::WqeOp::kWriteImm ||
-                      *op == nic::WqeOp::kRead;
-  wqe->remote_addr = remote ? wr.wr.rdma.remote_addr : 0;
-  wqe->rkey = remote ? wr.wr.rdma.rkey : 0;
-  wqe->compare_add = wqe->swap = 0;
-  wqe->inline_len = 0;
-  wqe->num_sge = 0;
-  if (nic::is_atomic(*op)) {
-    // 8 bytes land in the local buffer; the NIC checks its length, the responder alignment.
+  w->wr_id = wr.wr_id;
+  w->op = *op;
+  w->flags = static_cast<uint8_t>(
+      (((wr.send_flags & IBV_SEND_SIGNALED) || qp.sq_sig_all) ? hostif::kSignaled : 0) |
+      ((wr.send_flags & IBV_SEND_SOLICITED) ? hostif::kSolicited : 0) |
+      ((wr.send_flags & IBV_SEND_FENCE) ? hostif::kFence : 0));
+  w->imm = (*op == hostif::WqeOp::kSendImm || *op == hostif::WqeOp::kWriteImm) ? wr.imm_data : 0;
+  const bool remote = *op == hostif::WqeOp::kWrite || *op == hostif::WqeOp::kWriteImm ||
+                      *op == hostif::WqeOp::kRead;
+  if (remote) {
+    w->remote_addr = wr.wr.rdma.remote_addr;
+    w->rkey = wr.wr.rdma.rkey;
+  }
+  if (hostif::is_atomic(*op)) {
+    // 8 bytes land in the local buffer; the engine checks its length, the responder alignment.
     if (wr.send_flags & IBV_SEND_INLINE) return EINVAL;
-    wqe->remote_addr = wr.wr.atomic.remote_addr;
-    wqe->rkey = wr.wr.atomic.rkey;
-    wqe->compare_add = wr.wr.atomic.compare_add;
-    wqe->swap = *op == nic::WqeOp::kCmpSwp ? wr.wr.atomic.swap : 0;
+    w->remote_addr = wr.wr.atomic.remote_addr;
+    w->rkey = wr.wr.atomic.rkey;
+    w->compare_add = wr.wr.atomic.compare_add;
+    w->swap = *op == hostif::WqeOp::kCmpSwp ? wr.wr.atomic.swap : 0;
   }
   if (wr.send_flags & IBV_SEND_INLINE) {
-    if (nic::needs_response(*op)) return EINVAL;  // a READ's SGEs are where data lands
+    if (hostif::needs_response(*op)) return EINVAL;  // a READ's SGEs are where data lands
     uint64_t total = 0;
     for (int i = 0; i < wr.num_sge; ++i) total += wr.sg_list[i].length;
     if (total > qp.cap.max_inline_data) return EINVAL;
+    uint8_t* data = hostif::send_inline(slot, qp.ring_sge);
     uint32_t off = 0;
     for (int i = 0; i < wr.num_sge; ++i) {
-      std::memcpy(wqe->inline_data + off,
+      std::memcpy(data + off,
                   reinterpret_cast<const void*>(static_cast<uintptr_t>(wr.sg_list[i].addr)),
                   wr.sg_list[i].length);
       off += wr.sg_list[i].length;
     }
-    wqe->inline_len = off;
+    w->inline_len = off;
     return 0;
   }
+  hostif::Sge* sge = hostif::send_sges(slot);
   for (int i = 0; i < wr.num_sge; ++i)
-    wqe->sge[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
-  wqe->num_sge = static_cast<uint32_t>(wr.num_sge);
+    sge[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+  w->num_sge = static_cast<uint16_t>(wr.num_sge);
   return 0;
 }
 
+hostif::Cqe flushed(uint64_t wr_id, hostif::WcOpcode op, uint32_t qpn) {
+  hostif::Cqe c{};
+  c.wr_id = wr_id;
+  c.status = hostif::WcStatus::kWrFlushErr;
+  c.opcode = op;
+  c.qp_num = qpn;
+  return c;
+}
+
+hostif::WcOpcode flush_opcode(hostif::WqeOp op) {
+  switch (op) {
+    case hostif::WqeOp::kWrite:
+    case hostif::WqeOp::kWriteImm: return hostif::WcOpcode::kRdmaWrite;
+    case hostif::WqeOp::kRead: return hostif::WcOpcode::kRdmaRead;
+    case hostif::WqeOp::kCmpSwp: return hostif::WcOpcode::kCompSwap;
+    case hostif::WqeOp::kFetchAdd: return hostif::WcOpcode::kFetchAdd;
+    default: return hostif::WcOpcode::kSend;
+  }
+}
+
 }  // namespace
+
+uint8_t* sq_slot_ahead(Qp* qp, uint32_t i) noexcept {
+  hostif::QpHeader* h = qp->ring;
+  const uint32_t at = h->sq_head.peek() + i;
+  if (at - h->sq_done.load() >= h->max_send_wr) return nullptr;
+  return hostif::sq_slot(h, at);
+}
+
+void sq_publish(Qp* qp, uint32_t n) noexcept {
+  if (n == 0) return;
+  qp->ring->sq_head.store(qp->ring->sq_head.peek() + n);
+  ring_doorbell(state_of(qp->vqp.qp.context));
+}
+
+void flush_orphan(Qp* qp) noexcept {
+  const uint32_t qpn = qp->vqp.qp.qp_num;
+  hostif::QpHeader* h = qp->ring;
+  {
+    SpinGuard g(&qp->sq_lock);
+    for (uint32_t i = h->sq_done.load(); i != h->sq_head.peek(); ++i) {
+      const hostif::SendWqe* w = hostif::send_wqe(hostif::sq_slot(h, i));
+      push_orphan(qp->send_cq, flushed(w->wr_id, flush_opcode(w->op), qpn));
+    }
+    h->sq_done.store(h->sq_head.peek());
+    h->state.store(static_cast<uint32_t>(hostif::QpState::kErr));
+  }
+  if (qp->srq) return;  // the SRQ flushes its own receives
+  SpinGuard g(&qp->rq_lock);
+  for (uint32_t i = h->rq_done.load(); i != h->rq_head.peek(); ++i)
+    push_orphan(qp->recv_cq, flushed(hostif::recv_wqe(hostif::rq_slot(h, i))->wr_id,
+                                     hostif::WcOpcode::kRecv, qpn));
+  h->rq_done.store(h->rq_head.peek());
+}
 
 ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) noexcept {
   ibv_qp_init_attr_ex ex;
@@ -314,26 +371,30 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) noexcept {
 
 int destroy_qp(ibv_qp* ibqp) noexcept {
   Qp* qp = to_qp(ibqp);
-  int err = nic_of(ibqp->context).destroy_qp(qp->nic);
-  if (err) return err;
+  hostif::Message resp;
+  const int err = engine_call(ibqp->context, hostif::Op::kDestroyQp,
+                              hostif::IdReq{ibqp->qp_num}, &resp);
+  if (err && !engine_gone(err)) return err;
+  untrack(ibqp->context, qp);
   qp->pd->users.fetch_sub(1, std::memory_order_release);
   qp->send_cq->users.fetch_sub(1, std::memory_order_release);
   qp->recv_cq->users.fetch_sub(1, std::memory_order_release);
   if (qp->srq) qp->srq->users.fetch_sub(1, std::memory_order_release);
+  munmap(qp->ring, qp->ring_bytes);
   pthread_mutex_destroy(&qp->lock);
-  pthread_spin_destroy(&qp->wr_lock);
+  pthread_spin_destroy(&qp->sq_lock);
+  pthread_spin_destroy(&qp->rq_lock);
   pthread_cond_destroy(&ibqp->cond);
   pthread_mutex_destroy(&ibqp->mutex);
-  delete[] qp->pending;
   delete qp;
   return 0;
 }
 
 int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
   Qp* qp = to_qp(ibqp);
-  nic::Device& nic = nic_of(ibqp->context);
+  const ContextState& st = state_of(ibqp->context);
   pthread_mutex_lock(&qp->lock);
-  const ibv_qp_state cur = to_verbs(qp->nic->state());
+  const ibv_qp_state cur = to_verbs(qp_state(qp));
   int err = 0;
   uint32_t peer_ip = 0;
   ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
@@ -343,21 +404,45 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
     err = qp->type == IBV_QPT_UD ? check_ud_modify(cur, mask, attr->qp_state)
                                  : check_rc_modify(cur, mask, attr->qp_state);
   if (!err && !to_nic(next)) err = EOPNOTSUPP;  // SQD: the NIC cannot drain a send queue yet
-  if (!err) err = check_values(nic, *attr, mask, &peer_ip);
+  if (!err) err = check_values(st.engine.active_mtu, *attr, mask, &peer_ip);
   if (!err) {
+    const ibv_qp_attr saved = qp->attr;
+    const hostif::QpRemote saved_remote = qp->remote;
+    hostif::ModifyQpReq req;
+    req.qpn = ibqp->qp_num;
     if (next == IBV_QPS_RESET) {
       // Reset forgets the connection: a QP may be reused for another peer.
       std::memset(&qp->attr, 0, sizeof(qp->attr));
       qp->attr.port_num = kPortNum;
-      qp->remote = nic::QpRemote{};
+      qp->remote = hostif::QpRemote{};
+      req.what |= hostif::kModRemote;
     } else {
       record(qp, *attr, mask, peer_ip);
-      if (mask & IBV_QP_ACCESS_FLAGS) qp->nic->set_access(attr->qp_access_flags);
-      if (mask & kRemoteMask) qp->nic->set_remote(qp->remote);
+      if (mask & IBV_QP_ACCESS_FLAGS) req.what |= hostif::kModAccess;
+      if (mask & kRemoteMask) req.what |= hostif::kModRemote;
     }
-    if (mask & IBV_QP_STATE) qp->nic->set_state(*to_nic(next));
-    qp->attr.qp_state = next;
-    qp->attr.cur_qp_state = next;
+    req.access = qp->attr.qp_access_flags;
+    req.remote = qp->remote;
+    if (mask & IBV_QP_STATE) {
+      req.what |= hostif::kModState;
+      req.state = *to_nic(next);
+    }
+    hostif::Message resp;
+    err = engine_call(ibqp->context, hostif::Op::kModifyQp, req, &resp);
+    if (err) {
+      qp->attr = saved;
+      qp->remote = saved_remote;
+    } else {
+      if (next == IBV_QPS_RESET) {
+        // The engine emptied the rings (their retirement counters are 0 again): so do we.
+        SpinGuard s(&qp->sq_lock);
+        SpinGuard r(&qp->rq_lock);
+        qp->ring->sq_head.store(0);
+        qp->ring->rq_head.store(0);
+      }
+      qp->attr.qp_state = next;
+      qp->attr.cur_qp_state = next;
+    }
   }
   pthread_mutex_unlock(&qp->lock);
   return err;
@@ -368,8 +453,8 @@ int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int /*attr_mask*/,
   Qp* qp = to_qp(ibqp);
   pthread_mutex_lock(&qp->lock);
   *attr = qp->attr;
-  // The NIC may have moved the QP to ERR on its own (retries exhausted): it is the truth.
-  attr->qp_state = attr->cur_qp_state = to_verbs(qp->nic->state());
+  // The engine may have moved the QP to ERR on its own (retries exhausted): it is the truth.
+  attr->qp_state = attr->cur_qp_state = to_verbs(qp_state(qp));
   attr->cap = qp->cap;
   attr->sq_draining = 0;
   pthread_mutex_unlock(&qp->lock);
@@ -386,43 +471,63 @@ int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int /*attr_mask*/,
 
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
   Qp* qp = to_qp(ibqp);
-  if (qp->nic->state() != nic::QpState::kRts) {
+  SpinGuard g(&qp->sq_lock);
+  if (qp_state(qp) != hostif::QpState::kRts) {
     *bad_wr = wr;
     return EINVAL;
   }
-  nic::SendWqe wqe;
+  uint32_t n = 0;
+  int err = 0;
   for (; wr; wr = wr->next) {
-    int err = build_send(*qp, *wr, &wqe);
-    if (!err) err = qp->nic->post_send(wqe);
+    uint8_t* slot = sq_slot_ahead(qp, n);
+    err = slot ? build_send(*qp, *wr, slot) : ENOMEM;
     if (err) {
       *bad_wr = wr;
-      return err;
+      break;
     }
+    ++n;
   }
-  return 0;
+  // The WRs before a bad one are posted, as verbs specifies.
+  sq_publish(qp, n);
+  return err;
 }
 
 int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
   Qp* qp = to_qp(ibqp);
-  if (qp->nic->state() == nic::QpState::kReset || qp->srq) {  // with an SRQ: ibv_post_srq_recv
+  if (qp_state(qp) == hostif::QpState::kReset || qp->srq) {  // with an SRQ: ibv_post_srq_recv
     *bad_wr = wr;
     return EINVAL;
   }
-  nic::RecvWqe wqe;
+  ContextState& st = state_of(ibqp->context);
+  SpinGuard g(&qp->rq_lock);
+  hostif::QpHeader* h = qp->ring;
   for (; wr; wr = wr->next) {
     if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_recv_sge) {
       *bad_wr = wr;
       return EINVAL;
     }
-    wqe.wr_id = wr->wr_id;
-    wqe.num_sge = static_cast<uint32_t>(wr->num_sge);
-    for (int i = 0; i < wr->num_sge; ++i)
-      wqe.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
-    if (int err = qp->nic->post_recv(wqe)) {
-      *bad_wr = wr;
-      return err;
+    if (st.dead.load(std::memory_order_acquire)) {
+      // Nobody will take it: it completes at once, flushed, as in the error state.
+      push_orphan(qp->recv_cq, flushed(wr->wr_id, hostif::WcOpcode::kRecv, ibqp->qp_num));
+      notify_orphan(qp->recv_cq);
+      continue;
     }
+    uint8_t* slot = hostif::rq_reserve(h);
+    if (!slot) {
+      *bad_wr = wr;
+      return ENOMEM;
+    }
+    hostif::RecvWqe* w = hostif::recv_wqe(slot);
+    w->wr_id = wr->wr_id;
+    w->num_sge = static_cast<uint32_t>(wr->num_sge);
+    hostif::Sge* sge = hostif::recv_sges(slot);
+    for (int i = 0; i < wr->num_sge; ++i)
+      sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+    hostif::rq_post(h);
   }
+  // A receive needs no doorbell: the engine looks at the ring when a message wants one. In the
+  // error state it completes at once (flushed), which the engine must be woken for.
+  if (qp_state(qp) == hostif::QpState::kErr) ring_doorbell(st);
   return 0;
 }
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// RC and UD queue pairs: verbs checks (caps, state machine, work requests) in front of a NIC QP whose
-// send and receive queues are rings that the NIC's progress thread drains.
+// RC and UD queue pairs: verbs checks (caps, state machine, work requests) in front of send and
+// receive rings shared with the engine, which drains them without any call from the
+// application.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -9,7 +10,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "datapath/nic/device.h"
+#include "datapath/hostif/control.h"
+#include "datapath/hostif/queues.h"
 #include "providers/metaroce/cq.h"
 #include "providers/metaroce/pd.h"
 #include "providers/metaroce/verbs_abi.h"
@@ -18,31 +20,36 @@ namespace metaroce::provider {
 
 struct Qp {
   abi::VerbsQp vqp;  // first: the application holds &vqp.qp (or &vqp.qp_ex)
-  nic::Qp* nic;
+  hostif::QpHeader* ring;
+  size_t ring_bytes;
+  uint32_t ring_sge;    // SGE entries per send slot (where inline bytes start)
   Pd* pd;
   Cq* send_cq;
   Cq* recv_cq;
-  struct Srq* srq;   // receives come from here when set
-  ibv_qp_type type;  // IBV_QPT_RC or IBV_QPT_UD
-  ibv_qp_cap cap;    // what was granted, written back to the creator and used by post_*
+  struct Srq* srq;      // receives come from here when set
+  ibv_qp_type type;     // IBV_QPT_RC or IBV_QPT_UD
+  ibv_qp_cap cap;       // what was granted, written back to the creator and used by post_*
   bool sq_sig_all;
   pthread_mutex_t lock;  // serialises modify_qp and query_qp
   ibv_qp_attr attr;      // attributes as last set by modify_qp, for query_qp
-  nic::QpRemote remote;
+  hostif::QpRemote remote;
+  // One poster per ring at a time (and none while a dead engine's queues are flushed).
+  pthread_spinlock_t sq_lock, rq_lock;
 
-  // ibv_qp_ex builder: WRs between wr_start and wr_complete wait here, so that wr_abort can
-  // drop them. Holds max_send_wr entries (no more could be queued anyway); never reallocated.
+  // ibv_qp_ex builder: WRs between wr_start and wr_complete are written into ring slots past the
+  // head and published by wr_complete; wr_abort leaves them unpublished.
   uint64_t send_ops;
-  nic::SendWqe* pending;
-  uint32_t pending_cap;
   uint32_t pending_n;
   int wr_error;
-  pthread_spinlock_t wr_lock;  // held from wr_start to wr_complete/wr_abort
 };
 static_assert(std::is_standard_layout_v<Qp>);
 
 inline Qp* to_qp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
 inline Qp* to_qp(ibv_qp_ex* q) { return reinterpret_cast<Qp*>(q); }
+
+inline hostif::QpState qp_state(const Qp* qp) {
+  return static_cast<hostif::QpState>(qp->ring->state.load());
+}
 
 ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) noexcept;
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) noexcept;
@@ -54,5 +61,14 @@ int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept;
 
 // Installs the ibv_qp_ex wr_* callbacks (qp_ex.cc).
 void init_qp_ex(Qp* qp) noexcept;
+
+// The send slot `i` WQEs past the ring's head (0: the next to post), or nullptr when the ring
+// has no room for it. Callers hold sq_lock.
+uint8_t* sq_slot_ahead(Qp* qp, uint32_t i) noexcept;
+// Publishes n WQEs written at sq_slot_ahead(0..n-1) and rings the doorbell.
+void sq_publish(Qp* qp, uint32_t n) noexcept;
+
+// With the engine gone: every WQE still in the rings completes as flushed.
+void flush_orphan(Qp* qp) noexcept;
 
 }  // namespace metaroce::provider

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The ibv_qp_ex work-request builder (ibv_wr_start ... ibv_wr_complete), which perftest uses by
-// default: WRs are staged in the QP and handed to the NIC only by wr_complete.
+// default: WRs are written into the send ring past its head and published by wr_complete.
 #include <cerrno>
 #include <cstring>
 
+#include "providers/metaroce/context.h"
 #include "providers/metaroce/convert.h"
 #include "providers/metaroce/qp.h"
 #include "providers/metaroce/srq.h"
@@ -16,45 +17,43 @@ void set_error(Qp* qp, int err) noexcept {
   if (!qp->wr_error) qp->wr_error = err;
 }
 
-// The WR the last opcode call opened, or nullptr (and an error) when there is none.
-nic::SendWqe* current(Qp* qp) noexcept {
+// The slot of the WR the last opcode call opened, or nullptr (and an error) when there is none.
+uint8_t* current(Qp* qp) noexcept {
   if (qp->wr_error) return nullptr;
   if (qp->pending_n == 0) {
     set_error(qp, EINVAL);
     return nullptr;
   }
-  return &qp->pending[qp->pending_n - 1];
+  return sq_slot_ahead(qp, qp->pending_n - 1);
 }
 
-nic::SendWqe* open_wr(ibv_qp_ex* qpx, nic::WqeOp op, uint64_t needed_flag) noexcept {
+hostif::SendWqe* open_wr(ibv_qp_ex* qpx, hostif::WqeOp op, uint64_t needed_flag) noexcept {
   Qp* qp = to_qp(qpx);
   if (qp->wr_error) return nullptr;
   if (!(qp->send_ops & needed_flag)) {
     set_error(qp, EINVAL);  // not announced in send_ops_flags at creation
     return nullptr;
   }
-  if (qp->pending_n == qp->pending_cap) {
-    set_error(qp, ENOMEM);  // more WRs than the send queue can ever hold
+  uint8_t* slot = sq_slot_ahead(qp, qp->pending_n);
+  if (!slot) {
+    set_error(qp, ENOMEM);  // more WRs than the send queue has room for
     return nullptr;
   }
-  nic::SendWqe* w = &qp->pending[qp->pending_n++];
+  ++qp->pending_n;
+  hostif::SendWqe* w = hostif::send_wqe(slot);
+  std::memset(w, 0, sizeof(*w));
   w->wr_id = qpx->wr_id;
   w->op = op;
-  w->signaled = (qpx->wr_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all;
-  w->solicited = qpx->wr_flags & IBV_SEND_SOLICITED;
-  w->fence = qpx->wr_flags & IBV_SEND_FENCE;
-  w->imm = 0;
-  w->remote_addr = 0;
-  w->rkey = 0;
-  w->num_sge = 0;
-  w->inline_len = 0;
-  w->ud_ip = w->ud_qpn = w->ud_qkey = 0;
+  w->flags = static_cast<uint8_t>(
+      (((qpx->wr_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) ? hostif::kSignaled : 0) |
+      ((qpx->wr_flags & IBV_SEND_SOLICITED) ? hostif::kSolicited : 0) |
+      ((qpx->wr_flags & IBV_SEND_FENCE) ? hostif::kFence : 0));
   return w;
 }
 
 void wr_start(ibv_qp_ex* qpx) {
   Qp* qp = to_qp(qpx);
-  pthread_spin_lock(&qp->wr_lock);
+  pthread_spin_lock(&qp->sq_lock);
   qp->pending_n = 0;
   qp->wr_error = 0;
 }
@@ -62,15 +61,14 @@ void wr_start(ibv_qp_ex* qpx) {
 int wr_complete(ibv_qp_ex* qpx) {
   Qp* qp = to_qp(qpx);
   int err = qp->wr_error;
-  if (!err && qp->nic->state() != nic::QpState::kRts) err = EINVAL;
+  if (!err && qp_state(qp) != hostif::QpState::kRts) err = EINVAL;
   // A datagram without wr_set_ud_addr has nowhere to go.
   for (uint32_t i = 0; !err && qp->type == IBV_QPT_UD && i < qp->pending_n; ++i)
-    if (qp->pending[i].ud_ip == 0) err = EINVAL;
-  // A full ring part-way leaves the earlier WRs posted, as a doorbell batch on hardware would.
-  for (uint32_t i = 0; !err && i < qp->pending_n; ++i) err = qp->nic->post_send(qp->pending[i]);
+    if (hostif::send_wqe(sq_slot_ahead(qp, i))->ud_ip == 0) err = EINVAL;
+  if (!err) sq_publish(qp, qp->pending_n);
   qp->pending_n = 0;
   qp->wr_error = 0;
-  pthread_spin_unlock(&qp->wr_lock);
+  pthread_spin_unlock(&qp->sq_lock);
   return err;
 }
 
@@ -78,24 +76,24 @@ void wr_abort(ibv_qp_ex* qpx) {
   Qp* qp = to_qp(qpx);
   qp->pending_n = 0;
   qp->wr_error = 0;
-  pthread_spin_unlock(&qp->wr_lock);
+  pthread_spin_unlock(&qp->sq_lock);
 }
 
-void wr_send(ibv_qp_ex* qpx) { open_wr(qpx, nic::WqeOp::kSend, IBV_QP_EX_WITH_SEND); }
+void wr_send(ibv_qp_ex* qpx) { open_wr(qpx, hostif::WqeOp::kSend, IBV_QP_EX_WITH_SEND); }
 
 void wr_send_imm(ibv_qp_ex* qpx, __be32 imm) {
-  if (auto* w = open_wr(qpx, nic::WqeOp::kSendImm, IBV_QP_EX_WITH_SEND_WITH_IMM)) w->imm = imm;
+  if (auto* w = open_wr(qpx, hostif::WqeOp::kSendImm, IBV_QP_EX_WITH_SEND_WITH_IMM)) w->imm = imm;
 }
 
 void wr_rdma_write(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr) {
-  if (auto* w = open_wr(qpx, nic::WqeOp::kWrite, IBV_QP_EX_WITH_RDMA_WRITE)) {
+  if (auto* w = open_wr(qpx, hostif::WqeOp::kWrite, IBV_QP_EX_WITH_RDMA_WRITE)) {
     w->rkey = rkey;
     w->remote_addr = remote_addr;
   }
 }
 
 void wr_rdma_write_imm(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr, __be32 imm) {
-  if (auto* w = open_wr(qpx, nic::WqeOp::kWriteImm, IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM)) {
+  if (auto* w = open_wr(qpx, hostif::WqeOp::kWriteImm, IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM)) {
     w->rkey = rkey;
     w->remote_addr = remote_addr;
     w->imm = imm;
@@ -103,7 +101,7 @@ void wr_rdma_write_imm(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr, __be
 }
 
 void wr_rdma_read(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr) {
-  if (auto* w = open_wr(qpx, nic::WqeOp::kRead, IBV_QP_EX_WITH_RDMA_READ)) {
+  if (auto* w = open_wr(qpx, hostif::WqeOp::kRead, IBV_QP_EX_WITH_RDMA_READ)) {
     w->rkey = rkey;
     w->remote_addr = remote_addr;
   }
@@ -111,7 +109,7 @@ void wr_rdma_read(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr) {
 
 void wr_atomic_cmp_swp(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr, uint64_t compare,
                        uint64_t swap) {
-  if (auto* w = open_wr(qpx, nic::WqeOp::kCmpSwp, IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP)) {
+  if (auto* w = open_wr(qpx, hostif::WqeOp::kCmpSwp, IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP)) {
     w->rkey = rkey;
     w->remote_addr = remote_addr;
     w->compare_add = compare;
@@ -120,45 +118,47 @@ void wr_atomic_cmp_swp(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr, uint
 }
 
 void wr_atomic_fetch_add(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr, uint64_t add) {
-  if (auto* w = open_wr(qpx, nic::WqeOp::kFetchAdd, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)) {
+  if (auto* w = open_wr(qpx, hostif::WqeOp::kFetchAdd, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)) {
     w->rkey = rkey;
     w->remote_addr = remote_addr;
     w->compare_add = add;
-    w->swap = 0;
   }
 }
 
 void wr_set_sge(ibv_qp_ex* qpx, uint32_t lkey, uint64_t addr, uint32_t length) {
   Qp* qp = to_qp(qpx);
-  nic::SendWqe* w = current(qp);
-  if (!w) return;
+  uint8_t* slot = current(qp);
+  if (!slot) return;
   if (qp->cap.max_send_sge < 1) return set_error(qp, EINVAL);
-  w->sge[0] = {addr, length, lkey};
-  w->num_sge = 1;
-  w->inline_len = 0;
+  hostif::send_sges(slot)[0] = {addr, length, lkey};
+  hostif::send_wqe(slot)->num_sge = 1;
+  hostif::send_wqe(slot)->inline_len = 0;
 }
 
 void wr_set_sge_list(ibv_qp_ex* qpx, size_t num_sge, const ibv_sge* list) {
   Qp* qp = to_qp(qpx);
-  nic::SendWqe* w = current(qp);
-  if (!w) return;
+  uint8_t* slot = current(qp);
+  if (!slot) return;
   if (num_sge > qp->cap.max_send_sge) return set_error(qp, EINVAL);
-  for (size_t i = 0; i < num_sge; ++i) w->sge[i] = {list[i].addr, list[i].length, list[i].lkey};
-  w->num_sge = static_cast<uint32_t>(num_sge);
-  w->inline_len = 0;
+  hostif::Sge* sge = hostif::send_sges(slot);
+  for (size_t i = 0; i < num_sge; ++i) sge[i] = {list[i].addr, list[i].length, list[i].lkey};
+  hostif::send_wqe(slot)->num_sge = static_cast<uint16_t>(num_sge);
+  hostif::send_wqe(slot)->inline_len = 0;
 }
 
 void wr_set_inline_data_list(ibv_qp_ex* qpx, size_t num_buf, const ibv_data_buf* bufs) {
   Qp* qp = to_qp(qpx);
-  nic::SendWqe* w = current(qp);
-  if (!w) return;
-  if (nic::needs_response(w->op)) return set_error(qp, EINVAL);
+  uint8_t* slot = current(qp);
+  if (!slot) return;
+  hostif::SendWqe* w = hostif::send_wqe(slot);
+  if (hostif::needs_response(w->op)) return set_error(qp, EINVAL);
   size_t total = 0;
   for (size_t i = 0; i < num_buf; ++i) total += bufs[i].length;
   if (total > qp->cap.max_inline_data) return set_error(qp, EINVAL);
+  uint8_t* data = hostif::send_inline(slot, qp->ring_sge);
   size_t off = 0;
   for (size_t i = 0; i < num_buf; ++i) {
-    std::memcpy(w->inline_data + off, bufs[i].addr, bufs[i].length);
+    std::memcpy(data + off, bufs[i].addr, bufs[i].length);
     off += bufs[i].length;
   }
   w->inline_len = static_cast<uint32_t>(off);
@@ -172,13 +172,14 @@ void wr_set_inline_data(ibv_qp_ex* qpx, void* addr, size_t length) {
 
 void wr_set_ud_addr(ibv_qp_ex* qpx, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
   Qp* qp = to_qp(qpx);
-  nic::SendWqe* w = current(qp);
-  if (!w) return;
+  uint8_t* slot = current(qp);
+  if (!slot) return;
   if (qp->type != IBV_QPT_UD || !ah) return set_error(qp, EINVAL);
+  hostif::SendWqe* w = hostif::send_wqe(slot);
   w->ud_ip = to_ah(ah)->ip;
   w->ud_qpn = remote_qpn & 0xffffff;
   // A Q_Key with its high bit set means "use the QP's own" (IB spec 10.2.5).
-  w->ud_qkey = (remote_qkey & 0x80000000u) ? qp->attr.qkey : remote_qkey;
+  w->rkey = (remote_qkey & 0x80000000u) ? qp->attr.qkey : remote_qkey;
 }
 
 // Operations the NIC does not carry. create_qp_ex already refuses them in send_ops_flags; if

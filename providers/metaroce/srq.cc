@@ -1,29 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
-// ibv_create_srq / modify / query / destroy, ibv_post_srq_recv, and UD address handles.
+// ibv_create_srq / modify / query / destroy, ibv_post_srq_recv (into the shared SRQ ring), and UD
+// address handles.
 #include "providers/metaroce/srq.h"
+
+#include <sys/mman.h>
 
 #include <cerrno>
 #include <new>
 
 #include "datapath/nic/link_config.h"
 #include "providers/metaroce/context.h"
+#include "providers/metaroce/cq.h"
 #include "providers/metaroce/device_attr.h"
+#include "providers/metaroce/qp.h"
 
 namespace metaroce::provider {
-namespace {
-
-// Called by the NIC's progress thread when a QP takes an entry below the armed limit.
-void limit_reached(void* arg) {
-  Srq* srq = static_cast<Srq*>(arg);
-  post_async_event(srq->srq.context, reinterpret_cast<uintptr_t>(&srq->srq),
-                   IBV_EVENT_SRQ_LIMIT_REACHED);
-}
-
-}  // namespace
 
 ibv_srq* create_srq(ibv_pd* ibpd, ibv_srq_init_attr* attr) noexcept {
   ibv_srq_attr& a = attr->attr;
-  if (a.max_wr < 1 || a.max_wr > nic::kMaxSrqWr || a.max_sge < 1 || a.max_sge > nic::kMaxSge) {
+  if (a.max_wr < 1 || a.max_wr > hostif::kMaxSrqWr || a.max_sge < 1 || a.max_sge > hostif::kMaxSge) {
     errno = EINVAL;
     return nullptr;
   }
@@ -33,29 +28,50 @@ ibv_srq* create_srq(ibv_pd* ibpd, ibv_srq_init_attr* attr) noexcept {
     return nullptr;
   }
   Pd* pd = to_pd(ibpd);
-  int err = 0;
-  srq->nic = nic_of(ibpd->context).create_srq(pd->id, a.max_wr, a.max_sge, &err);
-  if (!srq->nic) {
+  hostif::CreateSrqReq req;
+  req.pd = pd->id;
+  req.max_wr = a.max_wr;
+  req.max_sge = a.max_sge;
+  req.handle = reinterpret_cast<uintptr_t>(&srq->srq);
+  hostif::Message resp;
+  int err = engine_call(ibpd->context, hostif::Op::kCreateSrq, req, &resp);
+  auto body = resp.as<hostif::CreateSrqResp>();
+  void* seg = nullptr;
+  if (!err && (!body || resp.fds.size() != 1)) err = EPROTO;
+  if (!err) {
+    seg = map_segment(resp.fds[0], body->bytes);
+    resp.fds.clear();
+    if (!seg || !hostif::valid_srq(seg, body->bytes)) err = EPROTO;
+  }
+  hostif::close_fds(&resp);
+  if (err) {
+    if (seg) munmap(seg, body->bytes);
+    if (body && err == EPROTO)
+      engine_call(ibpd->context, hostif::Op::kDestroySrq, hostif::IdReq{body->id}, &resp);
     delete srq;
-    errno = err ? err : ENOMEM;
+    errno = err;
     return nullptr;
   }
+  srq->ring = static_cast<hostif::SrqHeader*>(seg);
+  srq->ring_bytes = body->bytes;
+  srq->id = body->id;
   srq->pd = pd;
   srq->max_wr = a.max_wr;
   srq->max_sge = a.max_sge;
+  pthread_spin_init(&srq->post_lock, PTHREAD_PROCESS_PRIVATE);
   // libibverbs fills these too after we return; a provider that is called directly has them.
   ibv_srq& s = srq->srq;
   s.context = ibpd->context;
   s.srq_context = attr->srq_context;
   s.pd = ibpd;
-  s.handle = 0;
+  s.handle = srq->id;
   s.events_completed = 0;
   pthread_mutex_init(&s.mutex, nullptr);
   pthread_cond_init(&s.cond, nullptr);
-  srq->nic->set_limit_notifier(limit_reached, srq);
   // srq_limit is ignored at creation (verbs): the limit is armed only by ibv_modify_srq.
   a.srq_limit = 0;
   pd->users.fetch_add(1, std::memory_order_relaxed);
+  track(ibpd->context, srq);
   return &srq->srq;
 }
 
@@ -66,7 +82,8 @@ int modify_srq(ibv_srq* ibsrq, ibv_srq_attr* attr, int mask) noexcept {
   if (mask & IBV_SRQ_MAX_WR) return EINVAL;
   if (mask & IBV_SRQ_LIMIT) {
     if (attr->srq_limit > srq->max_wr) return EINVAL;
-    srq->nic->set_limit(attr->srq_limit);
+    // Armed in the shared ring; the engine disarms it when the event fires.
+    srq->ring->limit.store(attr->srq_limit);
   }
   return 0;
 }
@@ -75,15 +92,20 @@ int query_srq(ibv_srq* ibsrq, ibv_srq_attr* attr) noexcept {
   Srq* srq = to_srq(ibsrq);
   attr->max_wr = srq->max_wr;
   attr->max_sge = srq->max_sge;
-  attr->srq_limit = srq->nic->limit();
+  attr->srq_limit = srq->ring->limit.load();
   return 0;
 }
 
 int destroy_srq(ibv_srq* ibsrq) noexcept {
   Srq* srq = to_srq(ibsrq);
   if (srq->users.load(std::memory_order_acquire) != 0) return EBUSY;
-  if (int err = nic_of(ibsrq->context).destroy_srq(srq->nic)) return err;
+  hostif::Message resp;
+  const int err = engine_call(ibsrq->context, hostif::Op::kDestroySrq, hostif::IdReq{srq->id}, &resp);
+  if (err && !engine_gone(err)) return err;
+  untrack(ibsrq->context, srq);
   srq->pd->users.fetch_sub(1, std::memory_order_release);
+  munmap(srq->ring, srq->ring_bytes);
+  pthread_spin_destroy(&srq->post_lock);
   pthread_cond_destroy(&ibsrq->cond);
   pthread_mutex_destroy(&ibsrq->mutex);
   delete srq;
@@ -92,22 +114,52 @@ int destroy_srq(ibv_srq* ibsrq) noexcept {
 
 int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
   Srq* srq = to_srq(ibsrq);
-  nic::RecvWqe wqe;
+  hostif::Sge sge[hostif::kMaxSge];
+  pthread_spin_lock(&srq->post_lock);
+  int err = 0;
   for (; wr; wr = wr->next) {
     if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > srq->max_sge) {
-      *bad_wr = wr;
-      return EINVAL;
+      err = EINVAL;
+      break;
     }
-    wqe.wr_id = wr->wr_id;
-    wqe.num_sge = static_cast<uint32_t>(wr->num_sge);
     for (int i = 0; i < wr->num_sge; ++i)
-      wqe.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
-    if (int err = srq->nic->post_recv(wqe)) {
-      *bad_wr = wr;
-      return err;
-    }
+      sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+    err = hostif::srq_post(srq->ring, wr->wr_id, sge, static_cast<uint32_t>(wr->num_sge));
+    if (err) break;
   }
-  return 0;
+  pthread_spin_unlock(&srq->post_lock);
+  if (err) *bad_wr = wr;
+  return err;
+}
+
+void flush_orphan(Srq* srq, const std::vector<Qp*>& qps) noexcept {
+  Cq* cq = nullptr;
+  for (Qp* qp : qps)
+    if (qp->srq == srq) cq = qp->recv_cq;
+  hostif::SrqHeader* h = srq->ring;
+  pthread_spin_lock(&srq->post_lock);
+  // Every slot not in the free ring is a receive posted and not completed.
+  std::vector<bool> free_slot;
+  try {
+    free_slot.assign(h->max_wr, false);
+  } catch (...) {
+    pthread_spin_unlock(&srq->post_lock);
+    return;
+  }
+  const uint32_t* ring = hostif::srq_free_ring(h);
+  for (uint32_t i = h->free_tail.peek(); i != h->free_head.load(); ++i) {
+    const uint32_t s = ring[i & (h->entries - 1)];
+    if (s < h->max_wr) free_slot[s] = true;
+  }
+  for (uint32_t s = 0; s < h->max_wr && cq; ++s) {
+    if (free_slot[s]) continue;
+    hostif::Cqe c{};
+    c.wr_id = hostif::recv_wqe(hostif::srq_slot(h, s))->wr_id;
+    c.status = hostif::WcStatus::kWrFlushErr;
+    c.opcode = hostif::WcOpcode::kRecv;
+    push_orphan(cq, c);
+  }
+  pthread_spin_unlock(&srq->post_lock);
 }
 
 ibv_ah* create_ah(ibv_pd* ibpd, ibv_ah_attr* attr) noexcept {

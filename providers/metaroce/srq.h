@@ -4,23 +4,30 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
-#include "datapath/nic/device.h"
+#include "datapath/hostif/queues.h"
 #include "providers/metaroce/pd.h"
 
 namespace metaroce::provider {
 
+struct Qp;
+
 struct Srq {
   ibv_srq srq;                  // first: the application holds &srq
-  nic::Srq* nic;
+  hostif::SrqHeader* ring;
+  size_t ring_bytes;
+  uint32_t id;                  // the engine's
   Pd* pd;
   uint32_t max_wr;
   uint32_t max_sge;
   std::atomic<uint32_t> users;  // QPs attached: destroy_srq answers EBUSY meanwhile
+  pthread_spinlock_t post_lock; // one poster at a time
 };
 static_assert(std::is_standard_layout_v<Srq>);
 
@@ -42,5 +49,9 @@ int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept;
 
 ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) noexcept;
 int destroy_ah(ibv_ah* ah) noexcept;
+
+// With the engine gone: every receive posted and not completed completes as flushed, in the
+// receive CQ of a QP attached to it (qps: the context's QPs).
+void flush_orphan(Srq* srq, const std::vector<Qp*>& qps) noexcept;
 
 }  // namespace metaroce::provider

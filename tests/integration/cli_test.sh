@@ -8,7 +8,8 @@ M=${1:?usage: $0 PATH/TO/metaroce}
 M=$(readlink -f "$M")
 RUN=$(mktemp -d /tmp/metaroce-cli-it-XXXXXX)
 export METAROCE_RUNDIR=$RUN
-trap 'rm -rf "$RUN"' EXIT
+# `link add` starts the run dir's engine; it goes with the run dir.
+trap '"$M" engine stop >/dev/null 2>&1 || true; rm -rf "$RUN"' EXIT
 SYS=$RUN/sys
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -32,16 +33,22 @@ expect 0 "$M" --help
 expect 2 "$M" frobnicate
 expect 2 "$M" link add mr0 --ip 10.0.0.1/24
 
-expect 0 "$M" link add mr0 --dpdk net_memif0,role=server --ip 10.77.0.1/24
-expect 0 "$M" link add mr1 --dpdk net_memif0,role=client --ip 10.77.0.2/24 --mtu 4200 --paths 16
+sock=metaroce-cli-$$
+expect 0 "$M" link add mr0 --dpdk "net_memif0,role=server,socket=$sock" --ip 198.18.77.1/24
+expect 0 "$M" link add mr1 --dpdk "net_memif1,role=client,socket=$sock" --ip 198.18.77.2/24 --mtu 4200 --paths 16
+[ "$("$M" engine status --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["links"])')" = 2 ] ||
+  fail "the engine does not serve both links"
+# A device string the engine cannot open (the name is taken by mr0) fails the add, leaving no record.
+expect 1 "$M" link add mr9 --dpdk "net_memif0,role=server,socket=$sock-9" --ip 198.18.77.9/24
+[ ! -e "$SYS/class/infiniband/mr9" ] || fail "a link the engine could not open was left recorded"
 pass "two links added"
 
 uv=$(cat "$SYS/class/infiniband/mr0/metaroce.conf" | sed -n 's/^uverbs=//p')
 [ -n "$uv" ] || fail "record of mr0 names no uverbs entry"
 [ "$(cat "$SYS/class/infiniband_verbs/$uv/ibdev")" = mr0 ] || fail "$uv/ibdev is not mr0"
 [ "$(cat "$SYS/class/infiniband_verbs/abi_version")" = 6 ] || fail "class abi_version is not 6"
-[ "$(cat "$SYS/class/infiniband/mr0/ports/1/gids/0")" = 0000:0000:0000:0000:0000:ffff:0a4d:0001 ] ||
-  fail "GID 0 of mr0 is not ::ffff:10.77.0.1"
+[ "$(cat "$SYS/class/infiniband/mr0/ports/1/gids/0")" = 0000:0000:0000:0000:0000:ffff:c612:4d01 ] ||
+  fail "GID 0 of mr0 is not ::ffff:198.18.77.1"
 [ "$(cat "$SYS/class/infiniband/mr0/ports/1/gid_attrs/types/0")" = "RoCE v2" ] || fail "GID type"
 [ -c "/dev/infiniband/$uv" ] || fail "/dev/infiniband/$uv is not a character device"
 [ "$(stat -c '%t:%T %a' "/dev/infiniband/$uv")" = "1:7 666" ] || fail "/dev/infiniband/$uv is not 1:7 0666"
@@ -51,15 +58,15 @@ json=$("$M" link show --json)
 n=$(printf '%s' "$json" | /usr/bin/python3 -c 'import json,sys; print(len(json.load(sys.stdin)))') ||
   fail "link show --json is not JSON: $json"
 [ "$n" = 2 ] || fail "link show --json lists $n links, expected 2"
-"$M" link show | grep -q '^mr1 .*10\.77\.0\.2/24.*4200' || fail "table does not show mr1"
+"$M" link show | grep -q '^mr1 .*198\.18\.77\.2/24.*4200' || fail "table does not show mr1"
 pass "link show (table and JSON)"
 
 before=$(cd "$SYS" && find . | sort | xargs -d '\n' md5sum 2>/dev/null || true)
-expect 1 "$M" link add mr0 --dpdk net_memif1 --ip 10.77.0.9/24
-expect 1 "$M" link add mr2 --dpdk net_memif1 --ip 10.77.0.1/24
-expect 1 "$M" link add mr2 --dpdk net_memif1 --ip 10.77.0.9/24 --mtu 100000
-expect 1 "$M" link add mr2 --dpdk 'net_memif1,role' --ip 10.77.0.9/24
-expect 1 "$M" link add mr2 --dpdk net_nosuchdriver0 --ip 10.77.0.9/24
+expect 1 "$M" link add mr0 --dpdk net_memif1 --ip 198.18.77.9/24
+expect 1 "$M" link add mr2 --dpdk net_memif1 --ip 198.18.77.1/24
+expect 1 "$M" link add mr2 --dpdk net_memif1 --ip 198.18.77.9/24 --mtu 100000
+expect 1 "$M" link add mr2 --dpdk 'net_memif1,role' --ip 198.18.77.9/24
+expect 1 "$M" link add mr2 --dpdk net_nosuchdriver0 --ip 198.18.77.9/24
 expect 1 "$M" link del nosuch
 after=$(cd "$SYS" && find . | sort | xargs -d '\n' md5sum 2>/dev/null || true)
 [ "$before" = "$after" ] || fail "a rejected command changed the run dir"
@@ -67,7 +74,7 @@ pass "bad input rejected, nothing changed"
 
 if command -v setpriv >/dev/null; then
   got=0; err=$(setpriv --reuid=65534 --regid=65534 --clear-groups "$M" link add mr3 --dpdk net_memif3 \
-    --ip 10.77.0.3/24 2>&1) || got=$?
+    --ip 198.18.77.3/24 2>&1) || got=$?
   [ "$got" = 1 ] && [[ $err == *"permission denied"*"(run as root)"* ]] ||
     fail "non-root add: status $got, '$err'"
   pass "non-root add refused: $err"
@@ -88,7 +95,7 @@ fi
 unset RDMAV_DRIVERS
 # A stock provider that matches by name proves the tree is complete enough to be listed.
 if [ -e /etc/libibverbs.d/rxe.driver ]; then
-  expect 0 "$M" link add rxe_probe --dpdk net_memif4 --ip 10.77.0.4/24
+  expect 0 "$M" link add rxe_probe --dpdk "net_memif4,role=server,socket=$sock-4" --ip 198.18.77.4/24
   SYSFS_PATH=$SYS ibv_devices | grep -qw rxe_probe || fail "ibv_devices does not list rxe_probe"
   pass "ibv_devices lists a generated device (stock librxe matched it by name)"
   expect 0 "$M" link del rxe_probe

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Shared helpers of the integration tests: a private run directory with two MetaRoCE devices
-# joined by a DPDK memif link, and a way to run a server/client pair of unmodified programs.
+# joined by a DPDK memif link (both served by the run dir's engine, which `link add` starts and
+# the cleanup stops), and a way to run a server/client pair of unmodified programs.
 # Sourced by the tests; $1 of every test is the build directory.
 set -euo pipefail
 
@@ -24,6 +25,10 @@ cleanup() {
   for d in $("$METAROCE" link show --json 2>/dev/null | grep -o '"name": *"[^"]*"' | sed 's/.*"\([^"]*\)"$/\1/'); do
     "$METAROCE" link del "$d" >/dev/null 2>&1 || true
   done
+  "$METAROCE" engine stop >/dev/null 2>&1 || true
+  if [ "$rc" -ne 0 ] && [ -f "$METAROCE_RUNDIR/engine.log" ]; then
+    echo "== engine log"; tail -n 40 "$METAROCE_RUNDIR/engine.log"
+  fi
   rm -rf "$METAROCE_RUNDIR"
   exit "$rc"
 }

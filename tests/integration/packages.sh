@@ -96,8 +96,10 @@ for p in "${PKGS[@]}"; do installed "$p" || fail "$p is not installed after apt-
 dpkg -L "${PKGS[@]}" | sort -u >"$WORK/files"
 for f in /usr/lib/"$MULTIARCH"/libibverbs/libmetaroce-rdmav34.so /etc/libibverbs.d/metaroce.driver \
          /usr/lib/"$MULTIARCH"/metaroce/libmetaroce-preload.so \
-         /usr/bin/metaroce /lib/systemd/system/metaroce.service /etc/metaroce/links.conf \
+         /usr/bin/metaroce /usr/sbin/metaroced /lib/systemd/system/metaroce.service \
+         /lib/systemd/system/metaroced.service /etc/metaroce/links.conf \
          /etc/profile.d/metaroce.sh /usr/share/man/man8/metaroce.8.gz \
+         /usr/share/man/man8/metaroced.8.gz \
          /usr/share/man/man5/metaroce-links.conf.5.gz; do
   grep -qxF "$f" "$WORK/files" || fail "$f is not in the packages"
   [ -e "$f" ] || fail "$f is not installed"
@@ -114,9 +116,12 @@ CONF
 if [ -d /run/systemd/system ]; then
   systemctl restart metaroce.service || fail "metaroce.service did not start"
 else
+  # Without systemd, `link apply` starts the installed engine itself.
   "${M[@]}" link apply || fail "metaroce link apply failed"
 fi
 "${M[@]}" link show
+"${M[@]}" engine status || fail "no engine serves the links"
+pgrep -x metaroced >/dev/null || fail "metaroced does not run"
 [ "$("${M[@]}" link show --json | grep -c '"name"')" -eq 2 ] || fail "the two links are not there"
 
 step "ibv_devices and ibv_rc_pingpong through metaroce exec"
@@ -154,6 +159,7 @@ for node in /dev/infiniband/uverbs*; do
   [ -c "$node" ] && [ "$(stat -c '%t:%T' "$node")" = 1:7 ] && fail "our device node $node is left"
 done
 SYSFS_PATH=/run/metaroce/sys ibv_devices 2>/dev/null | grep -qw 'mr[AB]' && fail "a link is still visible"
+pgrep -x metaroced >/dev/null && fail "metaroced still runs after purge"
 echo "deb: installed, used and purged without leftovers"
 
 # --- RPM layout --------------------------------------------------------------------------------

@@ -160,10 +160,10 @@ TEST(Convert, MtuEnumsAndBytesRoundTrip) {
 }
 
 TEST(Convert, TheSevenRcOperationsReachTheNicAndNothingElse) {
-  EXPECT_EQ(to_nic(IBV_WR_RDMA_WRITE_WITH_IMM), nic::WqeOp::kWriteImm);
-  EXPECT_EQ(to_nic(IBV_WR_RDMA_READ), nic::WqeOp::kRead);
-  EXPECT_EQ(to_nic(IBV_WR_ATOMIC_CMP_AND_SWP), nic::WqeOp::kCmpSwp);
-  EXPECT_EQ(to_nic(IBV_WR_ATOMIC_FETCH_AND_ADD), nic::WqeOp::kFetchAdd);
+  EXPECT_EQ(to_nic(IBV_WR_RDMA_WRITE_WITH_IMM), hostif::WqeOp::kWriteImm);
+  EXPECT_EQ(to_nic(IBV_WR_RDMA_READ), hostif::WqeOp::kRead);
+  EXPECT_EQ(to_nic(IBV_WR_ATOMIC_CMP_AND_SWP), hostif::WqeOp::kCmpSwp);
+  EXPECT_EQ(to_nic(IBV_WR_ATOMIC_FETCH_AND_ADD), hostif::WqeOp::kFetchAdd);
   EXPECT_FALSE(to_nic(IBV_WR_LOCAL_INV).has_value());
   EXPECT_FALSE(to_nic(IBV_WR_BIND_MW).has_value());
   EXPECT_FALSE(to_nic(IBV_WR_SEND_WITH_INV).has_value());
@@ -171,14 +171,14 @@ TEST(Convert, TheSevenRcOperationsReachTheNicAndNothingElse) {
   EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, 0u);
   EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, 0u);
   EXPECT_EQ(kSupportedSendOps & IBV_QP_EX_WITH_BIND_MW, 0u);
-  EXPECT_TRUE(nic::needs_response(nic::WqeOp::kRead));
-  EXPECT_TRUE(nic::needs_response(nic::WqeOp::kFetchAdd));
-  EXPECT_FALSE(nic::needs_response(nic::WqeOp::kWriteImm));
+  EXPECT_TRUE(hostif::needs_response(hostif::WqeOp::kRead));
+  EXPECT_TRUE(hostif::needs_response(hostif::WqeOp::kFetchAdd));
+  EXPECT_FALSE(hostif::needs_response(hostif::WqeOp::kWriteImm));
 }
 
 TEST(Convert, QpStatesMapBothWaysAndSqdHasNoNicState) {
-  for (auto s : {nic::QpState::kReset, nic::QpState::kInit, nic::QpState::kRtr,
-                 nic::QpState::kRts, nic::QpState::kErr})
+  for (auto s : {hostif::QpState::kReset, hostif::QpState::kInit, hostif::QpState::kRtr,
+                 hostif::QpState::kRts, hostif::QpState::kErr})
     EXPECT_EQ(to_nic(to_verbs(s)), s);
   EXPECT_FALSE(to_nic(IBV_QPS_SQD).has_value());
 }
@@ -214,8 +214,8 @@ TEST(DeviceAttr, ReportsSrqAndAhLimits) {
   cfg.ip = 0x0a4d0001;
   const ibv_device_attr& a = device_attr(cfg).orig_attr;
   EXPECT_GT(a.max_srq, 0);
-  EXPECT_EQ(a.max_srq_wr, static_cast<int>(nic::kMaxSrqWr));
-  EXPECT_EQ(a.max_srq_sge, static_cast<int>(nic::kMaxSge));
+  EXPECT_EQ(a.max_srq_wr, static_cast<int>(hostif::kMaxSrqWr));
+  EXPECT_EQ(a.max_srq_sge, static_cast<int>(hostif::kMaxSge));
   EXPECT_GT(a.max_ah, 0);
   // No SRQ resize: modify_srq with IBV_SRQ_MAX_WR answers EINVAL, as the flag promises.
   EXPECT_EQ(a.device_cap_flags & IBV_DEVICE_SRQ_RESIZE, 0u);
@@ -230,13 +230,13 @@ TEST(DeviceAttr, ReportsTheNicLimitsAndANonZeroGuid) {
   EXPECT_EQ(a.sys_image_guid, a.node_guid);
   EXPECT_NE(a.vendor_id, 0u);
   EXPECT_GT(a.max_mr_size, 4096u);
-  EXPECT_EQ(a.max_qp_wr, static_cast<int>(nic::kMaxQpWr));
-  EXPECT_EQ(a.max_sge, static_cast<int>(nic::kMaxSge));
-  EXPECT_EQ(a.max_cqe, static_cast<int>(nic::kMaxCqe));
+  EXPECT_EQ(a.max_qp_wr, static_cast<int>(hostif::kMaxQpWr));
+  EXPECT_EQ(a.max_sge, static_cast<int>(hostif::kMaxSge));
+  EXPECT_EQ(a.max_cqe, static_cast<int>(hostif::kMaxCqe));
   EXPECT_EQ(a.max_qp_rd_atom, 16);
   EXPECT_EQ(a.max_qp_init_rd_atom, 16);
   EXPECT_EQ(a.atomic_cap, IBV_ATOMIC_HCA);
-  EXPECT_EQ(a.max_qp_rd_atom, static_cast<int>(nic::kMaxRdAtomic));
+  EXPECT_EQ(a.max_qp_rd_atom, static_cast<int>(hostif::kMaxRdAtomic));
   EXPECT_EQ(a.max_pkeys, 1);
   EXPECT_EQ(a.phys_port_cnt, 1);
   EXPECT_EQ(ex.phys_port_cnt_ex, a.phys_port_cnt);

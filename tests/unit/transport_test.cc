@@ -184,7 +184,7 @@ class Fabric {
   class Sink : public TxSink {
    public:
     Sink(Fabric& f, int from) : f_(f), from_(from) {}
-    std::span<uint8_t> begin(uint32_t max_len) override {
+    std::span<uint8_t> begin(uint32_t max_len, uint8_t) override {
       buf_.assign(max_len, 0);
       return buf_;
     }
@@ -878,7 +878,7 @@ class Net {
   class Sink : public TxSink {
    public:
     Sink(Net& n, int from) : n_(n), from_(from) {}
-    std::span<uint8_t> begin(uint32_t max_len) override {
+    std::span<uint8_t> begin(uint32_t max_len, uint8_t) override {
       buf_.assign(max_len, 0);
       return buf_;
     }
@@ -1186,7 +1186,7 @@ TEST(FairShare, PacingShowsInNextDeadline) {
   // the next packet's credit is there: after now, and within one packet time at the hint.
   struct Discard : TxSink {
     std::vector<uint8_t> buf;
-    std::span<uint8_t> begin(uint32_t n) override { buf.assign(n, 0); return buf; }
+    std::span<uint8_t> begin(uint32_t n, uint8_t) override { buf.assign(n, 0); return buf; }
     void commit(uint32_t, uint16_t, uint8_t, uint32_t) override {}
   } sink;
   n.node[1].e->poll_tx(n.now, sink);
@@ -1782,7 +1782,7 @@ TEST_F(Crafted, AProbeElicitsAnAckThatEchoesItsTimestamp) {
   struct Capture : TxSink {
     std::vector<uint8_t> buf;
     std::vector<std::vector<uint8_t>> out;
-    std::span<uint8_t> begin(uint32_t n) override { buf.assign(n, 0); return buf; }
+    std::span<uint8_t> begin(uint32_t n, uint8_t) override { buf.assign(n, 0); return buf; }
     void commit(uint32_t, uint16_t, uint8_t, uint32_t len) override {
       out.emplace_back(buf.begin(), buf.begin() + len);
     }

@@ -1,0 +1,814 @@
+// SPDX-License-Identifier: Apache-2.0
+// The host engine: run dir, links, the datapath thread and its idle policy, the control thread
+// and the requests of driver contexts and administrators.
+#include "datapath/engine/host_engine.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+
+#include "datapath/io/dpdk_port.h"
+
+namespace metaroce::engine {
+
+using hostif::Message;
+using hostif::Op;
+using transport::Time;
+
+namespace {
+
+constexpr Time kMinNap = std::chrono::microseconds(5);
+constexpr Time kPublishEvery = std::chrono::milliseconds(100);  // `metaroce stat` refresh
+constexpr uint32_t kStatusBytes = 4096;
+
+[[gnu::format(printf, 1, 2)]] void log(const char* fmt, ...) {
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  std::fprintf(stderr, "metaroced[%d] %ld.%03ld: %s\n", getpid(), static_cast<long>(ts.tv_sec),
+               ts.tv_nsec / 1000000, line);
+}
+
+std::vector<std::unique_ptr<io::Port>> open_dpdk_ports(const nic::LinkConfig& cfg, bool huge,
+                                                       std::string* why) {
+  std::vector<std::unique_ptr<io::Port>> ports;
+  size_t start = 0;
+  for (;;) {
+    const size_t end = cfg.devargs.find(nic::kPlaneSeparator, start);
+    io::DpdkPortConfig pc;
+    pc.devargs = cfg.devargs.substr(start, end == std::string::npos ? end : end - start);
+    pc.mtu = cfg.mtu;
+    pc.hugepages = huge;
+    std::string reason;
+    auto port = io::open_dpdk_port(pc, &reason);
+    if (!port) {
+      *why = "cannot open DPDK device '" + pc.devargs + "': " + reason;
+      return {};
+    }
+    ports.push_back(std::move(port));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return ports;
+}
+
+std::string record_path(const std::string& rundir, const std::string& name) {
+  return rundir + "/sys/class/infiniband/" + name + "/" + nic::kConfigFile;
+}
+
+Message reply_to(const Message& req, int status) {
+  Message r;
+  r.header = req.header;
+  r.header.status = status;
+  return r;
+}
+
+}  // namespace
+
+HostEngine::HostEngine(EngineOptions opt) : opt_(std::move(opt)) {
+  socket_path_ = opt_.rundir + "/" + hostif::kEngineSocket;
+}
+
+HostEngine::~HostEngine() { stop(); }
+
+Time HostEngine::now() const {
+  return std::chrono::duration_cast<Time>(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+size_t HostEngine::session_count() const {
+  std::lock_guard lock(sessions_mu_);
+  return sessions_.size();
+}
+
+// --- start and stop ----------------------------------------------------------------------------
+
+bool HostEngine::start(std::string* why) {
+  mkdir(opt_.rundir.c_str(), 0755);
+  const std::string lock_path = opt_.rundir + "/engine.lock";
+  lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) {
+    *why = "cannot open " + lock_path + ": " + std::strerror(errno);
+    return false;
+  }
+  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = {};
+    [[maybe_unused]] ssize_t n = pread(lock_fd_, pid, sizeof(pid) - 1, 0);
+    *why = "an engine already serves " + opt_.rundir + " (pid " +
+           std::to_string(std::atoi(pid)) + ")";
+    close(lock_fd_);
+    lock_fd_ = -1;
+    return false;
+  }
+  const std::string pid = std::to_string(getpid()) + "\n";
+  if (ftruncate(lock_fd_, 0) != 0 || pwrite(lock_fd_, pid.data(), pid.size(), 0) < 0) {
+    // The pid is only informative.
+  }
+
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path_.size() >= sizeof(addr.sun_path)) {
+    *why = "run dir path too long for a socket: " + socket_path_;
+    return false;
+  }
+  std::memcpy(addr.sun_path, socket_path_.c_str(), socket_path_.size() + 1);
+  unlink(socket_path_.c_str());  // a dead engine's: we hold the lock
+  listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (listen_fd_ < 0 || bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listen_fd_, 128) != 0) {
+    *why = "cannot listen on " + socket_path_ + ": " + std::strerror(errno);
+    return false;
+  }
+  // Any user may open a device, as /dev/infiniband/uverbs* is 0666; what a context may do is
+  // checked per request (its own objects, rkeys for the rest).
+  chmod(socket_path_.c_str(), 0666);
+  struct stat sst {};
+  if (stat(socket_path_.c_str(), &sst) == 0) socket_inode_ = sst.st_ino;
+
+  doorbell_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  control_wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  status_ = Segment::create("metaroce-status", kStatusBytes);
+  if (doorbell_fd_ < 0 || control_wake_fd_ < 0 || epoll_fd_ < 0 || !status_.ok()) {
+    *why = std::string("cannot set up the engine: ") + std::strerror(errno);
+    return false;
+  }
+  hostif::init_status(status_.base(), static_cast<uint32_t>(getpid()));
+  status_page_ = static_cast<hostif::StatusPage*>(status_.base());
+  if (status_.share(true) < 0) {
+    *why = std::string("cannot seal the status page: ") + std::strerror(errno);
+    return false;
+  }
+  watch(listen_fd_, EPOLLIN);
+  watch(control_wake_fd_, EPOLLIN);
+
+  if (opt_.open_recorded_links) {
+    const std::string dir = opt_.rundir + "/sys/class/infiniband";
+    if (DIR* d = opendir(dir.c_str())) {
+      std::vector<std::string> names;
+      while (dirent* e = readdir(d))
+        if (e->d_name[0] != '.') names.push_back(e->d_name);
+      closedir(d);
+      std::sort(names.begin(), names.end());
+      for (const std::string& n : names) {
+        std::string reason;
+        if (open_link(n, &reason) != 0) log("link %s not opened: %s", n.c_str(), reason.c_str());
+      }
+    }
+  }
+
+  datapath_running_.store(true);
+  datapath_ = std::thread([this] { datapath_main(); });
+  control_ = std::thread([this] { control_main(); });
+  started_ = true;
+  log("serving %s (%zu links, spin %s)", opt_.rundir.c_str(), links_.size(),
+      opt_.spin == SpinPolicy::kAlways ? "always" : "adaptive");
+  return true;
+}
+
+void HostEngine::wait() {
+  std::unique_lock lock(stop_mu_);
+  stop_cv_.wait(lock, [&] { return stop_.load(); });
+}
+
+void HostEngine::stop() {
+  {
+    std::lock_guard lock(stop_mu_);
+    stop_.store(true);
+    stop_cv_.notify_all();
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  if (control_wake_fd_ >= 0) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(control_wake_fd_, &one, sizeof(one));
+  }
+  if (control_.joinable()) control_.join();
+  if (!started_) {
+    links_.clear();  // links opened before start(): nothing else runs
+  }
+  if (listen_fd_ >= 0) {
+    // Only our own socket: after a removed run dir, the path may be another engine's now.
+    if (started_ && run_dir_intact()) unlink(socket_path_.c_str());
+    close(listen_fd_);
+  }
+  for (int fd : {epoll_fd_, control_wake_fd_, doorbell_fd_})
+    if (fd >= 0) close(fd);
+  listen_fd_ = epoll_fd_ = control_wake_fd_ = doorbell_fd_ = -1;
+  if (lock_fd_ >= 0) close(lock_fd_);  // drops the lock
+  lock_fd_ = -1;
+}
+
+// --- links -------------------------------------------------------------------------------------
+
+std::unique_ptr<Link> HostEngine::make_link(const nic::LinkConfig& cfg, std::string* why) {
+  auto ports = opt_.open_ports ? opt_.open_ports(cfg, why)
+                               : open_dpdk_ports(cfg, opt_.hugepages, why);
+  if (ports.empty()) return nullptr;
+  if (ports.size() != std::max<size_t>(cfg.planes, 1)) {
+    *why = "link has " + std::to_string(cfg.planes) + " planes but " +
+           std::to_string(ports.size()) + " ports";
+    return nullptr;
+  }
+  auto link = std::make_unique<Link>();
+  link->cfg = cfg;
+  const uint64_t seed = (uint64_t{cfg.ip} << 32) ^ static_cast<uint64_t>(getpid()) ^
+                        static_cast<uint64_t>(now().count());
+  link->nic = std::make_unique<nic::Nic>(nic::nic_config(cfg, seed));
+  link->layer = std::make_unique<nic::LinkLayer>(*link->nic, std::move(ports));
+  link->telemetry = std::make_unique<nic::TelemetryWriter>(opt_.rundir, cfg.name,
+                                                           static_cast<uint32_t>(link->layer->planes()));
+  return link;
+}
+
+int HostEngine::open_link(const std::string& name, std::string* why) {
+  if (links_.count(name)) {
+    *why = "link " + name + " is already open";
+    return EEXIST;
+  }
+  auto cfg = nic::LinkConfig::load(record_path(opt_.rundir, name), why);
+  if (!cfg) return ENOENT;
+  auto link = make_link(*cfg, why);
+  if (!link) return ENODEV;
+  Link* raw = link.get();
+  links_[name] = std::move(link);
+  on_datapath([&] { active_.push_back(raw); });
+  log("link %s open (%s, %zu plane%s)", name.c_str(), nic::format_ipv4(cfg->ip).c_str(),
+      raw->layer->planes(), raw->layer->planes() == 1 ? "" : "s");
+  return 0;
+}
+
+int HostEngine::close_link(const std::string& name) {
+  auto it = links_.find(name);
+  if (it == links_.end()) return ENOENT;
+  Link* link = it->second.get();
+  // Every context on it sees the device go away (IBV_EVENT_DEVICE_FATAL from its provider).
+  std::vector<int> socks;
+  for (auto& [sock, s] : sessions_)
+    if (s->link() == link) socks.push_back(sock);
+  for (int sock : socks) reclaim(sock);
+  on_datapath([&] { std::erase(active_, link); });
+  links_.erase(it);  // goodbye on every plane, then the ports close
+  log("link %s closed", name.c_str());
+  return 0;
+}
+
+// --- datapath thread -------------------------------------------------------------------------
+
+void HostEngine::wake_datapath() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(doorbell_fd_, &one, sizeof(one));
+}
+
+void HostEngine::on_datapath(const std::function<void()>& fn) {
+  if (!datapath_running_.load(std::memory_order_acquire)) {
+    fn();
+    return;
+  }
+  std::unique_lock lock(cmd_mu_);
+  cmds_.push_back(&fn);
+  const uint64_t ticket = ++cmd_next_;
+  cmd_pending_.store(true, std::memory_order_release);
+  wake_datapath();
+  cmd_cv_.wait(lock, [&] { return cmd_done_ >= ticket; });
+}
+
+void HostEngine::run_commands() {
+  std::unique_lock lock(cmd_mu_);
+  while (!cmds_.empty()) {
+    const std::function<void()>* fn = cmds_.front();
+    cmds_.pop_front();
+    lock.unlock();
+    (*fn)();
+    lock.lock();
+    ++cmd_done_;
+  }
+  cmd_pending_.store(false, std::memory_order_release);
+  cmd_cv_.notify_all();
+}
+
+void HostEngine::datapath_main() {
+  prctl(PR_SET_NAME, "metaroce-dp", 0, 0, 0);
+  prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);  // short naps stay short
+  if (!opt_.cores.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : opt_.cores) CPU_SET(c, &set);
+    if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0)
+      log("cannot pin the datapath thread to the given cores");
+  }
+  Time last_work = now();
+  for (;;) {
+    if (commands_pending()) run_commands();
+    if (stop_.load(std::memory_order_acquire) && active_.empty()) break;
+    const Time t = now();
+    bool work = false;
+    for (Link* l : active_) {
+      work |= l->layer->poll(t);
+      if (t >= l->next_publish) {
+        l->next_publish = t + kPublishEvery;
+        nic::publish_telemetry(*l->telemetry, *l->nic, *l->layer, l->sessions.load());
+      }
+    }
+    if (work) {
+      last_work = t;
+      continue;
+    }
+    if (opt_.spin == SpinPolicy::kAlways || t - last_work < opt_.spin_before_sleep) {
+      __builtin_ia32_pause();
+      continue;
+    }
+    idle_wait(t, t - last_work);
+  }
+  datapath_running_.store(false, std::memory_order_release);
+  // Commands queued meanwhile run inline from now on; any already queued run here.
+  run_commands();
+}
+
+void HostEngine::idle_wait(Time t, Time idle_for) {
+  Time deadline = Time::max();
+  bool queues = false;
+  for (Link* l : active_) {
+    deadline = std::min(deadline, l->nic->next_deadline());
+    queues |= l->nic->qp_count() > 0;
+  }
+  const Time nap = queues ? opt_.max_nap : opt_.max_nap_unused;
+  Time sleep = std::min(nap, deadline > t ? deadline - t : Time::zero());
+  if (sleep <= Time::zero()) return;
+  int rx_fd = -1;
+  if (active_.size() == 1) rx_fd = active_[0]->layer->rx_wait_fd();
+  // Without a receive descriptor, arriving frames are noticed only when awake. Nap in
+  // proportion to how long the link has been idle: a ping-pong keeps the naps short (its next
+  // packet is near), a quiet link ends up polled once per `nap`.
+  if (rx_fd < 0) sleep = std::min(sleep, std::clamp(idle_for / 2, kMinNap, nap));
+  if (rx_fd >= 0) active_[0]->layer->rx_arm();
+  status_page_->sleeping.store(1);
+  // Pairs with the fence drivers put between publishing a WQE and reading `sleeping`: either
+  // they see us asleep and ring, or we see their work here.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  bool work = commands_pending();
+  for (Link* l : active_) work = work || l->nic->has_new_work();
+  if (!work) {
+    pollfd fds[2] = {{doorbell_fd_, POLLIN, 0}, {rx_fd, POLLIN, 0}};
+    timespec ts{static_cast<time_t>(sleep.count() / 1000000000),
+                static_cast<long>(sleep.count() % 1000000000)};
+    ppoll(fds, rx_fd >= 0 ? 2 : 1, &ts, nullptr);
+  }
+  status_page_->sleeping.store(0);
+  if (rx_fd >= 0) active_[0]->layer->rx_disarm();
+  uint64_t drain;
+  [[maybe_unused]] ssize_t r = read(doorbell_fd_, &drain, sizeof(drain));
+}
+
+// --- control thread --------------------------------------------------------------------------
+
+void HostEngine::watch(int fd, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+}
+
+void HostEngine::unwatch(int fd) { epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr); }
+
+void HostEngine::control_main() {
+  prctl(PR_SET_NAME, "metaroce-ctl", 0, 0, 0);
+  std::vector<int> dead;
+  while (!stop_.load(std::memory_order_acquire)) {
+    epoll_event ev[32];
+    const int n = epoll_wait(epoll_fd_, ev, 32, 1000);
+    if (n < 0 && errno != EINTR) break;
+    if (n == 0 && !run_dir_intact()) {
+      // Nobody can reach an engine whose socket is gone (its run dir was removed, or another
+      // engine took it over): it would only hold its ports and spin.
+      log("%s is gone: stopping", socket_path_.c_str());
+      std::lock_guard lock(stop_mu_);
+      stop_.store(true);
+      stop_cv_.notify_all();
+      break;
+    }
+    // Descriptors close only after the whole batch: a number reused within it would be wrong.
+    for (int i = 0; i < n; ++i) {
+      const int fd = ev[i].data.fd;
+      if (fd == listen_fd_) {
+        accept_one();
+      } else if (fd == control_wake_fd_) {
+        uint64_t drain;
+        [[maybe_unused]] ssize_t r = read(control_wake_fd_, &drain, sizeof(drain));
+      } else if (auto p = pidfds_.find(fd); p != pidfds_.end()) {
+        dead.push_back(p->second);  // the process exited
+      } else if (auto s = sessions_.find(fd); s != sessions_.end()) {
+        const bool keep = (ev[i].events & EPOLLIN) ? handle(*s->second) : true;
+        if (!keep || ((ev[i].events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) && !(ev[i].events & EPOLLIN)))
+          dead.push_back(fd);
+      }
+    }
+    for (int sock : dead) reclaim(sock);
+    dead.clear();
+  }
+  // Shutdown: every context, then every link (each says goodbye while the others still run).
+  std::vector<int> socks;
+  for (auto& [sock, s] : sessions_) socks.push_back(sock);
+  for (int sock : socks) reclaim(sock);
+  std::vector<std::string> names;
+  for (auto& [name, l] : links_) names.push_back(name);
+  for (const std::string& name : names) close_link(name);
+  // The datapath thread leaves once it has no link left and sees stop_.
+  wake_datapath();
+  if (datapath_.joinable()) datapath_.join();
+}
+
+bool HostEngine::run_dir_intact() const {
+  struct stat st {};
+  return stat(socket_path_.c_str(), &st) == 0 && st.st_ino == socket_inode_;
+}
+
+void HostEngine::accept_one() {
+  for (;;) {
+    const int sock = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (sock < 0) return;
+    ucred cr{};
+    socklen_t len = sizeof(cr);
+    int one = 1;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 ||
+        setsockopt(sock, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) != 0) {
+      close(sock);
+      continue;
+    }
+    auto s = std::make_unique<Session>(sock, cr.pid, cr.uid);
+    watch(sock, EPOLLIN | EPOLLRDHUP);
+    std::lock_guard lock(sessions_mu_);
+    sessions_[sock] = std::move(s);
+  }
+}
+
+void HostEngine::reclaim(int sock) {
+  auto it = sessions_.find(sock);
+  if (it == sessions_.end()) return;
+  Session& s = *it->second;
+  unwatch(sock);
+  if (s.pidfd() >= 0) {
+    unwatch(s.pidfd());
+    pidfds_.erase(s.pidfd());
+  }
+  s.mark_gone();
+  if (Link* link = s.link()) {
+    on_datapath([&] { link->nic->release(&s); });
+    link->sessions.fetch_sub(1);
+  }
+  std::lock_guard lock(sessions_mu_);
+  sessions_.erase(it);  // closes its socket: a live driver sees the device go away
+}
+
+bool HostEngine::handle(Session& s) {
+  Message req;
+  const int err = hostif::recv_message(s.sock(), &req);
+  if (err == EAGAIN || err == EINTR) return true;
+  // Closed by the driver, or not speaking the protocol: forget it.
+  if (err != 0) return false;
+  Message resp;
+  // Every message must come from the process that connected: a child that inherited the
+  // descriptor is not that context (its memory is another address space).
+  if (req.pid != static_cast<uint32_t>(s.peer_pid())) {
+    resp = reply_to(req, EPERM);
+  } else if (static_cast<uint16_t>(req.header.op) >= 100) {
+    admin(s, req, &resp);
+  } else if (req.header.op == Op::kHello) {
+    hello(s, req, &resp);
+  } else if (!s.link()) {
+    resp = reply_to(req, EPROTO);  // kHello first
+  } else {
+    serve(s, req, &resp);
+  }
+  hostif::close_fds(&req);  // those no operation took
+  const int sent = hostif::send_message(s.sock(), resp, MSG_DONTWAIT);
+  hostif::close_fds(&resp);
+  return sent == 0;  // a driver that does not read its answers is dropped
+}
+
+// A descriptor of the request, now the caller's (-1 when absent).
+static int take_fd(Message& m, size_t i) {
+  if (i >= m.fds.size()) return -1;
+  const int fd = m.fds[i];
+  m.fds[i] = -1;
+  return fd;
+}
+
+void HostEngine::hello(Session& s, Message& req, Message* resp) {
+  auto body = req.as<hostif::HelloReq>();
+  if (!body || s.link() || req.fds.size() > 1) {
+    *resp = reply_to(req, EINVAL);
+    return;
+  }
+  if (body->abi != hostif::kAbiVersion) {
+    *resp = reply_to(req, EPROTONOSUPPORT);
+    return;
+  }
+  auto it = links_.find(hostif::get_name(body->link));
+  if (it == links_.end()) {
+    *resp = reply_to(req, ENODEV);
+    return;
+  }
+  Link* link = it->second.get();
+  const int async_fd = take_fd(req, 0);
+  if (!s.attach(link, async_fd)) {
+    const int e = errno ? errno : ESRCH;
+    if (async_fd >= 0) close(async_fd);
+    *resp = reply_to(req, e);
+    return;
+  }
+  pidfds_[s.pidfd()] = s.sock();
+  watch(s.pidfd(), EPOLLIN);
+  link->sessions.fetch_add(1);
+  hostif::HelloResp h;
+  h.ip = link->cfg.ip;
+  h.link_mtu = link->cfg.mtu;
+  h.active_mtu = link->nic->active_mtu();
+  h.paths = link->cfg.paths;
+  h.planes = static_cast<uint16_t>(link->layer->planes());
+  h.max_qp_wr = nic::kMaxQpWr;
+  h.max_sge = nic::kMaxSge;
+  h.max_inline = nic::kMaxInline;
+  h.max_cqe = nic::kMaxCqe;
+  h.max_srq_wr = nic::kMaxSrqWr;
+  h.max_rd_atomic = nic::kMaxRdAtomic;
+  h.status_bytes = kStatusBytes;
+  h.engine_pid = static_cast<uint32_t>(getpid());
+  Message r = reply_to(req, 0);
+  r.set(h);
+  // The kernel duplicates them into the driver (closed here after sending); ours stay ours.
+  r.fds = {dup(doorbell_fd_), dup(status_.fd())};
+  *resp = std::move(r);
+}
+
+void HostEngine::admin(Session& s, const Message& req, Message* resp) {
+  if (s.uid() != 0 && s.uid() != geteuid()) {
+    *resp = reply_to(req, EPERM);
+    return;
+  }
+  Message r = reply_to(req, 0);
+  switch (req.header.op) {
+    case Op::kLinkOpen:
+    case Op::kLinkClose: {
+      auto body = req.as<hostif::LinkReq>();
+      if (!body) {
+        r.header.status = EINVAL;
+        break;
+      }
+      const std::string name = hostif::get_name(body->link);
+      std::string why;
+      int e = req.header.op == Op::kLinkOpen ? open_link(name, &why) : close_link(name);
+      r.header.status = e;
+      if (e && !why.empty()) {
+        hostif::TextResp t;
+        std::snprintf(t.text, sizeof(t.text), "%s", why.c_str());
+        r.set(t);
+      }
+      break;
+    }
+    case Op::kShutdown:
+      log("shutdown requested by pid %d", static_cast<int>(s.peer_pid()));
+      {
+        std::lock_guard lock(stop_mu_);
+        stop_.store(true);
+        stop_cv_.notify_all();
+      }
+      break;
+    case Op::kEngineInfo: {
+      hostif::EngineInfoResp info;
+      info.pid = static_cast<uint32_t>(getpid());
+      info.links = static_cast<uint32_t>(links_.size());
+      uint32_t contexts = 0;
+      for (auto& [sock, x] : sessions_) contexts += x->link() != nullptr;
+      info.sessions = contexts;
+      r.set(info);
+      break;
+    }
+    case Op::kSessionInfo: {
+      auto body = req.as<hostif::SessionInfoReq>();
+      if (!body) {
+        r.header.status = EINVAL;
+        break;
+      }
+      // Contexts only (administrators' connections are not devices), oldest socket first.
+      std::vector<Session*> list;
+      for (auto& [sock, x] : sessions_)
+        if (x->link()) list.push_back(x.get());
+      std::sort(list.begin(), list.end(), [](Session* a, Session* b) { return a->sock() < b->sock(); });
+      if (body->index >= list.size()) {
+        r.header.status = ENOENT;
+        break;
+      }
+      Session& x = *list[body->index];
+      hostif::SessionInfoResp info;
+      info.pid = static_cast<uint32_t>(x.peer_pid());
+      info.pds = x.counts.pds;
+      info.mrs = x.counts.mrs;
+      info.cqs = x.counts.cqs;
+      info.srqs = x.counts.srqs;
+      info.qps = x.counts.qps;
+      hostif::put_name(info.link, x.link()->cfg.name);
+      r.set(info);
+      break;
+    }
+    default:
+      r.header.status = EOPNOTSUPP;
+  }
+  *resp = std::move(r);
+}
+
+void HostEngine::serve(Session& s, Message& req, Message* resp) {
+  nic::Nic& nic = *s.link()->nic;
+  Message r = reply_to(req, 0);
+  auto done = [&](int status) {
+    r.header.status = status;
+    *resp = std::move(r);
+  };
+  switch (req.header.op) {
+    case Op::kAllocPd: {
+      hostif::PdResp p;
+      int e = 0;
+      on_datapath([&] { e = nic.alloc_pd(&s, &p.pd); });
+      if (!e) {
+        ++s.counts.pds;
+        r.set(p);
+      }
+      return done(e);
+    }
+    case Op::kDeallocPd: {
+      auto b = req.as<hostif::IdReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.dealloc_pd(&s, b->id); });
+      if (!e) --s.counts.pds;
+      return done(e);
+    }
+    case Op::kRegMr: {
+      auto b = req.as<hostif::RegMrReq>();
+      if (!b) return done(EINVAL);
+      constexpr unsigned kKnown = nic::kLocalWrite | nic::kRemoteWrite | nic::kRemoteRead |
+                                  nic::kRemoteAtomic | nic::kMwBind;
+      if (b->access & ~kKnown) return done(EINVAL);
+      hostif::RegMrResp m;
+      int e = 0;
+      on_datapath([&] { e = nic.reg_mr(&s, b->pd, b->addr, b->length, b->access, &m.lkey, &m.rkey); });
+      if (!e) {
+        ++s.counts.mrs;
+        r.set(m);
+      }
+      return done(e);
+    }
+    case Op::kDeregMr: {
+      auto b = req.as<hostif::IdReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.dereg_mr(&s, b->id); });
+      if (!e) --s.counts.mrs;
+      return done(e);
+    }
+    case Op::kCreateCq: {
+      auto b = req.as<hostif::CreateCqReq>();
+      if (!b || b->cqe < 1 || b->cqe > nic::kMaxCqe || req.fds.size() > 1 ||
+          (b->has_channel != 0) != (req.fds.size() == 1))
+        return done(EINVAL);
+      const hostif::CqLayout l = hostif::cq_layout(b->cqe);
+      Segment seg = Segment::create("metaroce-cq", l.bytes);
+      if (!seg.ok()) return done(ENOMEM);
+      hostif::init_cq(seg.base(), b->cqe);
+      hostif::CreateCqResp c;
+      int e = 0;
+      const int channel = b->has_channel ? req.fds[0] : -1;
+      on_datapath([&] {
+        e = nic.create_cq(&s, static_cast<hostif::CqHeader*>(seg.base()), b->handle,
+                          channel >= 0, &c.id);
+        if (!e && channel >= 0) s.set_channel(c.id, take_fd(req, 0));
+      });
+      if (e) return done(e);
+      c.bytes = l.bytes;
+      r.set(c);
+      r.fds.push_back(dup(seg.share(false)));
+      seg.close_fd();
+      s.keep_segment('c', c.id, std::move(seg));
+      ++s.counts.cqs;
+      return done(0);
+    }
+    case Op::kDestroyCq: {
+      auto b = req.as<hostif::IdReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] {
+        e = nic.destroy_cq(&s, b->id);
+        if (!e) s.drop_channel(b->id);
+      });
+      if (!e) {
+        s.drop_segment('c', b->id);
+        --s.counts.cqs;
+      }
+      return done(e);
+    }
+    case Op::kCreateSrq: {
+      auto b = req.as<hostif::CreateSrqReq>();
+      if (!b || b->max_wr < 1 || b->max_wr > nic::kMaxSrqWr || b->max_sge < 1 ||
+          b->max_sge > nic::kMaxSge)
+        return done(EINVAL);
+      const hostif::SrqLayout l = hostif::srq_layout(b->max_wr, b->max_sge);
+      Segment seg = Segment::create("metaroce-srq", l.bytes);
+      if (!seg.ok()) return done(ENOMEM);
+      hostif::init_srq(seg.base(), b->max_wr, b->max_sge);
+      hostif::CreateSrqResp c;
+      int e = 0;
+      on_datapath([&] {
+        e = nic.create_srq(&s, b->pd, static_cast<hostif::SrqHeader*>(seg.base()), b->handle, &c.id);
+      });
+      if (e) return done(e);
+      c.bytes = l.bytes;
+      r.set(c);
+      r.fds.push_back(dup(seg.share(false)));
+      seg.close_fd();
+      s.keep_segment('s', c.id, std::move(seg));
+      ++s.counts.srqs;
+      return done(0);
+    }
+    case Op::kDestroySrq: {
+      auto b = req.as<hostif::IdReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.destroy_srq(&s, b->id); });
+      if (!e) {
+        s.drop_segment('s', b->id);
+        --s.counts.srqs;
+      }
+      return done(e);
+    }
+    case Op::kCreateQp: {
+      auto b = req.as<hostif::CreateQpReq>();
+      if (!b) return done(EINVAL);
+      hostif::QpCaps caps = b->caps;
+      if (caps.max_send_wr > nic::kMaxQpWr || caps.max_recv_wr > nic::kMaxQpWr ||
+          caps.max_send_sge > nic::kMaxSge || caps.max_recv_sge > nic::kMaxSge ||
+          caps.max_inline > nic::kMaxInline)
+        return done(EINVAL);
+      caps.max_send_wr = std::max(caps.max_send_wr, 1u);
+      caps.max_recv_wr = std::max(caps.max_recv_wr, 1u);
+      const hostif::QpLayout l = hostif::qp_layout(caps);
+      Segment seg = Segment::create("metaroce-qp", l.bytes);
+      if (!seg.ok()) return done(ENOMEM);
+      hostif::init_qp(seg.base(), 0, b->type, caps);
+      hostif::CreateQpResp c;
+      int e = 0;
+      on_datapath([&] {
+        e = nic.create_qp(&s, *b, static_cast<hostif::QpHeader*>(seg.base()), &c.qpn);
+      });
+      if (e) return done(e);
+      c.bytes = l.bytes;
+      r.set(c);
+      r.fds.push_back(dup(seg.share(false)));
+      seg.close_fd();
+      s.keep_segment('q', c.qpn, std::move(seg));
+      ++s.counts.qps;
+      return done(0);
+    }
+    case Op::kModifyQp: {
+      auto b = req.as<hostif::ModifyQpReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.modify_qp(&s, *b); });
+      return done(e);
+    }
+    case Op::kDestroyQp: {
+      auto b = req.as<hostif::IdReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.destroy_qp(&s, b->id); });
+      if (!e) {
+        s.drop_segment('q', b->id);
+        --s.counts.qps;
+      }
+      return done(e);
+    }
+    default:
+      return done(EOPNOTSUPP);
+  }
+}
+
+}  // namespace metaroce::engine

@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: Apache-2.0
+// The MetaRoCE engine of a host (docs/design.md, "The engine"): one per run dir, as a NIC is one
+// per host. It owns the ports and the NIC of every link, runs them on a datapath thread with the
+// idle policy its user chose, and serves every process's driver contexts through the control
+// socket <run dir>/engine.sock and the shared rings of each object. metaroced runs it; tests
+// host it in-process with in-memory ports.
+//
+// Threads: the datapath thread alone touches the NICs and link layers; the control thread
+// accepts connections, checks and answers requests, opens and closes links, and notices
+// processes that exit. It hands every NIC operation to the datapath thread and waits for it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "datapath/engine/session.h"
+#include "datapath/engine/shm.h"
+#include "datapath/hostif/control.h"
+#include "datapath/io/port.h"
+#include "datapath/nic/link_layer.h"
+#include "datapath/nic/nic.h"
+#include "datapath/nic/telemetry_writer.h"
+
+namespace metaroce::engine {
+
+enum class SpinPolicy : uint8_t {
+  kAdaptive,  // spin a little after the last work, then nap in proportion to idleness
+  kAlways,    // never sleep: lowest latency, a whole core
+};
+
+using PortOpener = std::function<std::vector<std::unique_ptr<io::Port>>(const nic::LinkConfig&,
+                                                                         std::string* why)>;
+
+struct EngineOptions {
+  std::string rundir;             // links are <rundir>/sys/class/infiniband/*/metaroce.conf
+  std::vector<int> cores;         // CPUs of the datapath thread; empty: wherever it runs
+  SpinPolicy spin = SpinPolicy::kAdaptive;
+  transport::Time spin_before_sleep = std::chrono::microseconds(20);
+  // Longest nap while a link has queue pairs (frames are only seen when awake: memif has no
+  // receive interrupt in DPDK 22.11), and while none has any.
+  transport::Time max_nap = std::chrono::milliseconds(1);
+  transport::Time max_nap_unused = std::chrono::milliseconds(20);
+  bool hugepages = false;
+  PortOpener open_ports;          // default: the DPDK device strings of the record
+  bool open_recorded_links = true;  // at start, open every link recorded in the run dir
+};
+
+// One open link.
+struct Link {
+  nic::LinkConfig cfg;
+  std::unique_ptr<nic::Nic> nic;
+  std::unique_ptr<nic::LinkLayer> layer;
+  std::unique_ptr<nic::TelemetryWriter> telemetry;
+  transport::Time next_publish{};
+  std::atomic<uint32_t> sessions{0};
+};
+
+class HostEngine {
+ public:
+  explicit HostEngine(EngineOptions opt);
+  ~HostEngine();
+  HostEngine(const HostEngine&) = delete;
+  HostEngine& operator=(const HostEngine&) = delete;
+
+  // Takes the run dir (its lock and socket), opens the recorded links, starts both threads.
+  // False, with a one-line reason, when another engine holds the run dir or the socket cannot
+  // be made. A link that cannot be opened is logged and left closed.
+  bool start(std::string* why);
+  // Blocks until stop() or a kShutdown request.
+  void wait();
+  // Closes every session and link (goodbyes included) and stops the threads.
+  void stop();
+
+  // 0 or an errno; *why says what went wrong. Control thread (or before start()).
+  int open_link(const std::string& name, std::string* why);
+  int close_link(const std::string& name);
+
+  const std::string& socket_path() const { return socket_path_; }
+  size_t session_count() const;
+
+ private:
+  // Datapath thread.
+  void datapath_main();
+  void idle_wait(transport::Time now, transport::Time idle_for);
+  bool commands_pending() const { return cmd_pending_.load(std::memory_order_acquire); }
+  void run_commands();
+  // Runs fn on the datapath thread and waits for it (inline when that thread is not running).
+  void on_datapath(const std::function<void()>& fn);
+  void wake_datapath();
+  transport::Time now() const;
+
+  // Control thread.
+  void control_main();
+  void accept_one();
+  // One request of s and its answer; false when the session is to be dropped.
+  bool handle(Session& s);
+  // The answer to one request of s (NIC operations run on the datapath thread). An operation
+  // that keeps a descriptor of the request sets its entry to -1; the rest are closed after.
+  void serve(Session& s, hostif::Message& req, hostif::Message* resp);
+  void admin(Session& s, const hostif::Message& req, hostif::Message* resp);
+  void hello(Session& s, hostif::Message& req, hostif::Message* resp);
+  // Releases everything a session holds and forgets it.
+  void reclaim(int sock);
+  // False once engine.sock is no longer the socket this engine made.
+  bool run_dir_intact() const;
+  void watch(int fd, uint32_t events);
+  void unwatch(int fd);
+  std::unique_ptr<Link> make_link(const nic::LinkConfig& cfg, std::string* why);
+
+  const EngineOptions opt_;
+  std::string socket_path_;
+  ino_t socket_inode_ = 0;
+  int lock_fd_ = -1;
+  int listen_fd_ = -1;
+  int epoll_fd_ = -1;
+  int control_wake_fd_ = -1;  // eventfd: stop the control thread
+  int doorbell_fd_ = -1;      // eventfd: wake the datapath thread (drivers and commands)
+  Segment status_;            // hostif::StatusPage every driver maps read-only
+  hostif::StatusPage* status_page_ = nullptr;
+
+  // Links: the map is the control thread's; `active_` is the datapath thread's copy.
+  std::map<std::string, std::unique_ptr<Link>> links_;
+  std::vector<Link*> active_;
+
+  // Sessions by socket and by pidfd (control thread only).
+  std::unordered_map<int, std::unique_ptr<Session>> sessions_;
+  std::unordered_map<int, int> pidfds_;  // pidfd -> socket
+  mutable std::mutex sessions_mu_;       // session_count() from other threads
+
+  // Commands for the datapath thread.
+  std::mutex cmd_mu_;
+  std::condition_variable cmd_cv_;
+  std::deque<const std::function<void()>*> cmds_;
+  uint64_t cmd_done_ = 0, cmd_next_ = 0;
+  std::atomic<bool> cmd_pending_{false};
+
+  std::thread datapath_, control_;
+  std::atomic<bool> datapath_running_{false};
+  std::atomic<bool> stop_{false};
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stopped_ = false;
+  bool started_ = false;
+};
+
+}  // namespace metaroce::engine

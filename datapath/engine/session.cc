@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+// A driver context: its descriptors, its events.
+#include "datapath/engine/session.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace metaroce::engine {
+
+Session::Session(int sock, pid_t pid, uid_t uid)
+    : sock_(sock), pid_(pid), uid_(uid), memory_(pid) {}
+
+Session::~Session() {
+  for (auto& [id, fd] : channels_) close(fd);
+  if (async_fd_ >= 0) close(async_fd_);
+  if (pidfd_ >= 0) close(pidfd_);
+  close(sock_);
+}
+
+bool Session::attach(Link* link, int async_fd) {
+  // A pidfd becomes readable when the process exits, even if a child it forked keeps the
+  // socket open: that is when its objects are reclaimed.
+  const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
+  if (fd < 0) return false;
+  pidfd_ = fd;
+  link_ = link;
+  async_fd_ = async_fd;
+  // Events are written from the datapath thread, which must never block on a reader.
+  if (async_fd_ >= 0) fcntl(async_fd_, F_SETFL, fcntl(async_fd_, F_GETFL) | O_NONBLOCK);
+  return true;
+}
+
+void Session::async_event(uint64_t handle, hostif::AsyncEvent ev) {
+  if (async_fd_ < 0) return;
+  // struct ib_uverbs_async_event_desc, which ibv_get_async_event reads from the context's
+  // async_fd. A full pipe drops the event: the application is not reading them.
+  struct {
+    uint64_t element;
+    uint32_t event_type;
+    uint32_t reserved;
+  } desc{handle, static_cast<uint32_t>(ev), 0};
+  static_assert(sizeof(desc) == 16);
+  [[maybe_unused]] ssize_t n = write(async_fd_, &desc, sizeof(desc));
+}
+
+void Session::cq_event(uint32_t cq_id, uint64_t handle) {
+  auto it = channels_.find(cq_id);
+  if (it == channels_.end()) return;
+  // One struct ib_uverbs_comp_event_desc naming the CQ, as ibv_get_cq_event reads it. A full
+  // socket means the application ignores its events; an unread one is already waiting.
+  [[maybe_unused]] ssize_t n =
+      send(it->second, &handle, sizeof(handle), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+void Session::set_channel(uint32_t cq_id, int fd) {
+  drop_channel(cq_id);
+  channels_[cq_id] = fd;
+}
+
+void Session::drop_channel(uint32_t cq_id) {
+  auto it = channels_.find(cq_id);
+  if (it == channels_.end()) return;
+  close(it->second);
+  channels_.erase(it);
+}
+
+}  // namespace metaroce::engine

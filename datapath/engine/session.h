@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+// One driver context connected to the engine (an ibv_context of some process): the owner of
+// the NIC objects it creates, the address space they reach, where their events go, and the
+// shared segments of their rings.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "datapath/engine/process_memory.h"
+#include "datapath/engine/shm.h"
+#include "datapath/nic/nic.h"
+
+namespace metaroce::engine {
+
+struct Link;
+
+// Objects of each kind a session holds (kEngineInfo, tests of reclamation).
+struct ObjectCounts {
+  uint32_t pds = 0, mrs = 0, cqs = 0, srqs = 0, qps = 0;
+};
+
+class Session final : public nic::Owner {
+ public:
+  // sock: the accepted connection; pid, uid: its peer's credentials (SO_PEERCRED).
+  Session(int sock, pid_t pid, uid_t uid);
+  ~Session() override;  // closes every descriptor and unmaps every segment
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  int sock() const { return sock_; }
+  pid_t peer_pid() const { return pid_; }
+  uid_t uid() const { return uid_; }
+  int pidfd() const { return pidfd_; }
+  Link* link() const { return link_; }
+
+  // kHello accepted: the session now belongs to link, its events go to async_fd (taken).
+  // Opens a pidfd for the process; false (errno set) when it cannot.
+  bool attach(Link* link, int async_fd);
+
+  // nic::Owner (called on the datapath thread).
+  nic::Memory& memory() override { return memory_; }
+  void async_event(uint64_t handle, hostif::AsyncEvent ev) override;
+  void cq_event(uint32_t cq_id, uint64_t handle) override;
+  uint32_t pid() const override { return static_cast<uint32_t>(pid_); }
+
+  // The process exited: no more access to its memory (its pid may be reused).
+  void mark_gone() { memory_.mark_gone(); }
+
+  // Bookkeeping of the control thread: segments by object, channel fds by CQ (the latter read
+  // by cq_event on the datapath thread: changed only inside datapath commands).
+  void keep_segment(char kind, uint32_t id, Segment seg) { segments_[{kind, id}] = std::move(seg); }
+  void drop_segment(char kind, uint32_t id) { segments_.erase({kind, id}); }
+  void set_channel(uint32_t cq_id, int fd);  // takes fd
+  void drop_channel(uint32_t cq_id);
+  ObjectCounts counts;
+
+ private:
+  const int sock_;
+  const pid_t pid_;
+  const uid_t uid_;
+  int pidfd_ = -1;
+  int async_fd_ = -1;
+  Link* link_ = nullptr;
+  ProcessMemory memory_;
+  std::map<std::pair<char, uint32_t>, Segment> segments_;
+  std::unordered_map<uint32_t, int> channels_;
+};
+
+}  // namespace metaroce::engine

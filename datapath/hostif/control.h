@@ -1,0 +1,225 @@
+// SPDX-License-Identifier: Apache-2.0
+// The control protocol between a driver and the engine (docs/spec/verbs-mapping.md §9): one
+// SOCK_SEQPACKET connection per device context to <run dir>/engine.sock, strict request and
+// response, each message a Header followed by the operation's fixed-size body, descriptors in
+// SCM_RIGHTS. What travels here is rare (object creation, state changes); the data path is the
+// shared rings of queues.h. The engine checks the sender's credentials on every message
+// (SCM_CREDENTIALS: a driver sets SO_PASSCRED on its socket before connecting, so that they
+// travel even with what it sends before the engine accepted it) and every field of every body.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "datapath/hostif/queues.h"
+
+namespace metaroce::hostif {
+
+inline constexpr uint32_t kControlMagic = 0x4c43524d;  // "MRCL"
+inline constexpr uint16_t kControlVersion = 1;
+inline constexpr const char* kEngineSocket = "engine.sock";  // inside the run dir
+inline constexpr size_t kMaxMessage = 512;
+inline constexpr size_t kMaxFds = 4;
+
+enum class Op : uint16_t {
+  // A device context (any user).
+  kHello = 1,        // first message: which link; the engine answers with the device
+  kAllocPd = 2,
+  kDeallocPd = 3,
+  kRegMr = 4,
+  kDeregMr = 5,
+  kCreateCq = 6,     // + the completion channel's write end when it has one
+  kDestroyCq = 7,
+  kCreateSrq = 8,
+  kDestroySrq = 9,
+  kCreateQp = 10,
+  kModifyQp = 11,
+  kDestroyQp = 12,
+  kModifySrq = 13,
+  // Administration (uid 0 only): what `metaroce link` and `metaroce engine` ask.
+  kLinkOpen = 100,
+  kLinkClose = 101,
+  kShutdown = 102,
+  kEngineInfo = 103,
+  kSessionInfo = 104,  // the index-th context the engine serves, ENOENT past the last
+};
+
+struct Header {
+  uint32_t magic = kControlMagic;
+  uint16_t version = kControlVersion;
+  Op op = Op::kHello;
+  uint32_t seq = 0;     // echoed in the response
+  int32_t status = 0;   // response: 0 or a positive errno
+};
+static_assert(sizeof(Header) == 16);
+
+inline constexpr size_t kNameLen = 64;
+
+// kHello. Fds: the write end of the context's async event pipe.
+struct HelloReq {
+  uint32_t abi = kAbiVersion;
+  uint32_t reserved = 0;
+  char link[kNameLen] = {};
+};
+// Fds: the doorbell eventfd, the status page (read-only memfd).
+struct HelloResp {
+  uint32_t abi = kAbiVersion;
+  uint32_t ip = 0;            // the link's IPv4, host order
+  uint32_t link_mtu = 0;
+  uint32_t active_mtu = 0;    // largest verbs MTU the link carries, bytes
+  uint16_t paths = 0, planes = 0;
+  uint32_t max_qp_wr = 0, max_sge = 0, max_inline = 0, max_cqe = 0, max_srq_wr = 0;
+  uint32_t max_rd_atomic = 0;
+  uint32_t status_bytes = 0;
+  uint32_t engine_pid = 0;
+  uint32_t reserved[4] = {};
+};
+
+struct PdResp {
+  uint32_t pd = 0;
+  uint32_t reserved = 0;
+};
+struct IdReq {  // kDeallocPd, kDestroyCq, kDestroySrq, kDestroyQp, kDeregMr
+  uint32_t id = 0;
+  uint32_t reserved = 0;
+};
+
+struct RegMrReq {
+  uint32_t pd = 0;
+  uint32_t access = 0;  // ibv_access_flags
+  uint64_t addr = 0;
+  uint64_t length = 0;
+};
+struct RegMrResp {
+  uint32_t lkey = 0, rkey = 0;
+};
+
+// Fds (optional): the channel's event socket, where the engine writes `handle` per event.
+struct CreateCqReq {
+  uint32_t cqe = 0;
+  uint32_t has_channel = 0;
+  uint64_t handle = 0;  // the driver's name for the CQ in events (its ibv_cq's address)
+};
+// Fds: the CQ's segment.
+struct CreateCqResp {
+  uint32_t id = 0;
+  uint32_t bytes = 0;
+};
+
+struct CreateSrqReq {
+  uint32_t pd = 0, max_wr = 0, max_sge = 0, reserved = 0;
+  uint64_t handle = 0;  // element of its async events
+};
+struct CreateSrqResp {
+  uint32_t id = 0;
+  uint32_t bytes = 0;
+};
+struct ModifySrqReq {
+  uint32_t id = 0;
+  uint32_t limit = 0;
+};
+
+struct CreateQpReq {
+  uint32_t pd = 0, send_cq = 0, recv_cq = 0, srq = 0;  // srq 0: none
+  QpType type = QpType::kRc;
+  uint32_t sq_sig_all = 0;
+  QpCaps caps;
+  uint32_t reserved = 0;
+  uint64_t handle = 0;  // element of its async events (its ibv_qp's address)
+};
+struct CreateQpResp {
+  uint32_t qpn = 0;
+  uint32_t bytes = 0;
+};
+
+// Attributes of ibv_modify_qp the engine needs, already checked by the driver against verbs'
+// rules (and checked again for range by the engine).
+struct QpRemote {
+  uint32_t ip = 0;           // peer IPv4 (from the IPv4-mapped dgid), host order
+  uint32_t qpn = 0;          // dest_qp_num
+  uint32_t path_mtu = 4096;  // bytes
+  uint32_t rq_psn = 0, sq_psn = 0;
+  uint32_t qkey = 0;
+  uint8_t timeout = 14;      // 4.096 us * 2^timeout, 0 = infinite
+  uint8_t retry_cnt = 7;
+  uint8_t rnr_retry = 7;
+  uint8_t min_rnr_timer = 12;
+  uint8_t max_rd_atomic = 1;
+  uint8_t max_dest_rd_atomic = 1;
+  uint8_t reserved[2] = {};
+};
+enum ModifyFlag : uint32_t { kModState = 1, kModRemote = 2, kModAccess = 4 };
+struct ModifyQpReq {
+  uint32_t qpn = 0;
+  uint32_t what = 0;        // ModifyFlag
+  QpState state = QpState::kReset;
+  uint32_t access = 0;      // qp_access_flags
+  QpRemote remote;
+};
+
+// kLinkOpen / kLinkClose: a link recorded under the run dir.
+struct LinkReq {
+  char link[kNameLen] = {};
+};
+// kLinkOpen's answer (and kEngineInfo's per link): one line of reason on failure.
+struct TextResp {
+  char text[256] = {};
+};
+struct EngineInfoResp {
+  uint32_t pid = 0;
+  uint32_t links = 0;
+  uint32_t sessions = 0;
+  uint32_t reserved = 0;
+};
+struct SessionInfoReq {
+  uint32_t index = 0;
+  uint32_t reserved = 0;
+};
+struct SessionInfoResp {
+  uint32_t pid = 0;
+  uint32_t pds = 0, mrs = 0, cqs = 0, srqs = 0, qps = 0;
+  char link[kNameLen] = {};
+};
+
+// --- framing ---------------------------------------------------------------------------------
+
+// One message as it travels: header, body bytes, descriptors.
+struct Message {
+  Header header;
+  std::vector<uint8_t> body;
+  std::vector<int> fds;
+  uint32_t pid = 0, uid = 0;  // sender credentials (receiver side, when the socket passes them)
+
+  template <typename T>
+  std::optional<T> as() const {
+    if (body.size() != sizeof(T)) return std::nullopt;
+    T t;
+    std::memcpy(&t, body.data(), sizeof(T));
+    return t;
+  }
+  template <typename T>
+  void set(const T& t) {
+    body.resize(sizeof(T));
+    std::memcpy(body.data(), &t, sizeof(T));
+  }
+};
+
+// Sends one message (header + body + fds) with MSG_NOSIGNAL and `flags`; 0 or an errno.
+int send_message(int sock, const Message& m, int flags = 0);
+// Receives one message; 0, ECONNRESET when the peer closed, EBADMSG for a message that is
+// not one (bad magic, version, truncated, too many fds: received fds are closed), or an errno.
+// Credentials are filled when the socket has SO_PASSCRED set.
+int recv_message(int sock, Message* m);
+
+// Copies a name into a fixed field; false when it does not fit.
+bool put_name(char (&dst)[kNameLen], const std::string& name);
+std::string get_name(const char (&src)[kNameLen]);
+
+// Closes every descriptor of m (a message whose fds nobody takes).
+void close_fds(Message* m);
+
+}  // namespace metaroce::hostif

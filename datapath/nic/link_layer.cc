@@ -1,0 +1,305 @@
+// SPDX-License-Identifier: Apache-2.0
+// Framing, ARP, goodbye and loopback of a link; the pass that drives its NIC.
+#include "datapath/nic/link_layer.h"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "datapath/wire/frame.h"
+
+namespace metaroce::nic {
+
+using transport::Time;
+
+namespace {
+
+constexpr Time kArpRetry = std::chrono::milliseconds(10);
+constexpr uint32_t kL2L4Header = wire::kUdpFrameHeaderLen;
+// Link goodbye (docs/spec/link.md §4): a port about to close tells its peer to stop touching the
+// shared link first. DPDK 22.11's memif unmaps its rings from the interrupt thread when the peer
+// disconnects, even while another thread is inside rx/tx on them.
+constexpr uint16_t kGoodbyeEtherType = 0x88b5;  // IEEE local experimental
+constexpr uint8_t kGoodbye = 1, kGoodbyeAck = 2;
+constexpr uint32_t kGoodbyeFrameLen = 60;
+// Long enough for a peer whose engine is napping or descheduled on a loaded host to answer; the
+// close waits only until the answer comes (well under a millisecond when idle).
+constexpr auto kGoodbyeWait = std::chrono::milliseconds(500);
+constexpr Time kQuietMax = std::chrono::seconds(1);
+
+}  // namespace
+
+// Transmit sink: builds Ethernet/IPv4/UDP in front of what the engine writes, on a buffer of the
+// packet's plane. Frames wait in a batch per plane until flush(), when their payloads have been
+// read from application memory; a packet to our own address goes back into the NIC instead.
+class LinkLayer::Sink final : public FrameSink {
+ public:
+  explicit Sink(LinkLayer& link) : link_(link), batches_(link.planes_.size()) {}
+  ~Sink() override { drop_open(); }
+
+  std::span<uint8_t> begin(uint32_t max_len, uint8_t plane) override {
+    drop_open();
+    const uint32_t p = plane % link_.planes_.size();
+    if (!link_.planes_[p].port->alloc_tx(open_, max_len + kL2L4Header)) return {};
+    open_plane_ = p;
+    has_open_ = true;
+    return {open_.data + kL2L4Header, max_len};
+  }
+
+  void commit(uint32_t peer_ip, uint16_t udp_src_port, uint8_t /*plane*/, uint32_t len) override {
+    has_open_ = false;
+    Pending f{open_, peer_ip, udp_src_port};
+    Plane& pl = link_.planes_[open_plane_];
+    if (peer_ip != link_.cfg_.ip) {
+      if (pl.quiet) {
+        give_back(open_plane_, open_);  // the peer is closing that plane: as a loss
+        return;
+      }
+      auto known = pl.arp.find(peer_ip);
+      wire::UdpFrameParams a;
+      a.src_mac = pl.port->mac();
+      // Until ARP answers, broadcast: every link we run on is point to point or a fabric plane.
+      a.dst_mac = known != pl.arp.end() ? known->second : wire::kBroadcastMac;
+      a.src_ip = link_.cfg_.ip;
+      a.dst_ip = peer_ip;
+      a.src_port = udp_src_port;
+      a.dst_port = link_.cfg_.udp_port;
+      wire::write_udp_headers({f.frame.data, kL2L4Header}, a, len);
+    }
+    f.frame.len = kL2L4Header + len;
+    Batch& b = batches_[open_plane_];
+    b.frames.push_back(f);
+  }
+
+  void flush(std::span<uint8_t* const> bad) override {
+    drop_open();
+    for (size_t p = 0; p < batches_.size(); ++p) {
+      Batch& b = batches_[p];
+      if (b.frames.empty()) continue;
+      out_.clear();
+      for (Pending& f : b.frames) {
+        bool poisoned = false;
+        for (uint8_t* x : bad)
+          poisoned |= x >= f.frame.data && x < f.frame.data + f.frame.len;
+        if (poisoned) {
+          f.frame.len = 0;  // its payload could not be read: as a loss
+        } else if (f.peer_ip == link_.cfg_.ip) {
+          // Two QPs of this device talking to each other: the packet never leaves the NIC.
+          link_.loop_back(f.udp_src_port, {f.frame.data + kL2L4Header, f.frame.len - kL2L4Header});
+          f.frame.len = 0;
+        } else {
+          ++link_.counters_.tx_frames;
+        }
+        out_.push_back(f.frame);
+      }
+      link_.planes_[p].port->tx_burst(out_);
+      b.frames.clear();
+    }
+  }
+
+ private:
+  struct Pending {
+    io::TxFrame frame;
+    uint32_t peer_ip;
+    uint16_t udp_src_port;
+  };
+  struct Batch {
+    std::vector<Pending> frames;
+  };
+  void give_back(uint32_t plane, io::TxFrame f) {
+    f.len = 0;  // tx_burst frees a frame of length 0 unsent
+    link_.planes_[plane].port->tx_burst({&f, 1});
+  }
+  void drop_open() {
+    if (!has_open_) return;
+    has_open_ = false;
+    give_back(open_plane_, open_);
+  }
+
+  LinkLayer& link_;
+  std::vector<Batch> batches_;
+  std::vector<io::TxFrame> out_;
+  io::TxFrame open_;
+  uint32_t open_plane_ = 0;
+  bool has_open_ = false;
+};
+
+LinkLayer::LinkLayer(Nic& nic, std::vector<std::unique_ptr<io::Port>> ports, bool goodbye)
+    : nic_(nic), cfg_(nic.config()), goodbye_(goodbye) {
+  for (auto& p : ports) {
+    Plane pl;
+    pl.port = std::move(p);
+    planes_.push_back(std::move(pl));
+  }
+  sink_ = std::make_unique<Sink>(*this);
+}
+
+LinkLayer::~LinkLayer() {
+  sink_.reset();
+  if (goodbye_)
+    for (Plane& p : planes_) say_goodbye(p);
+}
+
+void LinkLayer::send_arp(Plane& pl, bool reply, uint32_t target_ip, const io::MacAddr& target_mac) {
+  io::TxFrame f;
+  if (!pl.port->alloc_tx(f, wire::kArpFrameLen)) return;
+  wire::ArpPacket arp;
+  arp.op = reply ? wire::ArpOp::kReply : wire::ArpOp::kRequest;
+  arp.sender_mac = pl.port->mac();
+  arp.sender_ip = cfg_.ip;
+  arp.target_mac = reply ? target_mac : io::MacAddr{};
+  arp.target_ip = target_ip;
+  f.len = static_cast<uint32_t>(wire::build_arp({f.data, f.capacity}, arp));
+  pl.port->tx_burst({&f, 1});
+  if (reply) counters_.arp_replies++;
+  else counters_.arp_requests++;
+}
+
+void LinkLayer::send_goodbye(Plane& pl, uint8_t kind) {
+  io::TxFrame f;
+  if (!pl.port->alloc_tx(f, kGoodbyeFrameLen)) return;
+  std::memset(f.data, 0, kGoodbyeFrameLen);
+  std::memcpy(f.data, wire::kBroadcastMac.data(), 6);
+  std::memcpy(f.data + 6, pl.port->mac().data(), 6);
+  f.data[12] = kGoodbyeEtherType >> 8;
+  f.data[13] = kGoodbyeEtherType & 0xff;
+  f.data[14] = kind;
+  f.len = kGoodbyeFrameLen;
+  pl.port->tx_burst({&f, 1});
+}
+
+std::optional<uint8_t> LinkLayer::goodbye_kind(const io::RxFrame& f) {
+  if (f.len < 15 || f.data[12] != (kGoodbyeEtherType >> 8) ||
+      f.data[13] != (kGoodbyeEtherType & 0xff))
+    return std::nullopt;
+  return f.data[14];
+}
+
+void LinkLayer::say_goodbye(Plane& pl) {
+  if (!pl.port->link_up()) return;
+  send_goodbye(pl, kGoodbye);
+  // Real time even under a test clock: this waits for another process (or for the other end
+  // of a link this engine also serves, which can no longer answer: it waits the full time only
+  // if that end is still open, and links close one after the other).
+  const auto deadline = std::chrono::steady_clock::now() + kGoodbyeWait;
+  io::RxFrame rx[kRxBurst];
+  while (std::chrono::steady_clock::now() < deadline) {
+    uint32_t n = pl.port->rx_burst(rx);
+    bool acked = false;
+    for (uint32_t i = 0; i < n; ++i) {
+      auto kind = goodbye_kind(rx[i]);
+      acked |= kind == kGoodbyeAck;
+      // Both ends closing at once: answer the other's goodbye too, or it waits its full time.
+      if (kind == kGoodbye) send_goodbye(pl, kGoodbyeAck);
+    }
+    pl.port->release({rx, n});
+    if (acked) return;
+    if (n == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void LinkLayer::handle_frame(Time t, Plane& pl, const io::RxFrame& f) {
+  counters_.rx_frames++;
+  if (auto kind = goodbye_kind(f)) {
+    if (*kind == kGoodbye) {
+      // The peer is closing its end: answer, then leave the link alone until it is back.
+      send_goodbye(pl, kGoodbyeAck);
+      pl.quiet = true;
+      pl.quiet_since = t;
+      pl.quiet_saw_down = false;
+    }
+    return;
+  }
+  const wire::FrameInfo p = wire::parse_frame({f.data, f.len}, cfg_.udp_port);
+  if (p.kind == wire::FrameKind::kMalformed) {
+    counters_.rx_drop_malformed++;
+    return;
+  }
+  const bool to_us = p.dst_mac == pl.port->mac() || p.dst_mac == wire::kBroadcastMac;
+  if (p.kind == wire::FrameKind::kArp) {
+    if (!to_us || p.arp.target_ip != cfg_.ip) {
+      counters_.rx_drop_not_ours++;
+      return;
+    }
+    pl.arp[p.arp.sender_ip] = p.arp.sender_mac;
+    if (p.arp.op == wire::ArpOp::kRequest) send_arp(pl, true, p.arp.sender_ip, p.arp.sender_mac);
+    return;
+  }
+  if (p.kind != wire::FrameKind::kMetaRoce || !to_us || p.dst_ip != cfg_.ip) {
+    counters_.rx_drop_not_ours++;
+    return;
+  }
+  // Every frame of ours teaches the peer's address, so ARP is rarely on the critical path.
+  if (!pl.arp.count(p.src_ip)) pl.arp[p.src_ip] = p.src_mac;
+  nic_.on_packet(t, p.src_ip, p.src_port, p.ecn == wire::Ecn::kCe, p.payload);
+}
+
+void LinkLayer::loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_payload) {
+  LoopPacket* p;
+  if (loop_free_.empty()) {
+    loop_pool_.push_back(std::make_unique<LoopPacket>());
+    p = loop_pool_.back().get();
+  } else {
+    p = loop_free_.back();
+    loop_free_.pop_back();
+  }
+  p->src_port = udp_src_port;
+  p->bytes.assign(udp_payload.begin(), udp_payload.end());
+  loop_queue_.push_back(p);
+}
+
+void LinkLayer::resolve(Time t) {
+  for (uint32_t ip : nic_.take_resolve_requests())
+    if (!planes_[0].arp.count(ip)) arp_asked_.try_emplace(ip, Time::min());
+  for (auto it = arp_asked_.begin(); it != arp_asked_.end();) {
+    if (planes_[0].arp.count(it->first)) {
+      it = arp_asked_.erase(it);
+      continue;
+    }
+    if (it->second == Time::min() || t - it->second >= kArpRetry) {
+      for (Plane& pl : planes_)
+        if (!pl.quiet) send_arp(pl, false, it->first, wire::kBroadcastMac);
+      it->second = t;
+    }
+    ++it;
+  }
+}
+
+bool LinkLayer::poll(Time t) {
+  bool work = false;
+  for (size_t i = 0; i < planes_.size(); ++i) {
+    Plane& pl = planes_[i];
+    pl.rx_n = 0;
+    if (pl.quiet) {
+      // Resume once the old peer is gone and a new one connected (or after kQuietMax).
+      const bool up = pl.port->link_up();
+      pl.quiet_saw_down |= !up;
+      if (up && (pl.quiet_saw_down || t - pl.quiet_since > kQuietMax)) pl.quiet = false;
+      if (pl.quiet) continue;
+    }
+    pl.rx_n = pl.port->rx_burst(pl.rx);
+    for (uint32_t k = 0; k < pl.rx_n; ++k) handle_frame(t, pl, pl.rx[k]);
+    work |= pl.rx_n != 0;
+  }
+  if (!loop_queue_.empty()) {
+    // Packets this device sent itself, delivered as if they had come back from the wire.
+    loop_batch_.swap(loop_queue_);
+    for (LoopPacket* p : loop_batch_) nic_.on_packet(t, cfg_.ip, p->src_port, false, p->bytes);
+    work = true;
+  }
+  // The frames' bytes are what the NIC writes into application memory: released after it did.
+  nic_.end_rx(t);
+  for (Plane& pl : planes_)
+    if (pl.rx_n) pl.port->release({pl.rx.data(), pl.rx_n});
+  for (LoopPacket* p : loop_batch_) loop_free_.push_back(p);
+  loop_batch_.clear();
+  resolve(t);
+  if (nic_.poll_tx(t, *sink_)) work = true;
+  return work;
+}
+
+int LinkLayer::rx_wait_fd() { return planes_.size() == 1 ? planes_[0].port->rx_wait_fd() : -1; }
+void LinkLayer::rx_arm() { planes_[0].port->rx_arm(); }
+void LinkLayer::rx_disarm() { planes_[0].port->rx_disarm(); }
+
+}  // namespace metaroce::nic

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+// The link layer of one MetaRoCE link (docs/spec/link.md): its ports, one per plane; Ethernet,
+// IPv4 and UDP framing; ARP; the goodbye exchange before a port closes; packets a device sends
+// to its own address. It drives the NIC core with what arrives and carries what the NIC sends.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "datapath/io/port.h"
+#include "datapath/nic/nic.h"
+#include "datapath/transport/engine.h"
+
+namespace metaroce::nic {
+
+struct LinkCounters {
+  uint64_t rx_frames = 0, tx_frames = 0, rx_drop_malformed = 0, rx_drop_not_ours = 0;
+  uint64_t arp_requests = 0, arp_replies = 0;
+};
+
+class LinkLayer {
+ public:
+  static constexpr uint32_t kRxBurst = 32;
+
+  // ports: one per plane, plane 0 first. goodbye: say goodbye when closing (tests of one
+  // process, whose peers are not polled meanwhile, do without).
+  LinkLayer(Nic& nic, std::vector<std::unique_ptr<io::Port>> ports, bool goodbye = true);
+  // Tells the peer of every plane goodbye (link.md §4) and waits for its answer.
+  ~LinkLayer();
+  LinkLayer(const LinkLayer&) = delete;
+  LinkLayer& operator=(const LinkLayer&) = delete;
+
+  // One pass: receive and place, then transmit. Returns true if it found work.
+  bool poll(transport::Time now);
+  size_t planes() const { return planes_.size(); }
+  const LinkCounters& counters() const { return counters_; }
+  Nic& nic() { return nic_; }
+  // A descriptor to sleep on for arriving frames (single-plane links whose port has one), -1
+  // otherwise; arm before sleeping on it, disarm after.
+  int rx_wait_fd();
+  void rx_arm();
+  void rx_disarm();
+
+ private:
+  class Sink;
+  // A port and what the link knows about the far side of it.
+  struct Plane {
+    std::unique_ptr<io::Port> port;
+    std::unordered_map<uint32_t, io::MacAddr> arp;  // peer IP -> MAC on this plane
+    // Set when the peer said goodbye: the port is not touched until the link comes back.
+    bool quiet = false;
+    bool quiet_saw_down = false;
+    transport::Time quiet_since{};
+    std::array<io::RxFrame, kRxBurst> rx;  // this pass's frames, held until the NIC placed them
+    uint32_t rx_n = 0;
+  };
+  // Packets to our own address, with buffers reused (no allocation once warm).
+  struct LoopPacket {
+    uint16_t src_port = 0;
+    std::vector<uint8_t> bytes;
+  };
+
+  void send_arp(Plane& pl, bool reply, uint32_t target_ip, const io::MacAddr& target_mac);
+  void send_goodbye(Plane& pl, uint8_t kind);
+  void say_goodbye(Plane& pl);
+  void handle_frame(transport::Time now, Plane& pl, const io::RxFrame& f);
+  static std::optional<uint8_t> goodbye_kind(const io::RxFrame& f);
+  void loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_payload);
+  void resolve(transport::Time now);
+
+  Nic& nic_;
+  const LinkConfig& cfg_;
+  const bool goodbye_;
+  std::vector<Plane> planes_;
+  std::unique_ptr<Sink> sink_;
+  std::vector<std::unique_ptr<LoopPacket>> loop_pool_;
+  std::vector<LoopPacket*> loop_free_;
+  std::vector<LoopPacket*> loop_queue_;
+  std::vector<LoopPacket*> loop_batch_;
+  // ARP requests in flight (sent on every plane), by peer IP.
+  std::unordered_map<uint32_t, transport::Time> arp_asked_;
+  LinkCounters counters_;
+};
+
+}  // namespace metaroce::nic

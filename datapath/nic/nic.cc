@@ -1,0 +1,499 @@
+// SPDX-License-Identifier: Apache-2.0
+// The NIC core of one link: object tables, the transport host callbacks, batched access to
+// application memory, and the order of a pass (placement, then completions).
+#include "datapath/nic/nic.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "datapath/wire/frame.h"
+#include "datapath/wire/mrh.h"
+
+namespace metaroce::nic {
+
+using transport::Syndrome;
+using transport::Time;
+
+namespace {
+
+constexpr uint64_t kReadRespTag = uint64_t{1} << 63;
+constexpr uint32_t kEnginePathWindow = 64;       // packets: the transport's per-path maximum
+constexpr uint32_t kEngineConnWindowMax = 4096;  // packets: 16 MiB in flight at 4 KiB
+constexpr uint32_t kScratchBlock = 16384;
+constexpr uint64_t kPage = 4096;
+// What a data packet adds to its payload inside the link MTU (an IP packet size).
+constexpr uint32_t kFrameOverhead =
+    wire::kIpv4HeaderLen + wire::kUdpHeaderLen + wire::kDataHeadersLen;
+// Room the engine may ask for beyond the payload: the largest of a data and an ACK/NAK packet.
+constexpr uint32_t kTransportHeaderRoom =
+    std::max<uint32_t>(wire::kDataHeadersLen,
+                       wire::kAckHeadersLen + wire::kMaxNakRecords * wire::kNakRecordLen);
+
+}  // namespace
+
+uint32_t verbs_mtu_for(uint32_t link_mtu) {
+  uint32_t room = link_mtu > kFrameOverhead ? link_mtu - kFrameOverhead : 0;
+  for (uint32_t m = 4096; m >= 256; m /= 2)
+    if (m <= room) return m;
+  return 256;
+}
+
+uint32_t max_transport_packet(uint32_t link_mtu) {
+  return verbs_mtu_for(link_mtu) + kTransportHeaderRoom;
+}
+
+NicConfig nic_config(const LinkConfig& link, uint64_t seed) {
+  NicConfig c;
+  c.link = link;
+  transport::EngineConfig& e = c.engine;
+  e.local_ip = link.ip;
+  e.num_paths = link.paths;
+  e.num_planes = static_cast<uint8_t>(std::max<uint16_t>(link.planes, 1));
+  e.mtu_payload = verbs_mtu_for(link.mtu);
+  e.max_packet = max_transport_packet(link.mtu);
+  // Windows start full (congestion.md §2.1: the initial window is one BDP, no slow start). A
+  // software NIC's RTT is scheduling-bound, tens of microseconds to milliseconds on these
+  // 2-core machines, so one BDP at tens of Gbit/s is thousands of packets: every path's full
+  // window. ECN marks and the receiver's hints bring them down where the fabric needs it.
+  e.path_window_init = kEnginePathWindow;
+  e.conn_window_max = std::min<uint32_t>(uint32_t{link.paths} * kEnginePathWindow, kEngineConnWindowMax);
+  e.conn_window_init = e.conn_window_max;
+  e.rx_capacity_mbps = link.rx_capacity_mbps;
+  e.seed = seed;
+  return c;
+}
+
+Nic::Nic(const NicConfig& cfg)
+    : cfg_(cfg), active_mtu_(verbs_mtu_for(cfg.link.mtu)),
+      engine_(transport::Engine::create(cfg.engine, *this)),
+      next_qpn_(0x100 + static_cast<uint32_t>(cfg.engine.seed % 0x1000)) {}
+
+Nic::~Nic() = default;
+
+// --- objects ---------------------------------------------------------------------------------
+
+bool Nic::pd_of(Owner* o, uint32_t pd) const {
+  auto it = pds_.find(pd);
+  return it != pds_.end() && it->second == o;
+}
+
+CompletionQueue* Nic::cq_of(Owner* o, uint32_t id) {
+  auto it = cqs_.find(id);
+  return it != cqs_.end() && it->second->owner() == o ? it->second.get() : nullptr;
+}
+
+SharedReceiveQueue* Nic::srq_of(Owner* o, uint32_t id) {
+  auto it = srqs_.find(id);
+  return it != srqs_.end() && it->second->owner() == o ? it->second.get() : nullptr;
+}
+
+QueuePair* Nic::qp_of(uint32_t qpn) {
+  auto it = qps_.find(qpn);
+  return it == qps_.end() ? nullptr : it->second.get();
+}
+
+const QueuePair* Nic::find_qp(uint32_t qpn) const {
+  auto it = qps_.find(qpn);
+  return it == qps_.end() ? nullptr : it->second.get();
+}
+
+int Nic::alloc_pd(Owner* o, uint32_t* pd) {
+  if (pds_.size() >= kMaxPds) return ENOMEM;
+  while (next_pd_ == 0 || pds_.count(next_pd_)) ++next_pd_;
+  *pd = next_pd_++;
+  pds_[*pd] = o;
+  return 0;
+}
+
+int Nic::dealloc_pd(Owner* o, uint32_t pd) {
+  if (!pd_of(o, pd)) return EINVAL;
+  for (const auto& [qpn, qp] : qps_)
+    if (qp->init().pd == pd) return EBUSY;
+  for (const auto& [id, srq] : srqs_)
+    if (srq->pd() == pd) return EBUSY;
+  for (uint32_t key : mrs_.keys_of(o))
+    if (mrs_.find(key)->pd == pd) return EBUSY;
+  pds_.erase(pd);
+  return 0;
+}
+
+int Nic::reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, unsigned int access,
+                uint32_t* lkey, uint32_t* rkey) {
+  if (!pd_of(o, pd) || length == 0 || length > kMaxMrSize || addr + length < addr) return EINVAL;
+  const uint32_t key = mrs_.add(pd, addr, length, access, &o->memory(), o);
+  if (key == 0) return ENOMEM;
+  *lkey = *rkey = key;
+  return 0;
+}
+
+int Nic::dereg_mr(Owner* o, uint32_t lkey) {
+  if (!mrs_.find(lkey, o)) return EINVAL;
+  mrs_.remove(lkey);
+  return 0;
+}
+
+int Nic::create_cq(Owner* o, hostif::CqHeader* ring, uint64_t handle, bool channel, uint32_t* id) {
+  if (cqs_.size() >= kMaxCqs) return ENOMEM;
+  while (next_cq_ == 0 || cqs_.count(next_cq_)) ++next_cq_;
+  *id = next_cq_++;
+  cqs_[*id] = std::make_unique<CompletionQueue>(*id, o, ring, handle, channel);
+  return 0;
+}
+
+int Nic::destroy_cq(Owner* o, uint32_t id) {
+  CompletionQueue* cq = cq_of(o, id);
+  if (!cq) return EINVAL;
+  if (cq->users > 0) return EBUSY;
+  std::erase(dirty_cqs_, cq);
+  cqs_.erase(id);
+  return 0;
+}
+
+int Nic::create_srq(Owner* o, uint32_t pd, hostif::SrqHeader* ring, uint64_t handle,
+                    uint32_t* id) {
+  if (!pd_of(o, pd)) return EINVAL;
+  if (srqs_.size() >= kMaxSrqs) return ENOMEM;
+  while (next_srq_ == 0 || srqs_.count(next_srq_)) ++next_srq_;
+  *id = next_srq_++;
+  srqs_[*id] = std::make_unique<SharedReceiveQueue>(*id, o, pd, ring, handle);
+  return 0;
+}
+
+int Nic::destroy_srq(Owner* o, uint32_t id) {
+  SharedReceiveQueue* srq = srq_of(o, id);
+  if (!srq) return EINVAL;
+  if (srq->users > 0) return EBUSY;
+  srqs_.erase(id);
+  return 0;
+}
+
+int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* ring,
+                   uint32_t* qpn) {
+  QpInit init;
+  init.owner = o;
+  init.pd = req.pd;
+  init.send_cq = cq_of(o, req.send_cq);
+  init.recv_cq = cq_of(o, req.recv_cq);
+  init.srq = req.srq ? srq_of(o, req.srq) : nullptr;
+  init.type = req.type;
+  init.sq_sig_all = req.sq_sig_all != 0;
+  init.handle = req.handle;
+  if (!pd_of(o, req.pd) || !init.send_cq || !init.recv_cq || (req.srq && !init.srq) ||
+      (req.type != QpType::kRc && req.type != QpType::kUd))
+    return EINVAL;
+  if (qps_.size() >= kMaxQps) return ENOMEM;
+  uint32_t n;
+  do {
+    n = next_qpn_++ & 0xffffff;
+  } while (n < 2 || qps_.count(n));
+  ring->qpn = n;
+  auto qp = std::make_unique<QueuePair>(*this, n, init, ring);
+  init.send_cq->users++;
+  init.recv_cq->users++;
+  if (init.srq) init.srq->users++;
+  qp_list_.push_back(qp.get());
+  qps_.emplace(n, std::move(qp));
+  *qpn = n;
+  return 0;
+}
+
+int Nic::modify_qp(Owner* o, const hostif::ModifyQpReq& req) {
+  QueuePair* qp = qp_of(req.qpn);
+  if (!qp || qp->init().owner != o) return EINVAL;
+  if ((req.what & hostif::kModState) && static_cast<uint32_t>(req.state) > static_cast<uint32_t>(QpState::kErr))
+    return EINVAL;
+  if (req.what & hostif::kModAccess) qp->set_access(req.access);
+  if (req.what & hostif::kModRemote) qp->set_remote(req.remote);
+  if (req.what & hostif::kModState) qp->set_state(req.state);
+  publish_completions();  // a move to ERR flushes at once
+  return 0;
+}
+
+void Nic::forget_stream(uint32_t qpn) {
+  engine_->drop_stream(qpn);
+  // The transport drops their messages without callbacks; their answers are gone with them.
+  std::erase_if(reads_pending_, [qpn](const auto& r) { return r.second.qpn == qpn; });
+}
+
+void Nic::destroy_qp_now(QueuePair* qp) {
+  forget_stream(qp->qpn());
+  qp->init().send_cq->users--;
+  qp->init().recv_cq->users--;
+  if (SharedReceiveQueue* srq = qp->init().srq) srq->users--;
+  std::erase(qp_list_, qp);
+  qps_.erase(qp->qpn());
+}
+
+int Nic::destroy_qp(Owner* o, uint32_t qpn) {
+  QueuePair* qp = qp_of(qpn);
+  if (!qp || qp->init().owner != o) return EINVAL;
+  // Its staged completions stay: the CQ outlives it, and they describe finished work.
+  destroy_qp_now(qp);
+  return 0;
+}
+
+void Nic::release(Owner* o) {
+  std::vector<QueuePair*> mine;
+  for (QueuePair* qp : qp_list_)
+    if (qp->init().owner == o) mine.push_back(qp);
+  for (QueuePair* qp : mine) destroy_qp_now(qp);
+  for (auto it = srqs_.begin(); it != srqs_.end();)
+    it = it->second->owner() == o ? srqs_.erase(it) : std::next(it);
+  for (auto it = cqs_.begin(); it != cqs_.end();) {
+    if (it->second->owner() == o) {
+      std::erase(dirty_cqs_, it->second.get());
+      it = cqs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (uint32_t key : mrs_.keys_of(o)) mrs_.remove(key);
+  std::erase_if(pds_, [o](const auto& p) { return p.second == o; });
+  // Answers to its READs that were still to be sent read memory that is no longer its.
+  for (auto& [cookie, rr] : reads_pending_)
+    if (rr.mem == &o->memory()) rr.failed = true;
+}
+
+bool Nic::owns_anything(const Owner* o) const {
+  for (const auto& [pd, owner] : pds_)
+    if (owner == o) return true;
+  for (const auto& [id, cq] : cqs_)
+    if (cq->owner() == o) return true;
+  return false;
+}
+
+// --- memory ----------------------------------------------------------------------------------
+
+uint32_t Nic::add_origin(uint64_t cookie, const transport::Segment* seg) {
+  Origin o;
+  o.cookie = cookie;
+  if (seg) {
+    o.rx = seg->ref;
+    o.has_rx = true;
+  }
+  origins_.push_back(o);
+  return static_cast<uint32_t>(origins_.size() - 1);
+}
+
+void Nic::queue_write(Memory* m, uint64_t addr, std::span<const uint8_t> data, uint32_t qpn,
+                      uint32_t msn) {
+  const uint32_t origin = add_origin(cookie(qpn, msn), current_);
+  writes_.add_write(m, addr, data.data(), static_cast<uint32_t>(data.size()), origin);
+}
+
+void Nic::queue_read(Memory* m, uint64_t addr, std::span<uint8_t> out, uint32_t qpn, uint32_t msn) {
+  reads_.add(m, {addr, out.data(), static_cast<uint32_t>(out.size())}, add_origin(cookie(qpn, msn), nullptr));
+}
+
+uint8_t* Nic::scratch(uint32_t n) {
+  if (scratch_blocks_.empty() || scratch_used_ + n > kScratchBlock) {
+    scratch_blocks_.push_back(std::make_unique<uint8_t[]>(std::max(n, kScratchBlock)));
+    scratch_used_ = 0;
+  }
+  uint8_t* p = scratch_blocks_.back().get() + scratch_used_;
+  scratch_used_ += n;
+  return p;
+}
+
+void Nic::flush_writes() {
+  writes_.flush(false, [this](uint32_t origin, uint8_t*) { failed_.push_back(origin); });
+}
+
+void Nic::queue_read_response(const transport::MessageDesc& msg, Memory* mem, uint64_t addr,
+                              const transport::Segment* request) {
+  transport::MessageDesc m = msg;
+  m.cookie = kReadRespTag | next_read_id_++;
+  reads_pending_[m.cookie] = ReadResponse{mem, addr, m.length, m.src_stream, false};
+  pending_reads_.push_back(m);
+  if (mem && request && m.length) {
+    const uint32_t origin = add_origin(m.cookie, request);
+    for (uint64_t page = addr & ~(kPage - 1); page < addr + m.length; page += kPage)
+      probes_.add(mem, {std::max(page, addr), &probe_byte_, 1}, origin);
+  }
+}
+
+void Nic::access_failed(const Origin& o) {
+  ++counters_.memory_faults;
+  if (o.has_rx) engine_->reject(o.rx, Syndrome::kRemoteAccess);
+  if (o.cookie & kReadRespTag) {
+    read_failed(o.cookie);
+    return;
+  }
+  if (QueuePair* qp = qp_of(static_cast<uint32_t>(o.cookie >> 32)))
+    qp->placement_failed(static_cast<uint32_t>(o.cookie));
+}
+
+// A READ's answer cannot be read from the region: it is not sent, and its QP fails as on a
+// remote access error (the requester learns from the NAK of its request, or from the missing
+// answer if the request was already acknowledged).
+void Nic::read_failed(uint64_t cookie) {
+  auto it = reads_pending_.find(cookie);
+  if (it == reads_pending_.end()) return;
+  it->second.failed = true;
+}
+
+void Nic::note_dirty(CompletionQueue* cq) {
+  if (std::find(dirty_cqs_.begin(), dirty_cqs_.end(), cq) == dirty_cqs_.end())
+    dirty_cqs_.push_back(cq);
+}
+
+void Nic::publish_completions() {
+  for (CompletionQueue* cq : dirty_cqs_) {
+    if (cq->publish()) cq->owner()->cq_event(cq->id(), cq->handle());
+    if (cq->take_overflow_report())
+      cq->owner()->async_event(cq->handle(), hostif::AsyncEvent::kCqErr);
+  }
+  dirty_cqs_.clear();
+}
+
+void Nic::want_resolve(uint32_t ip) {
+  if (ip == 0 || ip == cfg_.link.ip) return;
+  if (std::find(resolve_.begin(), resolve_.end(), ip) == resolve_.end()) resolve_.push_back(ip);
+}
+
+std::vector<uint32_t> Nic::take_resolve_requests() {
+  std::vector<uint32_t> out;
+  out.swap(resolve_);
+  return out;
+}
+
+// --- transport::Host ---------------------------------------------------------------------------
+
+void Nic::gather(uint64_t c, uint32_t offset, std::span<uint8_t> out) {
+  if (c & kReadRespTag) {
+    auto it = reads_pending_.find(c);
+    if (it == reads_pending_.end() || it->second.failed) {
+      std::memset(out.data(), 0, out.size());
+      failed_reads_.push_back(out.data());  // not sent: the message is being abandoned
+      return;
+    }
+    const ReadResponse& rr = it->second;
+    if (!rr.mem) {
+      std::memcpy(out.data(), reinterpret_cast<const uint8_t*>(rr.addr) + offset, out.size());
+      return;
+    }
+    reads_.add(rr.mem, {rr.addr + offset, out.data(), static_cast<uint32_t>(out.size())},
+               add_origin(c, nullptr));
+    return;
+  }
+  if (QueuePair* qp = qp_of(static_cast<uint32_t>(c >> 32)))
+    qp->gather(static_cast<uint32_t>(c), offset, out);
+  else
+    std::memset(out.data(), 0, out.size());
+}
+
+Syndrome Nic::deliver(const transport::Segment& seg) {
+  QueuePair* qp = qp_of(seg.dst_stream);
+  // No such QP (destroyed, or never made): drop as a NIC does, without answering; a peer whose
+  // QP still sends to it runs out of retries (IBV_WC_RETRY_EXC_ERR), as on RC hardware.
+  if (!qp) return Syndrome::kUnreachable;
+  current_ = &seg;
+  const Syndrome s = qp->deliver(seg);
+  current_ = nullptr;
+  if (s == Syndrome::kRnr) counters_.rnr++;
+  else if (s != Syndrome::kOk && s != Syndrome::kUnreachable) counters_.naks_access++;
+  return s;
+}
+
+void Nic::message_acked(uint64_t c) {
+  if (c & kReadRespTag) {
+    reads_pending_.erase(c);
+    return;
+  }
+  if (QueuePair* qp = qp_of(static_cast<uint32_t>(c >> 32)))
+    qp->on_message_acked(static_cast<uint32_t>(c));
+}
+
+void Nic::message_failed(uint64_t c, Syndrome why) {
+  if (c & kReadRespTag) {
+    reads_pending_.erase(c);
+    return;
+  }
+  if (QueuePair* qp = qp_of(static_cast<uint32_t>(c >> 32)))
+    qp->on_message_failed(static_cast<uint32_t>(c), why);
+}
+
+// --- the pass ----------------------------------------------------------------------------------
+
+void Nic::on_packet(Time now, uint32_t src_ip, uint16_t src_port, bool ecn_ce,
+                    std::span<const uint8_t> udp_payload) {
+  now_ = now;
+  ++counters_.rx_packets;
+  engine_->on_packet(now, src_ip, src_port, ecn_ce, udp_payload);
+}
+
+void Nic::end_rx(Time now) {
+  now_ = now;
+  // Data first, then what announces it: placement, the READ probes, then the completions.
+  flush_writes();
+  probes_.flush(true, [this](uint32_t origin, uint8_t*) { failed_.push_back(origin); });
+  for (uint32_t o : failed_) access_failed(origins_[o]);
+  failed_.clear();
+  for (const transport::MessageDesc& m : pending_reads_) {
+    auto it = reads_pending_.find(m.cookie);
+    if (it == reads_pending_.end()) continue;
+    if (it->second.failed) {
+      reads_pending_.erase(it);
+      if (QueuePair* qp = qp_of(m.src_stream)) qp->placement_failed(m.msn);
+      continue;
+    }
+    engine_->submit(m);
+  }
+  pending_reads_.clear();
+  publish_completions();
+  origins_.clear();
+  if (scratch_blocks_.size() > 1) scratch_blocks_.erase(scratch_blocks_.begin(), scratch_blocks_.end() - 1);
+  scratch_used_ = 0;
+}
+
+bool Nic::poll_tx(Time now, FrameSink& sink) {
+  now_ = now;
+  bool work = false;
+  for (size_t i = 0; i < qp_list_.size(); ++i) {
+    QueuePair* qp = qp_list_[i];
+    work |= qp->drain();
+    qp->check_responses(now);
+  }
+  if (engine_->next_deadline() <= now) engine_->on_timer(now);
+  if (engine_->poll_tx(now, sink) > 0) work = true;
+  // Payloads are read into the buffers before they leave; a buffer whose read failed does not.
+  reads_.flush(true, [this](uint32_t origin, uint8_t* local) {
+    failed_reads_.push_back(local);
+    failed_.push_back(origin);
+  });
+  sink.flush(failed_reads_);
+  failed_reads_.clear();
+  for (uint32_t o : failed_) {
+    const Origin& org = origins_[o];
+    ++counters_.memory_faults;
+    if (org.cookie & kReadRespTag) {
+      // The region's memory went away after the READ was probed: the answer is abandoned with
+      // its QP (the requester's READ times out).
+      auto it = reads_pending_.find(org.cookie);
+      if (it != reads_pending_.end() && !it->second.failed) {
+        it->second.failed = true;
+        if (QueuePair* qp = qp_of(it->second.qpn)) qp->placement_failed(0);
+      }
+      continue;
+    }
+    if (QueuePair* qp = qp_of(static_cast<uint32_t>(org.cookie >> 32)))
+      qp->gather_failed(static_cast<uint32_t>(org.cookie));
+  }
+  failed_.clear();
+  origins_.clear();
+  publish_completions();
+  return work;
+}
+
+bool Nic::has_new_work() const {
+  for (const QueuePair* qp : qp_list_)
+    if (qp->has_new_work()) return true;
+  return false;
+}
+
+Time Nic::next_deadline() const { return engine_->next_deadline(); }
+
+}  // namespace metaroce::nic

@@ -1,0 +1,239 @@
+// SPDX-License-Identifier: Apache-2.0
+// The software NIC's core for one link (docs/design.md, "The engine"): verbs objects (protection
+// domains, memory regions, completion queues, shared receive queues, queue pairs) on rings
+// shared with their drivers, the transport host that places data at its final address, and the
+// link's one transport engine, so every QP to a peer device is a stream of one connection.
+//
+// Single-threaded and free of DPDK, verbs headers and threads: the runner drives it with
+// packets (from the link layer), doorbells (new WQEs in the rings) and a clock, and it reaches
+// application memory only through each owner's Memory. Every object belongs to an Owner (a
+// driver's context); an owner names only its own objects, and reaches other owners' memory
+// only through rkeys, as RDMA allows.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "datapath/hostif/control.h"
+#include "datapath/hostif/queues.h"
+#include "datapath/nic/access_batch.h"
+#include "datapath/nic/completion_queue.h"
+#include "datapath/nic/link_config.h"
+#include "datapath/nic/memory.h"
+#include "datapath/nic/mr_table.h"
+#include "datapath/nic/queue_pair.h"
+#include "datapath/nic/shared_receive_queue.h"
+#include "datapath/transport/engine.h"
+
+namespace metaroce::nic {
+
+inline constexpr uint32_t kMaxSge = hostif::kMaxSge;
+inline constexpr uint32_t kMaxInline = hostif::kMaxInline;
+inline constexpr uint32_t kMaxQpWr = hostif::kMaxQpWr;
+inline constexpr uint32_t kMaxCqe = hostif::kMaxCqe;
+inline constexpr uint32_t kMaxSrqWr = hostif::kMaxSrqWr;
+inline constexpr uint32_t kMaxMrSize = hostif::kMaxMrSize;
+inline constexpr uint32_t kMaxRdAtomic = hostif::kMaxRdAtomic;
+inline constexpr uint32_t kAtomicSize = hostif::kAtomicSize;
+inline constexpr uint32_t kGrhLen = 40;       // what a UD receive buffer holds before the payload
+inline constexpr uint32_t kMaxQps = hostif::kMaxQps;
+inline constexpr uint32_t kMaxCqs = hostif::kMaxCqs;
+inline constexpr uint32_t kMaxSrqs = hostif::kMaxSrqs;
+inline constexpr uint32_t kMaxPds = hostif::kMaxPds;
+
+// ibv_access_flags values the NIC looks at.
+enum AccessFlag : unsigned {
+  kLocalWrite = 1,
+  kRemoteWrite = 2,
+  kRemoteRead = 4,
+  kRemoteAtomic = 8,
+  kMwBind = 16,  // accepted and recorded; there are no memory windows yet
+};
+
+// Who created an object: a driver context (a process's ibv_context), or a test.
+class Owner {
+ public:
+  virtual ~Owner() = default;
+  // The address space its memory regions lie in.
+  virtual Memory& memory() = 0;
+  // An asynchronous event for the object the driver calls `handle` (ibv_get_async_event).
+  virtual void async_event(uint64_t handle, hostif::AsyncEvent ev) = 0;
+  // A completion event on CQ `cq_id`, created with a channel (ibv_get_cq_event).
+  virtual void cq_event(uint32_t cq_id, uint64_t handle) = 0;
+  // The process it belongs to (telemetry), 0 for none.
+  virtual uint32_t pid() const = 0;
+};
+
+struct NicCounters {
+  uint64_t rx_packets = 0;
+  uint64_t naks_access = 0, rnr = 0;
+  uint64_t memory_faults = 0;  // application memory that could not be read or written
+};
+
+struct NicConfig {
+  LinkConfig link;
+  transport::EngineConfig engine;  // local_ip, paths, planes, sizes: see nic_config()
+};
+// The NIC of a link as the engine runs it: windows, packet sizes and paths from the record.
+NicConfig nic_config(const LinkConfig& link, uint64_t seed);
+// The largest verbs MTU (256..4096) whose packets fit a link of link_mtu bytes with every header.
+uint32_t verbs_mtu_for(uint32_t link_mtu);
+// What the engine may ask a transmit buffer to hold beyond a packet's payload.
+uint32_t max_transport_packet(uint32_t link_mtu);
+
+// Where the transport's packets go: the link layer, which puts Ethernet/IP/UDP in front.
+class FrameSink : public transport::TxSink {
+ public:
+  // Sends what was committed since the last flush. A packet whose payload could not be read
+  // (its buffer contains one of `bad`) is dropped instead, as a loss the transport recovers.
+  virtual void flush(std::span<uint8_t* const> bad) = 0;
+};
+
+class Nic final : private transport::Host {
+ public:
+  explicit Nic(const NicConfig& cfg);
+  ~Nic() override;
+  Nic(const Nic&) = delete;
+  Nic& operator=(const Nic&) = delete;
+
+  const LinkConfig& config() const { return cfg_.link; }
+  uint32_t active_mtu() const { return active_mtu_; }
+
+  // --- objects: 0 or an errno (EINVAL: not one of the owner's; EBUSY: still in use) ----------
+  int alloc_pd(Owner* o, uint32_t* pd);
+  int dealloc_pd(Owner* o, uint32_t pd);
+  int reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, unsigned int access,
+             uint32_t* lkey, uint32_t* rkey);
+  int dereg_mr(Owner* o, uint32_t lkey);
+  // ring: a segment formatted by hostif::init_cq; the NIC uses it until destroy_cq.
+  int create_cq(Owner* o, hostif::CqHeader* ring, uint64_t handle, bool channel, uint32_t* id);
+  int destroy_cq(Owner* o, uint32_t id);
+  int create_srq(Owner* o, uint32_t pd, hostif::SrqHeader* ring, uint64_t handle, uint32_t* id);
+  int destroy_srq(Owner* o, uint32_t id);
+  // ring: a segment formatted by hostif::init_qp (qpn 0); the NIC writes the QP number it
+  // chooses into the header and *qpn.
+  int create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* ring, uint32_t* qpn);
+  int modify_qp(Owner* o, const hostif::ModifyQpReq& req);
+  int destroy_qp(Owner* o, uint32_t qpn);
+  // Destroys every object of o, users first (its process is gone or closed the device).
+  void release(Owner* o);
+  bool owns_anything(const Owner* o) const;
+
+  // --- datapath (the runner's thread) ------------------------------------------------------
+  // One received MetaRoCE packet (the UDP payload) from src_ip.
+  void on_packet(transport::Time now, uint32_t src_ip, uint16_t src_port, bool ecn_ce,
+                 std::span<const uint8_t> udp_payload);
+  // After a burst of on_packet: application memory written, completions published, events
+  // raised. The packets' bytes must stay valid until this returns.
+  void end_rx(transport::Time now);
+  // Doorbells (WQEs posted since the last poll), timers, transmission. Returns true if it did
+  // anything.
+  bool poll_tx(transport::Time now, FrameSink& sink);
+  // WQEs posted and not taken yet: a runner about to sleep checks this after announcing it.
+  bool has_new_work() const;
+  transport::Time next_deadline() const;
+  // Peers whose hardware address the link layer should ask for (UD destinations, RTR peers).
+  std::vector<uint32_t> take_resolve_requests();
+
+  // --- observation ---------------------------------------------------------------------------
+  const transport::Engine& engine() const { return *engine_; }
+  const NicCounters& counters() const { return counters_; }
+  size_t qp_count() const { return qps_.size(); }
+  const QueuePair* find_qp(uint32_t qpn) const;
+  QueuePair* find_qp(uint32_t qpn) { return qp_of(qpn); }
+  // Every QP (telemetry: which QPs are streams of which connection).
+  std::vector<const QueuePair*> qps() const { return {qp_list_.begin(), qp_list_.end()}; }
+
+  // --- for queue pairs ---------------------------------------------------------------------
+  transport::Engine& transport() { return *engine_; }
+  // Drops everything the transport holds for stream qpn (the QP reset, failed or went away).
+  void forget_stream(uint32_t qpn);
+  const MrTable& mrs() const { return mrs_; }
+  // Queues a write into application memory, carried out at end_rx; origin names what fails.
+  void queue_write(Memory* m, uint64_t addr, std::span<const uint8_t> data, uint32_t qpn,
+                   uint32_t msn);
+  // Queues a read of application memory into a transmit buffer, carried out before the
+  // buffer is sent.
+  void queue_read(Memory* m, uint64_t addr, std::span<uint8_t> out, uint32_t qpn, uint32_t msn);
+  // Carries out the queued writes now (an atomic must see the writes before it).
+  void flush_writes();
+  // Queues the answer to a READ (mem: the region's memory) or an atomic (mem nullptr: engine
+  // memory at addr). A READ's source is probed first, one byte per page at end_rx, so that a
+  // region whose memory is gone is a remote access error for `request`, not a hang.
+  void queue_read_response(const transport::MessageDesc& msg, Memory* mem, uint64_t addr,
+                           const transport::Segment* request);
+  // Bytes that live until the end of the pass (what a queued write takes its data from).
+  uint8_t* scratch(uint32_t n);
+  void note_dirty(CompletionQueue* cq);
+  void want_resolve(uint32_t ip);
+  transport::Time now() const { return now_; }
+  static uint64_t cookie(uint32_t qpn, uint32_t msn) { return (uint64_t{qpn} << 32) | msn; }
+  // The segment deliver() is placing (its writes' failures are NAKed through it).
+  const transport::Segment* current_segment() const { return current_; }
+
+ private:
+  struct ReadResponse {
+    Memory* mem = nullptr;  // nullptr: engine memory
+    uint64_t addr = 0;
+    uint32_t length = 0;
+    uint32_t qpn = 0;       // the responder QP
+    bool failed = false;    // its source could not be read: not sent
+  };
+  // What a queued access belongs to, so that a failure reaches it.
+  struct Origin {
+    uint64_t cookie = 0;        // (qpn, msn), or a read response's cookie
+    transport::RxRef rx{};      // writes and probes: the packet to reject
+    bool has_rx = false;
+  };
+
+  // transport::Host
+  void gather(uint64_t cookie, uint32_t offset, std::span<uint8_t> out) override;
+  transport::Syndrome deliver(const transport::Segment& seg) override;
+  void message_acked(uint64_t cookie) override;
+  void message_failed(uint64_t cookie, transport::Syndrome why) override;
+
+  QueuePair* qp_of(uint32_t qpn);
+  CompletionQueue* cq_of(Owner* o, uint32_t id);
+  SharedReceiveQueue* srq_of(Owner* o, uint32_t id);
+  bool pd_of(Owner* o, uint32_t pd) const;
+  uint32_t add_origin(uint64_t cookie, const transport::Segment* seg);
+  void access_failed(const Origin& o);
+  void read_failed(uint64_t cookie);
+  void publish_completions();
+  void destroy_qp_now(QueuePair* qp);
+
+  const NicConfig cfg_;
+  const uint32_t active_mtu_;
+  transport::Time now_{};
+  std::unique_ptr<transport::Engine> engine_;
+  MrTable mrs_;
+  std::unordered_map<uint32_t, Owner*> pds_;  // pd -> owner
+  uint32_t next_pd_ = 1;
+  std::unordered_map<uint32_t, std::unique_ptr<CompletionQueue>> cqs_;
+  uint32_t next_cq_ = 1;
+  std::unordered_map<uint32_t, std::unique_ptr<SharedReceiveQueue>> srqs_;
+  uint32_t next_srq_ = 1;
+  std::unordered_map<uint32_t, std::unique_ptr<QueuePair>> qps_;
+  std::vector<QueuePair*> qp_list_;  // drain order
+  uint32_t next_qpn_;
+  NicCounters counters_;
+
+  AccessBatch writes_, reads_, probes_;
+  std::vector<Origin> origins_;
+  std::vector<uint32_t> failed_;  // origins of accesses that failed, handled at end_rx
+  std::vector<uint8_t*> failed_reads_;
+  uint8_t probe_byte_ = 0;
+  std::vector<std::unique_ptr<uint8_t[]>> scratch_blocks_;
+  size_t scratch_used_ = 0;  // in the last block
+  const transport::Segment* current_ = nullptr;
+  std::vector<CompletionQueue*> dirty_cqs_;
+  std::unordered_map<uint64_t, ReadResponse> reads_pending_;  // key: cookie with kReadRespTag
+  std::vector<transport::MessageDesc> pending_reads_;         // submitted after on_packet
+  uint32_t next_read_id_ = 0;
+  std::vector<uint32_t> resolve_;
+};
+
+}  // namespace metaroce::nic
