@@ -18,10 +18,11 @@ namespace {
 constexpr const char* kStatHelp =
     "Usage: metaroce stat NAME [--json] [--watch SECONDS]\n"
     "\n"
-    "Live counters of link NAME from every process that has it open: device counters, then per\n"
-    "connection (peer, window, rate hint) and per path (UDP source port, plane, state, packets,\n"
-    "bytes, retransmissions, SACK gaps, ECN marks, smoothed RTT, window). Refreshed every 100 ms\n"
-    "by the processes. --watch repeats every SECONDS until interrupted.\n";
+    "Live counters of link NAME from the engine: device counters, then per connection (one per\n"
+    "peer device: window, rate hint, and its streams, the QPs of every process that talk to that\n"
+    "peer) and per path (UDP source port, plane, state, packets, bytes, retransmissions, SACK\n"
+    "gaps, ECN marks, smoothed RTT, window). Refreshed every 100 ms by the engine. --watch\n"
+    "repeats every SECONDS until interrupted.\n";
 
 const char* path_state(uint8_t s) {
   switch (s) {
@@ -35,11 +36,11 @@ const char* path_state(uint8_t s) {
 void print_text(std::ostream& o, const std::string& link,
                 const std::vector<nic::TelemetrySnapshot>& snaps) {
   if (snaps.empty()) {
-    o << link << ": no process has the device open\n";
+    o << link << ": no engine publishes counters (metaroce engine status)\n";
     return;
   }
   for (const auto& s : snaps) {
-    o << link << "  pid " << s.pid << "  planes " << s.planes << "\n  counters:";
+    o << link << "  engine pid " << s.pid << "  planes " << s.planes << "\n  counters:";
     int col = 0;
     for (const auto& c : s.counters) {
       if (c.value == 0) continue;  // the table shows what happened
@@ -52,6 +53,11 @@ void print_text(std::ostream& o, const std::string& link,
         << c.in_flight << "  paths_active " << c.paths_active << "/" << c.num_paths
         << "  rate_hint " << c.rate_hint_mbps << " Mb/s  rx_rate " << c.rx_rate_mbps
         << " Mb/s  rx_hint " << c.rx_hint_mbps << " Mb/s\n";
+      o << "    streams " << c.num_streams << ":";
+      for (uint32_t i = 0; i < std::min(c.num_streams, nic::kTelemetryStreams); ++i)
+        o << " qpn 0x" << std::hex << c.streams[i].qpn << "->0x" << c.streams[i].remote_qpn
+          << std::dec << " (pid " << c.streams[i].pid << ")";
+      o << "\n";
       o << "    PATH  SPORT  PLANE  STATE      TX_PKTS      TX_BYTES  RETX  SACK_GAPS  ECN_CE"
            "  RTT_US  WINDOW   RX_PKTS      RX_BYTES\n";
       for (uint32_t i = 0; i < c.num_paths; ++i) {
@@ -76,34 +82,47 @@ void print_text(std::ostream& o, const std::string& link,
 
 void print_json(std::ostream& o, const std::string& link,
                 const std::vector<nic::TelemetrySnapshot>& snaps) {
-  o << "{\"link\": \"" << link << "\", \"processes\": [";
-  for (size_t k = 0; k < snaps.size(); ++k) {
-    const auto& s = snaps[k];
-    o << (k ? ", " : "") << "{\"pid\": " << s.pid << ", \"planes\": " << s.planes
-      << ", \"updated_unix_ns\": " << s.updated_unix_ns << ", \"counters\": {";
-    for (size_t i = 0; i < s.counters.size(); ++i)
-      o << (i ? ", " : "") << "\"" << s.counters[i].name << "\": " << s.counters[i].value;
-    o << "}, \"connections\": [";
-    for (size_t i = 0; i < s.conns.size(); ++i) {
-      const auto& c = s.conns[i];
-      o << (i ? ", " : "") << "{\"peer\": \"" << nic::format_ipv4(c.peer_ip)
-        << "\", \"window\": " << c.window << ", \"in_flight\": " << c.in_flight
-        << ", \"paths_active\": " << c.paths_active << ", \"rate_hint_mbps\": "
-        << c.rate_hint_mbps << ", \"rx_rate_mbps\": " << c.rx_rate_mbps
-        << ", \"rx_hint_mbps\": " << c.rx_hint_mbps << ", \"paths\": [";
-      for (uint32_t j = 0; j < c.num_paths; ++j) {
-        const auto& p = c.paths[j];
-        o << (j ? ", " : "") << "{\"path\": " << p.path_id << ", \"udp_src_port\": "
-          << p.udp_src_port << ", \"plane\": " << unsigned{p.plane} << ", \"state\": \""
-          << path_state(p.state) << "\", \"tx_packets\": " << p.tx_packets
-          << ", \"tx_bytes\": " << p.tx_bytes << ", \"retransmits\": " << p.retransmits
-          << ", \"timeouts\": " << p.timeouts << ", \"sack_gaps\": " << p.sack_gaps
-          << ", \"ecn_ce\": " << p.ecn_ce_echoed << ", \"failures\": " << p.failures
-          << ", \"srtt_ns\": " << p.srtt_ns << ", \"window\": " << p.window
-          << ", \"in_flight\": " << p.in_flight << ", \"rx_packets\": " << p.rx_packets
-          << ", \"rx_bytes\": " << p.rx_bytes << ", \"duplicates\": " << p.duplicates << "}";
-      }
-      o << "]}";
+  // One engine publishes the link (a stale block of an engine that died is removed by the
+  // reader); the newest block wins if two are there for a moment.
+  const nic::TelemetrySnapshot* s = nullptr;
+  for (const auto& x : snaps)
+    if (!s || x.updated_unix_ns > s->updated_unix_ns) s = &x;
+  o << "{\"link\": \"" << link << "\"";
+  if (!s) {
+    o << ", \"engine_pid\": null, \"counters\": {}, \"connections\": []}\n";
+    return;
+  }
+  o << ", \"engine_pid\": " << s->pid << ", \"planes\": " << s->planes
+    << ", \"updated_unix_ns\": " << s->updated_unix_ns << ", \"counters\": {";
+  for (size_t i = 0; i < s->counters.size(); ++i)
+    o << (i ? ", " : "") << "\"" << s->counters[i].name << "\": " << s->counters[i].value;
+  o << "}, \"connections\": [";
+  for (size_t i = 0; i < s->conns.size(); ++i) {
+    const auto& c = s->conns[i];
+    o << (i ? ", " : "") << "{\"peer\": \"" << nic::format_ipv4(c.peer_ip)
+      << "\", \"window\": " << c.window << ", \"in_flight\": " << c.in_flight
+      << ", \"paths_active\": " << c.paths_active << ", \"rate_hint_mbps\": "
+      << c.rate_hint_mbps << ", \"rx_rate_mbps\": " << c.rx_rate_mbps
+      << ", \"rx_hint_mbps\": " << c.rx_hint_mbps << ", \"num_streams\": " << c.num_streams
+      << ", \"streams\": [";
+    for (uint32_t j = 0; j < std::min(c.num_streams, nic::kTelemetryStreams); ++j) {
+      const auto& st = c.streams[j];
+      o << (j ? ", " : "") << "{\"qpn\": " << st.qpn << ", \"remote_qpn\": " << st.remote_qpn
+        << ", \"pid\": " << st.pid << ", \"state\": " << unsigned{st.state}
+        << ", \"type\": \"" << (st.type == 1 ? "UD" : "RC") << "\"}";
+    }
+    o << "], \"paths\": [";
+    for (uint32_t j = 0; j < c.num_paths; ++j) {
+      const auto& p = c.paths[j];
+      o << (j ? ", " : "") << "{\"path\": " << p.path_id << ", \"udp_src_port\": "
+        << p.udp_src_port << ", \"plane\": " << unsigned{p.plane} << ", \"state\": \""
+        << path_state(p.state) << "\", \"tx_packets\": " << p.tx_packets
+        << ", \"tx_bytes\": " << p.tx_bytes << ", \"retransmits\": " << p.retransmits
+        << ", \"timeouts\": " << p.timeouts << ", \"sack_gaps\": " << p.sack_gaps
+        << ", \"ecn_ce\": " << p.ecn_ce_echoed << ", \"failures\": " << p.failures
+        << ", \"srtt_ns\": " << p.srtt_ns << ", \"window\": " << p.window
+        << ", \"in_flight\": " << p.in_flight << ", \"rx_packets\": " << p.rx_packets
+        << ", \"rx_bytes\": " << p.rx_bytes << ", \"duplicates\": " << p.duplicates << "}";
     }
     o << "]}";
   }

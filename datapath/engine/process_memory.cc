@@ -33,7 +33,12 @@ size_t ProcessMemory::transfer(std::span<const nic::Access> a, bool write) {
       got = write ? process_vm_writev(pid_, local_.data(), n, remote_.data(), n, 0)
                   : process_vm_readv(pid_, local_.data(), n, remote_.data(), n, 0);
     } while (got < 0 && errno == EINTR);
-    if (got < 0) return done;  // the first one failed (EFAULT), or the process is gone (ESRCH)
+    if (got < 0) {
+      // The first one failed (EFAULT), or the process is gone (ESRCH: it exited, and the
+      // engine will reclaim its objects as soon as the control thread hears of it).
+      if (errno == ESRCH) mark_gone();
+      return done;
+    }
     if (static_cast<size_t>(got) == bytes) {
       done += n;
       continue;

@@ -20,6 +20,7 @@ class ProcessMemory final : public nic::Memory {
   size_t read(std::span<const nic::Access> a) override { return transfer(a, false); }
   size_t write(std::span<const nic::Access> a) override { return transfer(a, true); }
   uint32_t pid() const override { return static_cast<uint32_t>(pid_); }
+  bool alive() const override { return !gone_.load(std::memory_order_acquire); }
   // Once the process is known to have exited, every access fails without a system call (its
   // pid could name another process soon).
   void mark_gone() { gone_.store(true, std::memory_order_release); }

@@ -35,7 +35,7 @@ class AccessBatch {
   bool empty() const { return pending_.empty(); }
 
   // Carries out every queued access as reads (read=true) or writes, grouped by address space and
-  // in queueing order within one; calls fail(origin, local) for each access that failed.
+  // in queueing order within one; calls fail(origin, local, memory) for each access that failed.
   template <typename Fail>
   void flush(bool read, Fail&& fail) {
     if (pending_.empty()) return;
@@ -54,7 +54,7 @@ class AccessBatch {
         const size_t n = read ? m->read(rest) : m->write(rest);
         done += n;
         if (done < scratch_.size()) {
-          fail(pending_[i + done].origin, pending_[i + done].a.local);
+          fail(pending_[i + done].origin, pending_[i + done].a.local, m);
           ++done;  // skip the one that failed; the rest may still be fine
         }
       }

@@ -28,6 +28,9 @@ class Memory {
   virtual size_t write(std::span<const Access> a) = 0;  // local -> address space
   // The process it belongs to, for telemetry (0 for the NIC's own).
   virtual uint32_t pid() const { return 0; }
+  // False once the address space is known to be gone (its process exited): an access that
+  // failed for that reason is not the application's fault, and its objects go soon anyway.
+  virtual bool alive() const { return true; }
 };
 
 // Writes up to this size land in ascending address order, 8 bytes at a time (AccessBatch).

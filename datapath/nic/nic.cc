@@ -298,8 +298,12 @@ uint8_t* Nic::scratch(uint32_t n) {
   return p;
 }
 
+void Nic::record_failure(uint32_t origin, const Memory* m) {
+  if (m->alive()) failed_.push_back(origin);
+}
+
 void Nic::flush_writes() {
-  writes_.flush(false, [this](uint32_t origin, uint8_t*) { failed_.push_back(origin); });
+  writes_.flush(false, [this](uint32_t origin, uint8_t*, Memory* m) { record_failure(origin, m); });
 }
 
 void Nic::queue_read_response(const transport::MessageDesc& msg, Memory* mem, uint64_t addr,
@@ -429,7 +433,7 @@ void Nic::end_rx(Time now) {
   now_ = now;
   // Data first, then what announces it: placement, the READ probes, then the completions.
   flush_writes();
-  probes_.flush(true, [this](uint32_t origin, uint8_t*) { failed_.push_back(origin); });
+  probes_.flush(true, [this](uint32_t origin, uint8_t*, Memory* m) { record_failure(origin, m); });
   for (uint32_t o : failed_) access_failed(origins_[o]);
   failed_.clear();
   for (const transport::MessageDesc& m : pending_reads_) {
@@ -460,9 +464,9 @@ bool Nic::poll_tx(Time now, FrameSink& sink) {
   if (engine_->next_deadline() <= now) engine_->on_timer(now);
   if (engine_->poll_tx(now, sink) > 0) work = true;
   // Payloads are read into the buffers before they leave; a buffer whose read failed does not.
-  reads_.flush(true, [this](uint32_t origin, uint8_t* local) {
-    failed_reads_.push_back(local);
-    failed_.push_back(origin);
+  reads_.flush(true, [this](uint32_t origin, uint8_t* local, Memory* m) {
+    failed_reads_.push_back(local);  // whatever the reason, this buffer holds no payload
+    record_failure(origin, m);
   });
   sink.flush(failed_reads_);
   failed_reads_.clear();

@@ -224,6 +224,9 @@ class Nic final : private transport::Host {
   AccessBatch writes_, reads_, probes_;
   std::vector<Origin> origins_;
   std::vector<uint32_t> failed_;  // origins of accesses that failed, handled at end_rx
+  // A failed access of an address space that is gone: not a fault of its application (it
+  // exited), so nothing is rejected; its objects are about to be reclaimed.
+  void record_failure(uint32_t origin, const Memory* m);
   std::vector<uint8_t*> failed_reads_;
   uint8_t probe_byte_ = 0;
   std::vector<std::unique_ptr<uint8_t[]>> scratch_blocks_;

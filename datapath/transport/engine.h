@@ -24,10 +24,12 @@ enum class Syndrome : uint8_t {
   kRemoteInvalid = 4,  // unknown stream (QP), QP not ready, malformed request
   kRemoteOp = 5,       // responder failed to carry out the operation
   kRetryExceeded = 6,  // local only: the peer never acknowledged
-  kUnreachable = 7,    // local only: the receiver has no such stream (QP destroyed or never
-                       // made). Dropped silently, as a NIC drops a packet for a QP it does not
-                       // have: the sender's retries run out (kRetryExceeded) rather than a NAK
-                       // failing its message at once.
+  kUnreachable = 7,    // the receiver has no such stream (QP destroyed or never made). Not
+                       // received, and said so in a NAK record: the sender does not fail the
+                       // message at once (a peer that merely finished and tore down must not
+                       // fail a straggler), it resends with back-off and fails it with
+                       // kRetryExceeded once the stream has been unreachable for the QP's
+                       // timeout * (retry_cnt + 1), whatever the connection's other streams do.
 };
 
 // Message kinds the transport carries. The NIC gives them meaning; the transport only needs to

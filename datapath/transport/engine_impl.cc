@@ -632,6 +632,18 @@ void EngineImpl::request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t 
   }
 }
 
+void EngineImpl::note_unreachable(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn) {
+  const auto unreachable = static_cast<uint8_t>(Syndrome::kUnreachable);
+  for (uint8_t i = 0; i < rp.nak_count; ++i) {
+    detail::NakEntry& n = rp.naks[i];
+    if (n.syndrome == unreachable && n.src_stream == src_stream) {
+      if (seq_lt(n.seq, seq)) n = {seq, src_stream, msn, unreachable};
+      return;
+    }
+  }
+  if (rp.nak_count < kNakSlots) rp.naks[rp.nak_count++] = {seq, src_stream, msn, unreachable};
+}
+
 void EngineImpl::add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn,
                          Syndrome why) {
   for (uint8_t i = 0; i < rp.nak_count; ++i) {
@@ -802,7 +814,11 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     r.win.mark(b.path_seq);
     if (mark_orig) d->paths[opath].win.mark(h.orig_seq);
   } else if (why == Syndrome::kUnreachable) {
-    ++stats_.drop_unreachable;  // neither marked nor NAKed: the sender's RTO retries it
+    // No such stream here: not marked (nothing was delivered), and said in one NAK record per
+    // stream and path, moved to the newest such packet, so that the sender parks the stream and
+    // its QP's timeout decides, not the connection's silence (the peer's other streams answer).
+    ++stats_.drop_unreachable;
+    note_unreachable(r, b.path_seq, h.src_stream, h.msn);
   } else if (why == Syndrome::kRnr || r.nak_count == kNakSlots) {
     // Not marked: the sender resends it. An RNR is reported (once) so that the sender backs
     // off instead of treating it as loss; a full NAK list is treated the same way, so that no
@@ -889,6 +905,20 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
   for (size_t i = 0; i < a.nak_count; ++i) {
     const wire::NakRecord r = pkt.nak(i);
     ++stats_.naks_received;
+    if (r.syndrome == static_cast<uint8_t>(Syndrome::kUnreachable)) {
+      // The record names the newest packet of the stream the receiver refused on this path:
+      // the stream is parked if some packet of it at or before that one is still in flight here
+      // (a stale record, older than everything of the stream now in flight, is not news).
+      for (uint16_t k = tp.head; k != kNil; k = c.pool[k].next) {
+        const TxDesc& d = c.pool[k];
+        if (seq_lt(r.path_seq, d.seq)) break;
+        if (slots_[d.slot].m.src_stream == r.src_stream) {
+          park(c, d.slot, now);
+          break;
+        }
+      }
+      continue;
+    }
     const uint16_t idx = find_in_flight(c, path, r.path_seq);
     if (idx == kNil) continue;
     const MessageDesc& m = slots_[c.pool[idx].slot].m;
@@ -1008,6 +1038,72 @@ void EngineImpl::rnr_nak(Time now, Connection& c, uint16_t idx) {
   tp.last_progress_ns = std::max(tp.last_progress_ns, (now + cfg_.rnr_delay).count());
 }
 
+// The peer has no such stream (congestion.md §6.1): every message of that stream to that peer
+// is parked, all their packets resolved (none was delivered; they must not look lost and get
+// their paths suspected), and resent whole after a back-off that grows with how long the stream
+// has been gone (rnr_delay .. rto_max), with fresh sequence numbers. They fail when the stream
+// has been gone for the QP's timeout * (retry_cnt + 1). One NAK record per stream and path is
+// enough, whatever the number of packets in flight.
+void EngineImpl::park(Connection& c, uint32_t nak_slot, Time now) {
+  const uint32_t src = slots_[nak_slot].m.src_stream, dst = slots_[nak_slot].m.dst_stream;
+  const int64_t since = slots_[nak_slot].unreachable_ns ? slots_[nak_slot].unreachable_ns : now.count();
+  const Time backoff = std::clamp((now - Time(since)) / 4, cfg_.rnr_delay, cfg_.rto_max);
+  for (uint32_t slot = c.head; slot != kNoSlot;) {
+    detail::MsgSlot& s = slots_[slot];
+    const uint32_t next = s.next;
+    if (s.m.src_stream != src || s.m.dst_stream != dst) {
+      slot = next;
+      continue;
+    }
+    abandon(c, slot, now);
+    if (c.cursor == slot) c.cursor = next;
+    if (s.prev != kNoSlot) slots_[s.prev].next = next;
+    else c.head = next;
+    if (next != kNoSlot) slots_[next].prev = s.prev;
+    else c.tail = s.prev;
+    s.prev = s.next = kNoSlot;
+    if (s.unreachable_ns == 0) s.unreachable_ns = since;
+    s.pkts_sent = s.pkts_acked = s.next_offset = 0;
+    s.resume_ns = (now + backoff).count();
+    c.parked.push_back(slot);  // in submission order: they resume in it
+    slot = next;
+  }
+  c.park_deadline = std::min(c.park_deadline, now + backoff);
+}
+
+// Parked messages whose back-off ended go back to the end of the connection's queue, or fail.
+void EngineImpl::resume_parked(Connection& c, Time now) {
+  c.park_deadline = Time::max();
+  size_t kept = 0;
+  for (uint32_t slot : c.parked) {
+    detail::MsgSlot& s = slots_[slot];
+    if (s.resume_ns > now.count()) {
+      c.parked[kept++] = slot;
+      c.park_deadline = std::min(c.park_deadline, Time(s.resume_ns));
+      continue;
+    }
+    if (unreachable_too_long(s, now)) {
+      // The stream has been gone for its QP's whole timeout: unreachable, as far as it goes.
+      done_.push_back({s.m.cookie, Syndrome::kRetryExceeded});
+      free_slots_.push_back(slot);
+      continue;
+    }
+    s.prev = c.tail;
+    if (c.tail != kNoSlot) slots_[c.tail].next = slot;
+    else c.head = slot;
+    c.tail = slot;
+    if (c.cursor == kNoSlot) c.cursor = slot;
+  }
+  c.parked.resize(kept);
+}
+
+bool EngineImpl::unreachable_too_long(const detail::MsgSlot& s, Time now) const {
+  if (s.unreachable_ns == 0 || s.m.timeout <= Time{0}) return false;
+  const uint32_t limit =
+      s.m.retry_cnt == MessageDesc::kEngineRetries ? cfg_.max_retries : s.m.retry_cnt;
+  return now - Time(s.unreachable_ns) >= s.m.timeout * (int64_t{limit} + 1);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Resolution of packets and messages
 
@@ -1015,6 +1111,7 @@ void EngineImpl::ack_desc(Connection& c, uint16_t idx) {
   const uint32_t slot = c.pool[idx].slot;
   resolve(c, idx);
   detail::MsgSlot& s = slots_[slot];
+  s.unreachable_ns = 0;  // the stream answered
   if (++s.pkts_acked == s.pkts_total) {
     done_.push_back({s.m.cookie, Syndrome::kOk});
     unlink(c, slot);
@@ -1094,6 +1191,15 @@ void EngineImpl::drop_stream(uint32_t src_stream) {
         unlink(*c, s);
       }
       s = next;
+    }
+    for (size_t i = 0; i < c->parked.size();) {
+      if (slots_[c->parked[i]].m.src_stream == src_stream) {
+        free_slots_.push_back(c->parked[i]);
+        c->parked[i] = c->parked.back();
+        c->parked.pop_back();
+      } else {
+        ++i;
+      }
     }
   }
 }
@@ -1305,6 +1411,7 @@ void EngineImpl::on_timer(Time now) {
         }
       }
     }
+    if (c->park_deadline <= now) resume_parked(*c, now);
   }
   flush_completions();
 }
@@ -1321,6 +1428,7 @@ Time EngineImpl::next_deadline() const {
       t = std::min({t, tp.deadline, fail_deadline(*c, tp)});
     }
     if (c->in_flight) t = std::min({t, c->tlp_deadline, c->rnr_deadline});
+    t = std::min(t, c->park_deadline);
     if (c->cursor != kNoSlot && c->pace_at != Time::min()) t = std::min(t, c->pace_at);
   }
   return t;
@@ -1329,7 +1437,7 @@ Time EngineImpl::next_deadline() const {
 bool EngineImpl::idle() const {
   if (!acks_.empty() || retx_head_ < retx_.size()) return false;
   for (const Connection* c : conn_list_) {
-    if (c->cursor != kNoSlot || c->in_flight != 0) return false;
+    if (c->cursor != kNoSlot || c->in_flight != 0 || !c->parked.empty()) return false;
     for (const TxPath& tp : c->tx) {
       if (tp.state == PathState::kFailed) return false;  // a probe is due
     }

@@ -123,6 +123,9 @@ struct MsgSlot {
   uint32_t pkts_total = 0, pkts_sent = 0, pkts_acked = 0, next_offset = 0;
   uint32_t prev = kNoSlot, next = kNoSlot;
   int64_t first_tx_ns = 0;  // its first packet left: the QP's timeout counts from here
+  int64_t unreachable_ns = 0;  // the peer has said its stream is gone since then (0: never, or
+                               // a packet of the message was acknowledged since)
+  int64_t resume_ns = 0;       // parked: resent from then on
 };
 
 struct Connection {
@@ -145,6 +148,8 @@ struct Connection {
   Time pace_at = Time::min();               // new data waits for credit until then
   Time tlp_deadline = Time::max();
   Time rnr_deadline = Time::max();
+  Time park_deadline = Time::max();
+  std::vector<uint32_t> parked;             // messages whose stream the peer said is gone
   int64_t last_progress_ns = 0;             // newest ACK progress on any path
   int64_t progress_since_ns = 0;            // start of the current run of progress (no gap
                                             // longer than 2 RTTs): silence is judged from here
@@ -228,12 +233,16 @@ class EngineImpl final : public Engine {
   RecvDir& create_dir(Connection& c, const wire::BaseHeader& b, Time now);
   void request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce);
   void add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn, Syndrome why);
+  void note_unreachable(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn);
   void account_rx(Time now, Connection& c, size_t bytes);
   void close_rate_interval(Time now);
 
   void congestion_on_ack(Time now, Connection& c, uint16_t path, uint32_t newly_acked,
                          uint16_t ce);
   void rnr_nak(Time now, Connection& c, uint16_t idx);
+  void park(Connection& c, uint32_t slot, Time now);
+  void resume_parked(Connection& c, Time now);
+  bool unreachable_too_long(const detail::MsgSlot& s, Time now) const;
   uint16_t find_in_flight(const Connection& c, uint16_t path, uint32_t seq) const;
   void list_append(Connection& c, uint16_t path, uint16_t idx);
   void list_remove(Connection& c, uint16_t path, uint16_t prev, uint16_t idx);

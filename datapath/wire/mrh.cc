@@ -33,8 +33,9 @@ static_assert(ack_off::kEchoTimestamp - ack_off::kSack == kSackBits / 8);
 static_assert(kAckHeadersLen + kMaxNakRecords * kNakRecordLen <= 512,
               "an ACK must fit any sane packet buffer");
 
-// NAK syndromes a receiver may send: transport::Syndrome kRnr..kRemoteOp.
-constexpr uint8_t kMinNakSyndrome = 1, kMaxNakSyndrome = 5;
+// NAK syndromes a receiver may send: transport::Syndrome kRnr..kRemoteOp, and kUnreachable (7,
+// no such stream). 6 (kRetryExceeded) is a sender-local outcome and never travels.
+constexpr uint8_t kMinNakSyndrome = 1, kMaxNakSyndrome = 7, kLocalOnlySyndrome = 6;
 
 bool known_opcode(uint8_t op) {
   return (op >= 1 && op <= 6) || op == static_cast<uint8_t>(Opcode::kAck) ||
@@ -201,7 +202,8 @@ DecodeError decode(std::span<const uint8_t> in, Packet& out) {
   out.nak_bytes = in.subspan(kAckHeadersLen);
   for (size_t i = 0; i < a.nak_count; ++i) {
     const uint8_t s = out.nak_bytes[i * kNakRecordLen + nak_off::kSyndrome];
-    if (s < kMinNakSyndrome || s > kMaxNakSyndrome) return DecodeError::kBadField;
+    if (s < kMinNakSyndrome || s > kMaxNakSyndrome || s == kLocalOnlySyndrome)
+      return DecodeError::kBadField;
   }
   return DecodeError::kNone;
 }

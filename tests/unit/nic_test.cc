@@ -34,6 +34,14 @@ struct Side {
   explicit Side(Memory* mem = nullptr) : owner(mem) {}
 };
 
+// Links of a few hundred frames: what two NICs with 4 paths of 64 packets need, and little
+// memory for the many devices the tests make (meson's MALLOC_PERTURB_ touches all of it).
+io::MemLinkConfig test_link_config() {
+  io::MemLinkConfig c;
+  c.queue_frames = 1024;
+  return c;
+}
+
 hostif::QpCaps caps(uint32_t depth, uint32_t sge = 4, uint32_t inline_len = 64) {
   hostif::QpCaps c;
   c.max_send_wr = c.max_recv_wr = depth;
@@ -59,7 +67,7 @@ void bring_up(TestQp& qp, uint32_t peer_ip, uint32_t peer_qpn, uint32_t qkey = 0
 
 class NicTest : public ::testing::Test {
  protected:
-  void SetUp() override { build(io::MemLinkConfig{}); }
+  void SetUp() override { build(test_link_config()); }
 
   void build(const io::MemLinkConfig& lc) {
     for (Side* s : {&a_, &b_}) {
@@ -191,7 +199,7 @@ TEST_F(NicTest, ResponderRecordsStaySmallAndGrowOnlyForASenderFarAhead) {
   // hold records for all of them, so its window grows from 64; then everything completes in
   // order with the right bytes. An idle QP keeps 64 records (~2.3 KiB).
   sq_depth_ = 512;
-  build(io::MemLinkConfig{});
+  build(test_link_config());
   QueuePair* rx = &core_qp(b_, *b_.qp);
   EXPECT_EQ(rx->responder_window(), QueuePair::kRecvWindowInitial);
   SendWqe first;
@@ -359,8 +367,8 @@ TEST_F(NicTest, TwoQpsOfOneDeviceTalkThroughLoopback) {
 }
 
 TEST(NicPlanesTest, TwoPlaneLinkSpraysOverBothPortsAndDeliversByteExact) {
-  auto [a0, b0] = io::make_mem_link({});
-  auto [a1, b1] = io::make_mem_link({});
+  auto [a0, b0] = io::make_mem_link(test_link_config());
+  auto [a1, b1] = io::make_mem_link(test_link_config());
   io::Port* wire0 = b0.get();
   io::Port* wire1 = b1.get();
   transport::Time clock{std::chrono::seconds(1)};
@@ -1010,6 +1018,49 @@ TEST_F(NicMemoryTest, AReadWhoseAnswerCannotBeReadFailsWithinTheQpTimeout) {
   EXPECT_EQ(got[0].status, WcStatus::kRetryExcErr);
   EXPECT_LE(clock_ - start, std::chrono::milliseconds(20));
   EXPECT_EQ(b_.qp->state(), QpState::kErr);
+}
+
+TEST_F(NicTest, APeerReclaimedMidStreamEndsTheStreamWithRetryExc) {
+  // The receiver's process dies while WRITEs are in flight (its engine reclaims its QP): the
+  // writer gets IBV_WC_RETRY_EXC_ERR within its QP's timeout, not a hang, even though the
+  // connection to that device stays alive for its other streams.
+  sq_depth_ = 256;
+  build(test_link_config());
+  hostif::QpRemote r;
+  r.ip = kIpB;
+  r.qpn = b_.qp->qpn();
+  r.timeout = 10;  // 4.2 ms x 8
+  r.retry_cnt = 7;
+  r.max_rd_atomic = 16;
+  a_.qp->set_remote(r);
+  SendWqe w;
+  w.op = WqeOp::kWrite;
+  w.num_sge = 1;
+  w.sge[0] = sge(a_, 0, 65536);
+  w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data());
+  w.rkey = b_.key;
+  for (int i = 0; i < 200; ++i) {
+    w.wr_id = static_cast<uint64_t>(i);
+    w.signaled = i % 8 == 7;
+    ASSERT_EQ(a_.qp->post_send(w), 0);
+  }
+  for (int i = 0; i < 20; ++i) step();
+  nic(b_).release(&b_.owner);
+  const transport::Time killed = clock_;
+  std::vector<Cqe> got;
+  for (int i = 0; i < 100000; ++i) {
+    step();
+    Cqe c[8];
+    const int n = a_.cq->poll(8, c);
+    got.insert(got.end(), c, c + n);
+    bool err = false;
+    for (const Cqe& e : got) err |= e.status != WcStatus::kSuccess;
+    if (err) break;
+  }
+  bool retry_exc = false;
+  for (const Cqe& e : got) retry_exc |= e.status == WcStatus::kRetryExcErr;
+  ASSERT_TRUE(retry_exc) << "no error completion within " << (clock_ - killed).count() / 1000000 << " ms";
+  EXPECT_LE(clock_ - killed, std::chrono::milliseconds(100));
 }
 
 TEST_F(NicTest, AnIdleQpHoldsLittleEngineMemory) {

@@ -300,8 +300,9 @@ TEST(TransportSizes, CoreStructsStaySmall) {
   EXPECT_LE(sizeof(TxDesc), 32u);
   EXPECT_LE(sizeof(TxPath), 72u);
   EXPECT_LE(sizeof(RxPath), 160u);
-  EXPECT_LE(sizeof(Connection), 256u);
-  EXPECT_LE(sizeof(MsgSlot), 112u);  // the message, its QP's retry limits, its first send
+  EXPECT_LE(sizeof(Connection), 288u);  // with the streams parked because the peer lost them
+  EXPECT_LE(sizeof(MsgSlot), 128u);  // the message, its QP's retry limits, its first send,
+                                     // since when its stream is unreachable
 }
 
 TEST(Transport, ManyMessagesBothWaysArriveByteExact) {
@@ -1574,6 +1575,78 @@ TEST(PathFailure, LastAnsweredTracksAcceptedDataOnly) {
   f.run(f.now + 5ms);
   EXPECT_GT(f.node[1].e->stats().drop_unreachable, 0u);
   EXPECT_EQ(f.node[1].e->last_answered(), accepted);
+}
+
+TEST(PathFailure, AStreamThatIsGoneFailsAfterItsTimeoutWhileTheConnectionLives) {
+  // One connection, two streams (QPs of two processes): stream 1's QP at the receiver is gone,
+  // stream 2 keeps the connection busy and answered. Stream 1's message must fail with
+  // RETRY_EXC after its QP's timeout x (retry_cnt + 1), not hang (the peer is not silent) and
+  // not fail at once (a straggler to a QP that just went away is normal); its resends back off.
+  Fabric f;
+  f.submit(0, 2, 0, 4096);
+  f.run();
+  f.node[1].host.verdict = [](const Segment& s) {
+    return s.src_stream == 1 ? Syndrome::kUnreachable : Syndrome::kOk;
+  };
+  MessageDesc m;
+  m.peer_ip = kIpB;
+  m.dst_stream = 1001;
+  m.src_stream = 1;
+  m.op = Op::kWrite;
+  m.length = 8 * kMtu;
+  constexpr uint64_t kCookie = uint64_t{1} << 40;  // apart from Fabric::submit's
+  m.cookie = kCookie;
+  m.retry_cnt = 7;
+  m.timeout = 2ms;
+  f.node[0].host.outgoing[kCookie] = std::vector<uint8_t>(m.length, 1);
+  const Time start = f.now;
+  f.node[0].e->submit(m);
+  uint32_t msn = 1;
+  Time failed_at = Time::max();
+  while (f.now < start + 200ms && failed_at == Time::max()) {
+    if (f.node[0].host.acked.size() + 2 > msn) f.submit(0, 2, msn++, 4096);  // stream 2 stays busy
+    if (!f.step()) break;
+    for (auto& [cookie, why] : f.node[0].host.failed)
+      if (cookie == kCookie) {
+        EXPECT_EQ(why, Syndrome::kRetryExceeded);
+        failed_at = f.now;
+      }
+  }
+  ASSERT_NE(failed_at, Time::max()) << "a message to a stream that is gone never failed";
+  EXPECT_GE(failed_at - start, 16ms);  // 2 ms x (7 + 1)
+  EXPECT_LE(failed_at - start, 40ms);
+  size_t stream1_packets = 0;
+  for (const Sent* s : f.data_from(0)) stream1_packets += s->pkt.data.src_stream == 1;
+  // 8 packets, resent with back-off: far from the thousands of a 1 ms RNR rhythm or a resend
+  // per SACK gap.
+  EXPECT_LE(stream1_packets, 8u * 16);
+  EXPECT_GT(msn, 20u) << "stream 2 did not progress meanwhile";
+  EXPECT_GT(f.node[1].e->stats().drop_unreachable, 0u);
+}
+
+TEST(PathFailure, AStreamThatAppearsLateStillGetsItsMessage) {
+  // A sender a little ahead of its peer's QP (it exists a few milliseconds later): the message
+  // waits out the unreachable answers and completes.
+  Fabric f;
+  bool exists = false;
+  f.node[1].host.verdict = [&](const Segment&) { return exists ? Syndrome::kOk : Syndrome::kUnreachable; };
+  MessageDesc m;
+  m.peer_ip = kIpB;
+  m.dst_stream = 1001;
+  m.src_stream = 1;
+  m.op = Op::kWrite;
+  m.length = 3 * kMtu;
+  m.cookie = uint64_t{1} << 40;
+  m.retry_cnt = 7;
+  m.timeout = 5ms;
+  f.node[0].host.outgoing[m.cookie] = std::vector<uint8_t>(m.length, 2);
+  f.node[0].e->submit(m);
+  f.run(f.now + 4ms);
+  EXPECT_TRUE(f.node[0].host.acked.empty());
+  exists = true;
+  f.run(f.now + 100ms);
+  ASSERT_EQ(f.node[0].host.acked.size(), 1u);
+  EXPECT_TRUE(f.node[0].host.failed.empty());
 }
 
 TEST(PathFailure, TheQpsTimeoutBoundsWhenRetriesRunOut) {
