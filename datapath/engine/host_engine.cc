@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
@@ -398,6 +399,15 @@ void HostEngine::control_main() {
     epoll_event ev[32];
     const int n = epoll_wait(epoll_fd_, ev, 32, 1000);
     if (n < 0 && errno != EINTR) break;
+    if (n == 0) {
+      // Sessions of processes that exited, where no pidfd says so (a forked child may hold
+      // their socket open).
+      for (auto& [sock, x] : sessions_)
+        if (x->link() && x->pidfd() < 0 && kill(x->peer_pid(), 0) != 0 && errno == ESRCH)
+          dead.push_back(sock);
+      for (int sock : dead) reclaim(sock);
+      dead.clear();
+    }
     if (n == 0 && !run_dir_intact()) {
       // Nobody can reach an engine whose socket is gone (its run dir was removed, or another
       // engine took it over): it would only hold its ports and spin.
@@ -537,8 +547,10 @@ void HostEngine::hello(Session& s, Message& req, Message* resp) {
     *resp = reply_to(req, e);
     return;
   }
-  pidfds_[s.pidfd()] = s.sock();
-  watch(s.pidfd(), EPOLLIN);
+  if (s.pidfd() >= 0) {
+    pidfds_[s.pidfd()] = s.sock();
+    watch(s.pidfd(), EPOLLIN);
+  }
   link->sessions.fetch_add(1);
   hostif::HelloResp h;
   h.ip = link->cfg.ip;

@@ -217,7 +217,15 @@ int main(int argc, char** argv) {
       pr.ecn = metaroce::wire::Ecn::kEct0;
       metaroce::wire::store_be32(payload.data(), i);
       metaroce::wire::build_udp_frame(frame, pr, payload);
-      if (!send_frame(from, pool, frame)) ++send_failed;
+      // A full TX ring (or an empty pool) is backpressure from a fabric that has not had the CPU
+      // yet, not loss: keep receiving and try again, for up to a second.
+      bool sent_ok = send_frame(from, pool, frame);
+      for (auto until = Clock::now() + std::chrono::seconds(1); !sent_ok && Clock::now() < until;) {
+        for (auto& end : ends) drain(end);
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        sent_ok = send_frame(from, pool, frame);
+      }
+      if (!sent_ok) ++send_failed;
       ++sent_total;
     }
     for (auto& end : ends) drain(end);

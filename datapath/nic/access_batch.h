@@ -15,7 +15,10 @@ namespace metaroce::nic {
 class AccessBatch {
  public:
   // Queues an access; `origin` is what the failure callback names if it cannot be done.
-  void add(Memory* m, const Access& a, uint32_t origin) { pending_.push_back({m, a, origin}); }
+  void add(Memory* m, const Access& a, uint32_t origin) {
+    if (!pending_.empty() && pending_.back().mem != m) mixed_ = true;
+    pending_.push_back({m, a, origin});
+  }
 
   // A write that lands in ascending address order at 8-byte granularity when it is small
   // (kOrderedMax): NCCL announces buffers with a small WRITE whose sequence number sits mid-slot
@@ -39,8 +42,11 @@ class AccessBatch {
   template <typename Fail>
   void flush(bool read, Fail&& fail) {
     if (pending_.empty()) return;
-    std::stable_sort(pending_.begin(), pending_.end(),
-                     [](const Item& a, const Item& b) { return a.mem < b.mem; });
+    // Usually one address space per pass: grouping is needed only when several were reached.
+    if (mixed_)
+      std::stable_sort(pending_.begin(), pending_.end(),
+                       [](const Item& a, const Item& b) { return a.mem < b.mem; });
+    mixed_ = false;
     scratch_.clear();
     size_t i = 0;
     while (i < pending_.size()) {
@@ -71,6 +77,7 @@ class AccessBatch {
   };
   std::vector<Item> pending_;
   std::vector<Access> scratch_;
+  bool mixed_ = false;  // pending_ holds accesses of more than one address space
 };
 
 }  // namespace metaroce::nic

@@ -6,6 +6,7 @@
 #include "datapath/transport/engine_impl.h"
 
 #include <algorithm>
+#include <bit>
 
 #include "datapath/transport/path_seq.h"
 
@@ -928,8 +929,18 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
   }
 
   uint32_t newly = 0;
+  // The path's records are in sequence order: nothing at or past `end` (cum_seq, or one past
+  // the highest SACK bit) can be acknowledged by this ACK.
+  uint32_t end = a.cum_seq;
+  for (int w = 3; w >= 0; --w) {
+    if (a.sack[w]) {
+      end = a.cum_seq + 1 + static_cast<uint32_t>(w * 64 + 63 - std::countl_zero(a.sack[w])) + 1;
+      break;
+    }
+  }
   for (uint16_t prev = kNil, idx = tp.head; idx != kNil;) {
     TxDesc& d = c.pool[idx];
+    if (!seq_lt(d.seq, end)) break;
     const uint16_t next = d.next;
     const bool acked = seq_lt(d.seq, a.cum_seq) ||
                        (d.seq != a.cum_seq && sack_bit(a.sack, d.seq - a.cum_seq - 1));
@@ -950,10 +961,13 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
 
   // Paths are FIFO: a packet transmitted before one that arrived, and still missing, is lost.
   // Retransmitted once; it is not suspected again until something sent after it arrives.
+  // A record sent once and after everything delivered ends the search: every later record was
+  // first sent after it (and a resend is later still).
   for (uint16_t idx = tp.head; idx != kNil; idx = c.pool[idx].next) {
     TxDesc& d = c.pool[idx];
-    if (!(d.flags & (detail::kRetxQueued | detail::kRnrWait)) &&
-        seq_lt(d.tx_order, tp.delivered_order)) {
+    const bool lost = seq_lt(d.tx_order, tp.delivered_order);
+    if (!lost && !(d.flags & detail::kResent)) break;
+    if (lost && !(d.flags & (detail::kRetxQueued | detail::kRnrWait))) {
       queue_retx(c, idx);
       ++pc.sack_gaps;
       ++stats_.sack_gaps;

@@ -3,6 +3,7 @@
 // ibv_poll_cq, ibv_req_notify_cq, ibv_destroy_cq).
 #include "providers/metaroce/cq.h"
 
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 
@@ -19,6 +20,16 @@ namespace {
 
 // poll_cq drains the ring through a small stack buffer: the hot path never allocates.
 constexpr int kPollBatch = 16;
+// A thread that keeps finding its CQ empty yields the CPU every so often (docs/design.md, "The
+// engine"): on a host with fewer cores than spinning threads, the process it yields to may be
+// the one whose answer it waits for (perftest's latency tests spin on both ends of one core).
+// With nothing else runnable, sched_yield returns at once.
+constexpr uint32_t kEmptyPollsBeforeYield = 64;
+thread_local uint32_t t_empty_polls = 0;
+
+void note_empty_poll() {
+  if (++t_empty_polls % kEmptyPollsBeforeYield == 0) sched_yield();
+}
 
 struct SpinGuard {
   explicit SpinGuard(pthread_spinlock_t* l) : l_(l) { pthread_spin_lock(l_); }
@@ -104,7 +115,10 @@ void make_current(Cq* cq) {
 int start_poll(ibv_cq_ex* x, ibv_poll_cq_attr* attr) {
   if (attr->comp_mask) return EINVAL;
   Cq* cq = to_cq(x);
-  if (!has_completions(cq)) return ENOENT;
+  if (!has_completions(cq)) {
+    note_empty_poll();
+    return ENOENT;
+  }
   SpinGuard g(&cq->poll_lock);
   if (hostif::cq_poll(cq->ring, 1, &cq->cur) != 1) return ENOENT;
   make_current(cq);
@@ -212,7 +226,11 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
   if (num_entries < 0) return -EINVAL;
   Cq* cq = to_cq(ibcq);
   // Pollers spin here: an empty queue costs one shared read and no lock.
-  if (!has_completions(cq)) return 0;
+  if (!has_completions(cq)) {
+    note_empty_poll();
+    return 0;
+  }
+  t_empty_polls = 0;
   hostif::Cqe batch[kPollBatch];
   int done = 0;
   SpinGuard g(&cq->poll_lock);

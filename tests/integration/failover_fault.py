@@ -3,8 +3,8 @@
 """Fault injection for failover.sh, through `metaroce fabric set`.
 
   failover_fault.py METAROCE FABRIC down busiest-core|plane1 STATE_FILE
-      Waits until this run's traffic has flowed for half a second, then takes down the core
-      link that carried the most frames over the last 200 ms (so that the running connection
+      Waits until this run's traffic has started (200 frames through the edge), then takes
+      down the core link that carried the most frames over the next 100 ms (so that the running connection
       really has paths on it), or every link of plane 1. Records what it did in STATE_FILE.
   failover_fault.py METAROCE FABRIC check STATE_FILE
       Brings the link(s) back up; exits 1 unless frames were lost on them while down (else the
@@ -38,13 +38,12 @@ def down(m, fab, what, state):
     while edge_frames(m, fab) - start < 200:
         if time.monotonic() > deadline:
             sys.exit("no traffic through the fabric within 60 s")
-        time.sleep(0.05)
-    time.sleep(0.5)
+        time.sleep(0.02)
     if what == "plane1":
         name, where = "p1.", ["--plane", "1"]
     else:
         a = links(m, fab)
-        time.sleep(0.2)
+        time.sleep(0.1)
         b = links(m, fab)
         name = max((n for n in b if b[n]["kind"] == "core"),
                    key=lambda n: b[n]["frames_out"] - a[n]["frames_out"])

@@ -63,17 +63,25 @@ run_pair() {
   while [ "$1" != "--" ]; do server+=("$1"); shift; done
   shift
   client=("$@")
-  timeout "$limit" "${server[@]}" >"$LOGDIR/$name.server" 2>&1 &
-  local spid=$!
-  PIDS+=("$spid")
-  wait_listen "$port"
-  local crc=0
-  timeout "$limit" "${client[@]}" >"$LOGDIR/$name.client" 2>&1 || crc=$?
-  local src=0
-  wait "$spid" || src=$?
-  if [ "$crc" -ne 0 ] || [ "$src" -ne 0 ]; then
-    echo "== $name server (exit $src)"; tail -n 30 "$LOGDIR/$name.server"
-    echo "== $name client (exit $crc)"; tail -n 30 "$LOGDIR/$name.client"
-    fail "$name: server exit $src, client exit $crc"
-  fi
+  local attempt crc src
+  for attempt in 1 2; do
+    timeout "$limit" "${server[@]}" >"$LOGDIR/$name.server" 2>&1 &
+    local spid=$!
+    PIDS+=("$spid")
+    wait_listen "$port"
+    crc=0
+    timeout "$limit" "${client[@]}" >"$LOGDIR/$name.client" 2>&1 || crc=$?
+    src=0
+    wait "$spid" || src=$?
+    [ "$crc" -eq 0 ] && [ "$src" -eq 0 ] && return 0
+    # perftest times its report with a CPU clock it calibrates against gettimeofday at the
+    # end; on a loaded 2-core host that calibration can fail ("Correlation coefficient r^2 <
+    # 0.9", then "Can't produce a report", exit 1) after a transfer that went well. That is
+    # the host, not the transport: run the pair once more. Any other failure fails at once.
+    grep -qs "Correlation coefficient r^2" "$LOGDIR/$name.server" "$LOGDIR/$name.client" || break
+    echo "note: $name: perftest could not calibrate its clock under load; running it again"
+  done
+  echo "== $name server (exit $src)"; tail -n 30 "$LOGDIR/$name.server"
+  echo "== $name client (exit $crc)"; tail -n 30 "$LOGDIR/$name.client"
+  fail "$name: server exit $src, client exit $crc"
 }

@@ -121,7 +121,8 @@ else
 fi
 "${M[@]}" link show
 "${M[@]}" engine status || fail "no engine serves the links"
-pgrep -x metaroced >/dev/null || fail "metaroced does not run"
+# The installed engine, not one that a test running beside this one started from the build tree.
+pgrep -f '^/usr/sbin/metaroced ' >/dev/null || fail "the installed metaroced does not run"
 [ "$("${M[@]}" link show --json | grep -c '"name"')" -eq 2 ] || fail "the two links are not there"
 
 step "ibv_devices and ibv_rc_pingpong through metaroce exec"
@@ -159,7 +160,7 @@ for node in /dev/infiniband/uverbs*; do
   [ -c "$node" ] && [ "$(stat -c '%t:%T' "$node")" = 1:7 ] && fail "our device node $node is left"
 done
 SYSFS_PATH=/run/metaroce/sys ibv_devices 2>/dev/null | grep -qw 'mr[AB]' && fail "a link is still visible"
-pgrep -x metaroced >/dev/null && fail "metaroced still runs after purge"
+pgrep -f '^/usr/sbin/metaroced ' >/dev/null && fail "the installed metaroced still runs after purge"
 echo "deb: installed, used and purged without leftovers"
 
 # --- RPM layout --------------------------------------------------------------------------------

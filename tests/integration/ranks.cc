@@ -6,7 +6,10 @@
 //
 //   ranks --dev NAME (--server | --connect HOST) --port P [--open-all] [--seconds S] [--size B]
 //         [--timeout T] [--stream]
-//   ranks --hold S [--open-all | --dev NAME]     (open, make a QP on each device, wait S seconds)
+//   ranks --hold S [--open-all | --dev NAME] [--qps N]
+//                                    (open, make a QP on each device, wait S seconds; --qps: also
+//                                     N more RC QPs per device, each moved to RTS towards the
+//                                     device's own address, as a job's connections would be)
 //
 // Traffic: per iteration, the client WRITEs `size` bytes of a pattern into the server's buffer
 // and SENDs the iteration number; the server checks every byte, answers the same way; the
@@ -180,6 +183,7 @@ int main(int argc, char** argv) {
   double seconds = 3, hold = -1;
   size_t size = 65536;
   int timeout = 14;
+  int extra_qps = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] {
@@ -199,6 +203,7 @@ int main(int argc, char** argv) {
     else if (a == "--timeout") timeout = std::atoi(next().c_str());
     else if (a == "--hold") hold = std::atof(next().c_str());
     else if (a == "--stream") stream = true;
+    else if (a == "--qps") extra_qps = std::atoi(next().c_str());
     else {
       std::fprintf(stderr, "ranks: unknown argument %s\n", a.c_str());
       return 2;
@@ -225,8 +230,56 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   if (hold >= 0) {
+    std::vector<ibv_qp*> extra;
+    for (Opened& o : opened) {
+      ibv_gid gid;
+      if (ibv_query_gid(o.ctx, 1, 0, &gid)) die("ibv_query_gid");
+      for (int q = 0; q < extra_qps; ++q) {
+        ibv_qp_init_attr qa{};
+        qa.send_cq = qa.recv_cq = o.cq;
+        qa.qp_type = IBV_QPT_RC;
+        qa.cap.max_send_wr = qa.cap.max_recv_wr = 64;
+        qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+        ibv_qp* qp = ibv_create_qp(o.pd, &qa);
+        if (!qp) die("ibv_create_qp (--qps)");
+        extra.push_back(qp);
+        ibv_qp_attr at{};
+        at.qp_state = IBV_QPS_INIT;
+        at.port_num = 1;
+        at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+        if (ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+          die("modify INIT (--qps)");
+        at = {};
+        at.qp_state = IBV_QPS_RTR;
+        at.path_mtu = IBV_MTU_4096;
+        at.dest_qp_num = o.qp->qp_num;
+        at.max_dest_rd_atomic = 1;
+        at.min_rnr_timer = 12;
+        at.ah_attr.is_global = 1;
+        at.ah_attr.grh.dgid = gid;
+        at.ah_attr.grh.hop_limit = 1;
+        at.ah_attr.port_num = 1;
+        if (ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+          die("modify RTR (--qps)");
+        at = {};
+        at.qp_state = IBV_QPS_RTS;
+        at.timeout = 14;
+        at.retry_cnt = 7;
+        at.rnr_retry = 7;
+        at.max_rd_atomic = 1;
+        if (ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                       IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+          die("modify RTS (--qps)");
+      }
+    }
+    if (extra_qps) {
+      std::printf("ranks: holding %zu more QP(s)\n", extra.size());
+      std::fflush(stdout);
+    }
     const auto until = Clock::now() + std::chrono::duration<double>(hold);
     while (!g_stop.load() && Clock::now() < until && !g_device_fatal.load()) usleep(20000);
+    for (ibv_qp* qp : extra) ibv_destroy_qp(qp);
     for (Opened& o : opened) close_device(o);
     ibv_free_device_list(list);
     return g_device_fatal ? kExitDeviceFatal : 0;
