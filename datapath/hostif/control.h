@@ -40,7 +40,8 @@ enum class Op : uint16_t {
   kModifyQp = 11,
   kDestroyQp = 12,
   kModifySrq = 13,
-  // Administration (uid 0 only): what `metaroce link` and `metaroce engine` ask.
+  // Administration (uid 0, or the engine's own user: a user who runs an engine for a private run
+  // dir administers it): what `metaroce link` and `metaroce engine` ask.
   kLinkOpen = 100,
   kLinkClose = 101,
   kShutdown = 102,

@@ -70,6 +70,11 @@ bool fits(uint64_t offset, uint64_t count, uint64_t size, size_t bytes) {
   return offset <= bytes && count * size <= bytes - offset;
 }
 
+// Two arrays of a segment (offset, count * size each) that share no byte.
+bool apart(uint64_t a, uint64_t a_len, uint64_t b, uint64_t b_len) {
+  return a + a_len <= b || b + b_len <= a;
+}
+
 }  // namespace
 
 bool valid_cq(const void* seg, size_t bytes) {
@@ -89,8 +94,11 @@ bool valid_qp(const void* seg, size_t bytes) {
          h->max_recv_sge <= kMaxSge && h->max_inline <= kMaxInline &&
          h->sq_stride >= send_stride(h->max_send_sge, h->max_inline) &&
          h->rq_stride >= recv_stride(h->max_recv_sge) && h->sq_offset >= sizeof(QpHeader) &&
+         h->rq_offset >= sizeof(QpHeader) &&
          fits(h->sq_offset, h->sq_entries, h->sq_stride, bytes) &&
-         fits(h->rq_offset, h->rq_entries, h->rq_stride, bytes);
+         fits(h->rq_offset, h->rq_entries, h->rq_stride, bytes) &&
+         apart(h->sq_offset, uint64_t{h->sq_entries} * h->sq_stride, h->rq_offset,
+               uint64_t{h->rq_entries} * h->rq_stride);
 }
 
 bool valid_srq(const void* seg, size_t bytes) {
@@ -99,8 +107,12 @@ bool valid_srq(const void* seg, size_t bytes) {
   return h->magic == kSrqMagic && h->version == kAbiVersion && is_pow2(h->entries) &&
          h->max_wr >= 1 && h->max_wr <= h->entries && h->max_sge <= kMaxSge &&
          h->stride >= recv_stride(h->max_sge) && h->slots_offset >= sizeof(SrqHeader) &&
+         h->posted_offset >= sizeof(SrqHeader) && h->free_offset >= sizeof(SrqHeader) &&
          fits(h->slots_offset, h->max_wr, h->stride, bytes) &&
-         fits(h->posted_offset, h->entries, 4, bytes) && fits(h->free_offset, h->entries, 4, bytes);
+         fits(h->posted_offset, h->entries, 4, bytes) && fits(h->free_offset, h->entries, 4, bytes) &&
+         apart(h->slots_offset, uint64_t{h->max_wr} * h->stride, h->posted_offset, h->entries * 4ull) &&
+         apart(h->slots_offset, uint64_t{h->max_wr} * h->stride, h->free_offset, h->entries * 4ull) &&
+         apart(h->posted_offset, h->entries * 4ull, h->free_offset, h->entries * 4ull);
 }
 
 // --- driver ----------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ stop_all() {
   FABRIC_PID=""
 }
 # cleanup (lib.sh) exits with the status it finds in $?: hand it the script's, not stop_all's.
-trap 'rc=$?; stop_all; (exit "$rc"); cleanup' EXIT
+trap 'rc=$?; set +e; stop_all; (exit "$rc"); cleanup' EXIT
 
 # fabric PLANES LINKS [options]: a 2-endpoint fabric and the devices fA (endpoint 0), fB (1).
 fabric() {
