@@ -549,7 +549,21 @@ std::unique_ptr<Port> open_dpdk_port(const DpdkPortConfig& cfg, std::string* err
     };
     if (!entry.devargs.empty() && entry.devargs != devargs) remove_device(name, entry);
     if (entry.devargs.empty()) {
-      const int rc = rte_dev_probe(devargs.c_str());
+      int rc = rte_dev_probe(devargs.c_str());
+      if (rc != 0 && rte_eth_dev_count_total() >= RTE_MAX_ETHPORTS) {
+        // Every ethdev slot is taken (32 in Debian's DPDK), by ports of links that closed and
+        // were kept stopped for a quick reopen: a long-lived engine that saw many links come
+        // and go. Release those and try once more.
+        for (auto it = eal.devices.begin(); it != eal.devices.end();) {
+          if (it->first != name && !it->second.open && !it->second.devargs.empty()) {
+            remove_device(it->first, it->second);
+            it = eal.devices.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        rc = rte_dev_probe(devargs.c_str());
+      }
       uint16_t port = 0;
       if (rc != 0) return fail("DPDK refused device '" + devargs + "': " + probe_error(rc));
       if (rte_eth_dev_get_port_by_name(name.c_str(), &port) != 0)

@@ -1,12 +1,13 @@
 #!/bin/bash
 # SPDX-License-Identifier: Apache-2.0
 # A failed link never reaches the application, whatever the traffic (docs/spec/congestion.md §4):
-# unmodified ibv_rc_pingpong (2 B, 4 KiB, 64 KiB), ib_send_lat, ib_read_lat and ib_atomic_lat
-# through `metaroce fabric`, with (1) the busiest of 8 core links black-holed mid-run and (2) a
-# whole plane of a 2-plane fabric down mid-run: both sides of every run exit 0, and the fabric
-# shows that the failure was hit. (3) ibv_rc_pingpong 64 KiB at 10 % loss on every core link,
-# 10 runs in a row, both sides exit 0 (the last acknowledgement: a client that is done and
-# closes its device still answers the server's resends). Usage: failover.sh BUILD_DIR.
+# unmodified ibv_rc_pingpong -c (2 B, 4 KiB, 64 KiB; -c checks every received buffer),
+# ib_send_lat, ib_read_lat and ib_atomic_lat through `metaroce fabric`, with (1) the busiest of
+# 8 core links black-holed mid-run and (2) a whole plane of a 2-plane fabric down mid-run: both
+# sides of every run exit 0, and the fabric shows that the failure was hit. (3) ibv_rc_pingpong
+# -c 64 KiB at 10 % loss on every core link, 10 runs in a row, both sides exit 0 (the last
+# acknowledgement: a client that is done and closes its device still answers the server's
+# resends). Usage: failover.sh BUILD_DIR.
 # FAILOVER_ONLY=core|plane|loss runs one part.
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/lib.sh"
@@ -88,9 +89,9 @@ run_case() {
 # if the failure missed the run.
 programs() {
   local what=$1
-  run_case "pingpong-2B-$what" "$what" ibv_rc_pingpong -g 0 -p @PORT@ -s 2 -n 4000
-  run_case "pingpong-4K-$what" "$what" ibv_rc_pingpong -g 0 -p @PORT@ -s 4096 -n 4000
-  run_case "pingpong-64K-$what" "$what" ibv_rc_pingpong -g 0 -p @PORT@ -s 65536 -n 1500
+  run_case "pingpong-2B-$what" "$what" ibv_rc_pingpong -c -g 0 -p @PORT@ -s 2 -n 4000
+  run_case "pingpong-4K-$what" "$what" ibv_rc_pingpong -c -g 0 -p @PORT@ -s 4096 -n 4000
+  run_case "pingpong-64K-$what" "$what" ibv_rc_pingpong -c -g 0 -p @PORT@ -s 65536 -n 1500
   run_case "send_lat-$what" "$what" ib_send_lat -x 0 -p @PORT@ -s 2 -n 4000
   run_case "read_lat-$what" "$what" ib_read_lat -x 0 -p @PORT@ -s 2 -n 5000
   run_case "atomic_lat-$what" "$what" ib_atomic_lat -x 0 -p @PORT@ -n 5000
@@ -112,8 +113,8 @@ if [ -z "$only" ] || [ "$only" = loss ]; then
   fabric 1 8 --loss 0.1
   for i in $(seq 10); do
     PORT=$((PORT + 1))
-    run_pair "loss10-$i" "$PORT" 240 -- ibv_rc_pingpong -g 0 -p "$PORT" -s 65536 -n 200 -d fA \
-      -- ibv_rc_pingpong -g 0 -p "$PORT" -s 65536 -n 200 -d fB 127.0.0.1
+    run_pair "loss10-$i" "$PORT" 240 -- ibv_rc_pingpong -c -g 0 -p "$PORT" -s 65536 -n 200 -d fA \
+      -- ibv_rc_pingpong -c -g 0 -p "$PORT" -s 65536 -n 200 -d fB 127.0.0.1
     echo "ok: 64 KiB ping-pong at 10 % loss, run $i of 10"
   done
   stop_all

@@ -395,5 +395,25 @@ TEST(DpdkPort, ReopenWithOtherArgumentsProbesTheDeviceAfresh) {
                          std::chrono::seconds(3)));
 }
 
+TEST(DpdkPort, ManyDevicesOpenedAndClosedInTurnNeverRunOutOfPorts) {
+  // A long-lived engine sees links come and go; closed ports are kept stopped for a quick
+  // reopen, but never so many that a new device finds no ethdev slot (32 in Debian's DPDK).
+  constexpr int kMany = 40;
+  std::string err;
+  for (int i = 0; i < kMany; ++i) {
+    const std::string dev = "net_null" + std::to_string(100 + i);
+    auto port = open_dpdk_port({.devargs = dev}, &err);
+    ASSERT_NE(port, nullptr) << dev << ": " << err;
+  }
+  // A device kept open meanwhile survives the clean-up of the closed ones.
+  auto kept = open_dpdk_port({.devargs = "net_null99"}, &err);
+  ASSERT_NE(kept, nullptr) << err;
+  for (int i = 0; i < kMany; ++i) {
+    auto port = open_dpdk_port({.devargs = "net_null" + std::to_string(200 + i)}, &err);
+    ASSERT_NE(port, nullptr) << err;
+  }
+  EXPECT_TRUE(kept->link_up());
+}
+
 }  // namespace
 }  // namespace metaroce::io
