@@ -4,6 +4,8 @@
 // and what happens when the engine goes away (IBV_EVENT_DEVICE_FATAL, every queue flushed).
 #pragma once
 
+#include <sys/mman.h>
+
 #include <infiniband/verbs.h>
 #include <unistd.h>
 
@@ -86,6 +88,35 @@ inline void ring_doorbell(ContextState& st) noexcept;
 
 // Maps a segment the engine sent (size `bytes`), then closes fd; nullptr on failure.
 void* map_segment(int fd, size_t bytes) noexcept;
+
+// Creates an engine object whose rings come back as a segment (CQ, QP, SRQ): sends `create`
+// with req (and fds), maps the answer's one descriptor and checks it with `valid`. If the answer
+// is not what the protocol promises, the object the engine made is destroyed again (`destroy`,
+// naming it by the answer's `id` field). 0 with *out and *seg set, or a positive errno.
+template <typename Req, typename Resp>
+int create_mapped(ibv_context* context, hostif::Op create, const Req& req,
+                  std::initializer_list<int> fds, hostif::Op destroy, uint32_t Resp::*id,
+                  bool (*valid)(const void*, size_t), Resp* out, void** seg) noexcept {
+  hostif::Message resp;
+  int err = engine_call(context, create, req, &resp, fds);
+  auto body = resp.template as<Resp>();
+  *seg = nullptr;
+  if (!err && (!body || resp.fds.size() != 1)) err = EPROTO;
+  if (!err) {
+    *seg = map_segment(resp.fds[0], body->bytes);
+    resp.fds.clear();
+    if (!*seg || !valid(*seg, body->bytes)) err = EPROTO;
+  }
+  hostif::close_fds(&resp);
+  if (err) {
+    if (*seg) munmap(*seg, body->bytes);
+    *seg = nullptr;
+    if (body && err == EPROTO) engine_call(context, destroy, hostif::IdReq{(*body).*id}, &resp);
+    return err;
+  }
+  *out = *body;
+  return 0;
+}
 
 // Registers objects so that a dead engine's queues can be flushed.
 void track(ibv_context* context, Cq* cq) noexcept;

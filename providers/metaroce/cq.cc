@@ -73,29 +73,22 @@ Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32
   req.cqe = cqe;
   req.has_channel = event_fd >= 0;
   req.handle = reinterpret_cast<uintptr_t>(&cq->vcq.cq);
-  hostif::Message resp;
-  int err = event_fd >= 0 ? engine_call(context, hostif::Op::kCreateCq, req, &resp, {event_fd})
-                          : engine_call(context, hostif::Op::kCreateCq, req, &resp);
-  auto body = resp.as<hostif::CreateCqResp>();
+  hostif::CreateCqResp body;
   void* seg = nullptr;
-  if (!err && (!body || resp.fds.size() != 1)) err = EPROTO;
-  if (!err) {
-    seg = map_segment(resp.fds[0], body->bytes);
-    resp.fds.clear();
-    if (!seg || !hostif::valid_cq(seg, body->bytes)) err = EPROTO;
-  }
-  hostif::close_fds(&resp);
+  const int err =
+      event_fd >= 0
+          ? create_mapped(context, hostif::Op::kCreateCq, req, {event_fd}, hostif::Op::kDestroyCq,
+                          &hostif::CreateCqResp::id, hostif::valid_cq, &body, &seg)
+          : create_mapped(context, hostif::Op::kCreateCq, req, {}, hostif::Op::kDestroyCq,
+                          &hostif::CreateCqResp::id, hostif::valid_cq, &body, &seg);
   if (err) {
-    if (seg) munmap(seg, body->bytes);
-    if (body && err == EPROTO)
-      engine_call(context, hostif::Op::kDestroyCq, hostif::IdReq{body->id}, &resp);
     delete cq;
     errno = err;
     return nullptr;
   }
   cq->ring = static_cast<hostif::CqHeader*>(seg);
-  cq->ring_bytes = body->bytes;
-  cq->id = body->id;
+  cq->ring_bytes = body.bytes;
+  cq->id = body.id;
   cq->event_fd = event_fd;
   pthread_spin_init(&cq->poll_lock, PTHREAD_PROCESS_PRIVATE);
   cq->vcq.cq.cqe = static_cast<int>(cq->ring->capacity);

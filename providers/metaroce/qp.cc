@@ -111,27 +111,17 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   req.caps.max_recv_sge = cap.max_recv_sge;
   req.caps.max_inline = cap.max_inline_data;
   req.handle = reinterpret_cast<uintptr_t>(&qp->vqp.qp);
-  hostif::Message resp;
-  int err = engine_call(context, hostif::Op::kCreateQp, req, &resp);
-  auto body = resp.as<hostif::CreateQpResp>();
+  hostif::CreateQpResp body;
   void* seg = nullptr;
-  if (!err && (!body || resp.fds.size() != 1)) err = EPROTO;
-  if (!err) {
-    seg = map_segment(resp.fds[0], body->bytes);
-    resp.fds.clear();
-    if (!seg || !hostif::valid_qp(seg, body->bytes)) err = EPROTO;
-  }
-  hostif::close_fds(&resp);
+  const int err = create_mapped(context, hostif::Op::kCreateQp, req, {}, hostif::Op::kDestroyQp,
+                                &hostif::CreateQpResp::qpn, hostif::valid_qp, &body, &seg);
   if (err) {
-    if (seg) munmap(seg, body->bytes);
-    if (body && err == EPROTO)
-      engine_call(context, hostif::Op::kDestroyQp, hostif::IdReq{body->qpn}, &resp);
     delete qp;
     fail(err);
     return nullptr;
   }
   qp->ring = static_cast<hostif::QpHeader*>(seg);
-  qp->ring_bytes = body->bytes;
+  qp->ring_bytes = body.bytes;
   qp->ring_sge = qp->ring->max_send_sge;
 
   pthread_mutex_init(&qp->lock, nullptr);
@@ -154,7 +144,7 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   q.events_completed = 0;
   pthread_mutex_init(&q.mutex, nullptr);
   pthread_cond_init(&q.cond, nullptr);
-  q.qp_num = body->qpn;
+  q.qp_num = body.qpn;
   q.handle = q.qp_num;
   if (ex) {
     init_qp_ex(qp);

@@ -33,28 +33,19 @@ ibv_srq* create_srq(ibv_pd* ibpd, ibv_srq_init_attr* attr) noexcept {
   req.max_wr = a.max_wr;
   req.max_sge = a.max_sge;
   req.handle = reinterpret_cast<uintptr_t>(&srq->srq);
-  hostif::Message resp;
-  int err = engine_call(ibpd->context, hostif::Op::kCreateSrq, req, &resp);
-  auto body = resp.as<hostif::CreateSrqResp>();
+  hostif::CreateSrqResp body;
   void* seg = nullptr;
-  if (!err && (!body || resp.fds.size() != 1)) err = EPROTO;
-  if (!err) {
-    seg = map_segment(resp.fds[0], body->bytes);
-    resp.fds.clear();
-    if (!seg || !hostif::valid_srq(seg, body->bytes)) err = EPROTO;
-  }
-  hostif::close_fds(&resp);
+  const int err = create_mapped(ibpd->context, hostif::Op::kCreateSrq, req, {},
+                                hostif::Op::kDestroySrq, &hostif::CreateSrqResp::id,
+                                hostif::valid_srq, &body, &seg);
   if (err) {
-    if (seg) munmap(seg, body->bytes);
-    if (body && err == EPROTO)
-      engine_call(ibpd->context, hostif::Op::kDestroySrq, hostif::IdReq{body->id}, &resp);
     delete srq;
     errno = err;
     return nullptr;
   }
   srq->ring = static_cast<hostif::SrqHeader*>(seg);
-  srq->ring_bytes = body->bytes;
-  srq->id = body->id;
+  srq->ring_bytes = body.bytes;
+  srq->id = body.id;
   srq->pd = pd;
   srq->max_wr = a.max_wr;
   srq->max_sge = a.max_sge;
