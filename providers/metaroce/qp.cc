@@ -310,10 +310,35 @@ uint8_t* sq_slot_ahead(Qp* qp, uint32_t i) noexcept {
   return hostif::sq_slot(h, at);
 }
 
+namespace {
+
+// Completes every send WQE still in the ring as flushed, the provider acting as the engine.
+// Callers hold sq_lock; idempotent (sq_done moves up to sq_head).
+void flush_sq_locked(Qp* qp) noexcept {
+  const uint32_t qpn = qp->vqp.qp.qp_num;
+  hostif::QpHeader* h = qp->ring;
+  for (uint32_t i = h->sq_done.load(); i != h->sq_head.peek(); ++i) {
+    const hostif::SendWqe* w = hostif::send_wqe(hostif::sq_slot(h, i));
+    push_orphan(qp->send_cq, flushed(w->wr_id, flush_opcode(w->op), qpn));
+  }
+  h->sq_done.store(h->sq_head.peek());
+  h->state.store(static_cast<uint32_t>(hostif::QpState::kErr));
+}
+
+}  // namespace
+
 void sq_publish(Qp* qp, uint32_t n) noexcept {
   if (n == 0) return;
   qp->ring->sq_head.store(qp->ring->sq_head.peek() + n);
-  ring_doorbell(state_of(qp->vqp.qp.context));
+  ContextState& st = state_of(qp->vqp.qp.context);
+  if (st.dead.load(std::memory_order_acquire)) {
+    // No engine will take them (posting in the error state is allowed): flushed at once. If the
+    // watcher flushes this QP later, there is nothing left for it to do.
+    flush_sq_locked(qp);
+    notify_orphan(qp->send_cq);
+    return;
+  }
+  ring_doorbell(st);
 }
 
 void flush_orphan(Qp* qp) noexcept {
@@ -321,12 +346,7 @@ void flush_orphan(Qp* qp) noexcept {
   hostif::QpHeader* h = qp->ring;
   {
     SpinGuard g(&qp->sq_lock);
-    for (uint32_t i = h->sq_done.load(); i != h->sq_head.peek(); ++i) {
-      const hostif::SendWqe* w = hostif::send_wqe(hostif::sq_slot(h, i));
-      push_orphan(qp->send_cq, flushed(w->wr_id, flush_opcode(w->op), qpn));
-    }
-    h->sq_done.store(h->sq_head.peek());
-    h->state.store(static_cast<uint32_t>(hostif::QpState::kErr));
+    flush_sq_locked(qp);
   }
   if (qp->srq) return;  // the SRQ flushes its own receives
   SpinGuard g(&qp->rq_lock);
@@ -462,7 +482,7 @@ int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int /*attr_mask*/,
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
   Qp* qp = to_qp(ibqp);
   SpinGuard g(&qp->sq_lock);
-  if (qp_state(qp) != hostif::QpState::kRts) {
+  if (!sq_accepts(qp)) {
     *bad_wr = wr;
     return EINVAL;
   }

@@ -65,8 +65,16 @@ void init_qp_ex(Qp* qp) noexcept;
 // The send slot `i` WQEs past the ring's head (0: the next to post), or nullptr when the ring
 // has no room for it. Callers hold sq_lock.
 uint8_t* sq_slot_ahead(Qp* qp, uint32_t i) noexcept;
-// Publishes n WQEs written at sq_slot_ahead(0..n-1) and rings the doorbell.
+// Publishes n WQEs written at sq_slot_ahead(0..n-1) and rings the doorbell (with the engine
+// gone: completes them as flushed).
 void sq_publish(Qp* qp, uint32_t n) noexcept;
+// Whether the send queue takes work: in RTS, and in ERR, where it completes flushed (as on
+// hardware RDMA devices and rxe; an application that posts right after an error completion, or
+// before it sees one, must get its flushed completion, not EINVAL).
+inline bool sq_accepts(Qp* qp) noexcept {
+  const hostif::QpState s = qp_state(qp);
+  return s == hostif::QpState::kRts || s == hostif::QpState::kErr;
+}
 
 // With the engine gone: every WQE still in the rings completes as flushed.
 void flush_orphan(Qp* qp) noexcept;

@@ -61,7 +61,7 @@ void wr_start(ibv_qp_ex* qpx) {
 int wr_complete(ibv_qp_ex* qpx) {
   Qp* qp = to_qp(qpx);
   int err = qp->wr_error;
-  if (!err && qp_state(qp) != hostif::QpState::kRts) err = EINVAL;
+  if (!err && !sq_accepts(qp)) err = EINVAL;
   // A datagram without wr_set_ud_addr has nowhere to go.
   for (uint32_t i = 0; !err && qp->type == IBV_QPT_UD && i < qp->pending_n; ++i)
     if (hostif::send_wqe(sq_slot_ahead(qp, i))->ud_ip == 0) err = EINVAL;

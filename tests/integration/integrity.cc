@@ -323,6 +323,13 @@ int main(int argc, char** argv) {
     wc = wait_wc(c, "flushed completion");
     CHECK(wc.wr_id == 21 && wc.status == IBV_WC_WR_FLUSH_ERR,
           "WR behind an error: expected WR_FLUSH_ERR, got %s", ibv_wc_status_str(wc.status));
+    // The QP is in the error state now: a WR posted there is accepted and completes flushed
+    // (as on hardware devices and rxe), not refused.
+    CHECK(post(c.qp[kBadKeyQp], IBV_WR_RDMA_WRITE, 24, &sge, 1, guard, peer.rkey) == 0,
+          "post WRITE to a QP in the error state");
+    wc = wait_wc(c, "flushed completion after the error");
+    CHECK(wc.wr_id == 24 && wc.status == IBV_WC_WR_FLUSH_ERR,
+          "WR posted in the error state: expected WR_FLUSH_ERR, got %s", ibv_wc_status_str(wc.status));
     // Out of bounds: starts inside the MR, ends past it.
     const uint64_t mr_end = rbase + 5 * peer.region;
     CHECK(post(c.qp[kBoundsQp], IBV_WR_RDMA_WRITE, 22, &sge, 1, mr_end - 16, peer.rkey) == 0,

@@ -824,6 +824,11 @@ TEST_F(HostEngineTest, AWriteIntoUnmappedMemoryIsARemoteAccessErrorAndTheEngineK
   ASSERT_TRUE(b.drv->next_async_event(&element, &ev));
   EXPECT_EQ(ev, hostif::AsyncEvent::kQpAccessErr);
   EXPECT_EQ(element, b.qp.handle);
+  // Work posted to a QP in the error state completes, flushed (the provider accepts it there).
+  ASSERT_NO_FATAL_FAILURE(post_write(a, 7, 0, 64, b.buf->addr(), b.key));
+  ASSERT_TRUE(next_cqe(a.cq, &c));
+  EXPECT_EQ(c.wr_id, 7u);
+  EXPECT_EQ(c.status, WcStatus::kWrFlushErr);
 
   // Nobody else noticed: both contexts are still served, and new QPs move data.
   EXPECT_EQ(engine_->session_count(), 2u);
