@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The control protocol between a driver and the engine (docs/spec/verbs-mapping.md §9): one
+// The control protocol between a driver and the engine (docs/spec/verbs-mapping.md §10): one
 // SOCK_SEQPACKET connection per device context to <run dir>/engine.sock, strict request and
 // response, each message a Header followed by the operation's fixed-size body, descriptors in
 // SCM_RIGHTS. What travels here is rare (object creation, state changes); the data path is the

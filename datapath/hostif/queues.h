@@ -2,7 +2,7 @@
 // The queue-level interface between a driver (the libibverbs provider, a unit test) and the
 // engine: the layout of the rings they share in memory, as a hardware NIC shares descriptor
 // rings with its driver, and the few helpers both sides use on them. Plain data of fixed width in
-// the host's byte order, no pointers; ABI version kAbiVersion (docs/spec/verbs-mapping.md §9).
+// the host's byte order, no pointers; ABI version kAbiVersion (docs/spec/verbs-mapping.md §10).
 //
 // Every ring index is a free-running 32-bit counter written by exactly one side (single producer,
 // single consumer) and read by the other with acquire semantics. The engine treats everything a
