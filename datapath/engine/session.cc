@@ -38,14 +38,8 @@ bool Session::attach(Link* link, int async_fd) {
 
 void Session::async_event(uint64_t handle, hostif::AsyncEvent ev) {
   if (async_fd_ < 0) return;
-  // struct ib_uverbs_async_event_desc, which ibv_get_async_event reads from the context's
-  // async_fd. A full pipe drops the event: the application is not reading them.
-  struct {
-    uint64_t element;
-    uint32_t event_type;
-    uint32_t reserved;
-  } desc{handle, static_cast<uint32_t>(ev), 0};
-  static_assert(sizeof(desc) == 16);
+  // A full pipe drops the event: the application is not reading them.
+  const hostif::AsyncEventDesc desc{handle, static_cast<uint32_t>(ev), 0};
   [[maybe_unused]] ssize_t n = write(async_fd_, &desc, sizeof(desc));
 }
 

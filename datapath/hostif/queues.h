@@ -133,6 +133,16 @@ enum class AsyncEvent : uint32_t {
   kQpLastWqeReached = 16,
 };
 
+// One asynchronous event as ibv_get_async_event reads it from a context's async descriptor
+// (the layout of struct ib_uverbs_async_event_desc): the engine writes them, and so does the
+// provider for the events it raises itself (the engine gone).
+struct AsyncEventDesc {
+  uint64_t element;     // the QP, SRQ or CQ handle the driver gave, or the context
+  uint32_t event_type;  // AsyncEvent (ibv_event_type)
+  uint32_t reserved;
+};
+static_assert(sizeof(AsyncEventDesc) == 16);
+
 // --- queue states ------------------------------------------------------------------------------
 
 enum class QpState : uint32_t { kReset, kInit, kRtr, kRts, kErr };

@@ -269,13 +269,7 @@ bool is_ours(const ibv_context* context) noexcept {
 }
 
 void post_async_event(ibv_context* context, uint64_t element, ibv_event_type type) noexcept {
-  // struct ib_uverbs_async_event_desc, which ibv_get_async_event reads from async_fd.
-  struct {
-    uint64_t element;
-    uint32_t event_type;
-    uint32_t reserved;
-  } desc{element, static_cast<uint32_t>(type), 0};
-  static_assert(sizeof(desc) == 16);
+  const hostif::AsyncEventDesc desc{element, static_cast<uint32_t>(type), 0};
   ssize_t n = write(to_context(context)->state->async_write_fd, &desc, sizeof(desc));
   (void)n;  // a full pipe drops the event: the application is not reading them
 }

@@ -60,6 +60,18 @@ struct Opened {
   ibv_qp* qp = nullptr;
 };
 
+// An RC QP of 64 WRs each way, one SGE, both queues on cq.
+ibv_qp* make_rc_qp(ibv_pd* pd, ibv_cq* cq) {
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 64;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(pd, &qa);
+  if (!qp) die("ibv_create_qp");
+  return qp;
+}
+
 // Opens device d, queries it, and makes a PD, a CQ and an RC QP on it (what a library's device
 // scan leaves behind in every rank).
 Opened open_device(ibv_device* d) {
@@ -79,13 +91,7 @@ Opened open_device(ibv_device* d) {
   o.pd = ibv_alloc_pd(o.ctx);
   o.cq = o.pd ? ibv_create_cq(o.ctx, 256, nullptr, nullptr, 0) : nullptr;
   if (!o.cq) die("pd/cq");
-  ibv_qp_init_attr qa{};
-  qa.send_cq = qa.recv_cq = o.cq;
-  qa.qp_type = IBV_QPT_RC;
-  qa.cap.max_send_wr = qa.cap.max_recv_wr = 64;
-  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
-  o.qp = ibv_create_qp(o.pd, &qa);
-  if (!o.qp) die("ibv_create_qp");
+  o.qp = make_rc_qp(o.pd, o.cq);
   return o;
 }
 
@@ -234,43 +240,15 @@ int main(int argc, char** argv) {
     for (Opened& o : opened) {
       ibv_gid gid;
       if (ibv_query_gid(o.ctx, 1, 0, &gid)) die("ibv_query_gid");
+      RcPeer self;  // the device's own QP: a connection to its own address
+      self.qpn = o.qp->qp_num;
+      self.gid = gid.raw;
+      self.mtu = IBV_MTU_4096;
       for (int q = 0; q < extra_qps; ++q) {
-        ibv_qp_init_attr qa{};
-        qa.send_cq = qa.recv_cq = o.cq;
-        qa.qp_type = IBV_QPT_RC;
-        qa.cap.max_send_wr = qa.cap.max_recv_wr = 64;
-        qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
-        ibv_qp* qp = ibv_create_qp(o.pd, &qa);
-        if (!qp) die("ibv_create_qp (--qps)");
+        ibv_qp* qp = make_rc_qp(o.pd, o.cq);
         extra.push_back(qp);
-        ibv_qp_attr at{};
-        at.qp_state = IBV_QPS_INIT;
-        at.port_num = 1;
-        at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-        if (ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-          die("modify INIT (--qps)");
-        at = {};
-        at.qp_state = IBV_QPS_RTR;
-        at.path_mtu = IBV_MTU_4096;
-        at.dest_qp_num = o.qp->qp_num;
-        at.max_dest_rd_atomic = 1;
-        at.min_rnr_timer = 12;
-        at.ah_attr.is_global = 1;
-        at.ah_attr.grh.dgid = gid;
-        at.ah_attr.grh.hop_limit = 1;
-        at.ah_attr.port_num = 1;
-        if (ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-          die("modify RTR (--qps)");
-        at = {};
-        at.qp_state = IBV_QPS_RTS;
-        at.timeout = 14;
-        at.retry_cnt = 7;
-        at.rnr_retry = 7;
-        at.max_rd_atomic = 1;
-        if (ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                       IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-          die("modify RTS (--qps)");
+        modify_to_init(qp, IBV_ACCESS_REMOTE_WRITE);
+        modify_to_rts(qp, self);
       }
     }
     if (extra_qps) {
