@@ -634,11 +634,14 @@ void HostEngine::admin(Session& s, const Message& req, Message* resp) {
       Session& x = *list[body->index];
       hostif::SessionInfoResp info;
       info.pid = static_cast<uint32_t>(x.peer_pid());
-      info.pds = x.counts.pds;
-      info.mrs = x.counts.mrs;
-      info.cqs = x.counts.cqs;
-      info.srqs = x.counts.srqs;
-      info.qps = x.counts.qps;
+      // What the NIC holds for it, not a tally of requests: reclamation shows here.
+      nic::Nic::ObjectCounts n;
+      on_datapath([&] { n = x.link()->nic->owned_by(&x); });
+      info.pds = n.pds;
+      info.mrs = n.mrs;
+      info.cqs = n.cqs;
+      info.srqs = n.srqs;
+      info.qps = n.qps;
       hostif::put_name(info.link, x.link()->cfg.name);
       r.set(info);
       break;
@@ -661,10 +664,7 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       hostif::PdResp p;
       int e = 0;
       on_datapath([&] { e = nic.alloc_pd(&s, &p.pd); });
-      if (!e) {
-        ++s.counts.pds;
-        r.set(p);
-      }
+      if (!e) r.set(p);
       return done(e);
     }
     case Op::kDeallocPd: {
@@ -672,7 +672,6 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       if (!b) return done(EINVAL);
       int e = 0;
       on_datapath([&] { e = nic.dealloc_pd(&s, b->id); });
-      if (!e) --s.counts.pds;
       return done(e);
     }
     case Op::kRegMr: {
@@ -684,10 +683,7 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       hostif::RegMrResp m;
       int e = 0;
       on_datapath([&] { e = nic.reg_mr(&s, b->pd, b->addr, b->length, b->access, &m.lkey, &m.rkey); });
-      if (!e) {
-        ++s.counts.mrs;
-        r.set(m);
-      }
+      if (!e) r.set(m);
       return done(e);
     }
     case Op::kDeregMr: {
@@ -695,7 +691,6 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       if (!b) return done(EINVAL);
       int e = 0;
       on_datapath([&] { e = nic.dereg_mr(&s, b->id); });
-      if (!e) --s.counts.mrs;
       return done(e);
     }
     case Op::kCreateCq: {
@@ -721,7 +716,6 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       r.fds.push_back(dup(seg.share(false)));
       seg.close_fd();
       s.keep_segment('c', c.id, std::move(seg));
-      ++s.counts.cqs;
       return done(0);
     }
     case Op::kDestroyCq: {
@@ -732,10 +726,7 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
         e = nic.destroy_cq(&s, b->id);
         if (!e) s.drop_channel(b->id);
       });
-      if (!e) {
-        s.drop_segment('c', b->id);
-        --s.counts.cqs;
-      }
+      if (!e) s.drop_segment('c', b->id);
       return done(e);
     }
     case Op::kCreateSrq: {
@@ -758,7 +749,6 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       r.fds.push_back(dup(seg.share(false)));
       seg.close_fd();
       s.keep_segment('s', c.id, std::move(seg));
-      ++s.counts.srqs;
       return done(0);
     }
     case Op::kDestroySrq: {
@@ -766,10 +756,7 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       if (!b) return done(EINVAL);
       int e = 0;
       on_datapath([&] { e = nic.destroy_srq(&s, b->id); });
-      if (!e) {
-        s.drop_segment('s', b->id);
-        --s.counts.srqs;
-      }
+      if (!e) s.drop_segment('s', b->id);
       return done(e);
     }
     case Op::kCreateQp: {
@@ -797,7 +784,6 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       r.fds.push_back(dup(seg.share(false)));
       seg.close_fd();
       s.keep_segment('q', c.qpn, std::move(seg));
-      ++s.counts.qps;
       return done(0);
     }
     case Op::kModifyQp: {
@@ -812,10 +798,7 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       if (!b) return done(EINVAL);
       int e = 0;
       on_datapath([&] { e = nic.destroy_qp(&s, b->id); });
-      if (!e) {
-        s.drop_segment('q', b->id);
-        --s.counts.qps;
-      }
+      if (!e) s.drop_segment('q', b->id);
       return done(e);
     }
     default:

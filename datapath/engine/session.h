@@ -20,11 +20,6 @@ namespace metaroce::engine {
 
 struct Link;
 
-// Objects of each kind a session holds (kEngineInfo, tests of reclamation).
-struct ObjectCounts {
-  uint32_t pds = 0, mrs = 0, cqs = 0, srqs = 0, qps = 0;
-};
-
 class Session final : public nic::Owner {
  public:
   // sock: the accepted connection; pid, uid: its peer's credentials (SO_PEERCRED).
@@ -58,7 +53,6 @@ class Session final : public nic::Owner {
   void drop_segment(char kind, uint32_t id) { segments_.erase({kind, id}); }
   void set_channel(uint32_t cq_id, int fd);  // takes fd
   void drop_channel(uint32_t cq_id);
-  ObjectCounts counts;
 
  private:
   const int sock_;

@@ -257,12 +257,14 @@ void Nic::release(Owner* o) {
     if (rr.mem == &o->memory()) rr.failed = true;
 }
 
-bool Nic::owns_anything(const Owner* o) const {
-  for (const auto& [pd, owner] : pds_)
-    if (owner == o) return true;
-  for (const auto& [id, cq] : cqs_)
-    if (cq->owner() == o) return true;
-  return false;
+Nic::ObjectCounts Nic::owned_by(const Owner* o) const {
+  ObjectCounts n;
+  for (const auto& [pd, owner] : pds_) n.pds += owner == o;
+  n.mrs = static_cast<uint32_t>(mrs_.keys_of(o).size());
+  for (const auto& [id, cq] : cqs_) n.cqs += cq->owner() == o;
+  for (const auto& [id, srq] : srqs_) n.srqs += srq->owner() == o;
+  for (const QueuePair* qp : qp_list_) n.qps += qp->init().owner == o;
+  return n;
 }
 
 // --- memory ----------------------------------------------------------------------------------

@@ -120,7 +120,13 @@ class Nic final : private transport::Host {
   int destroy_qp(Owner* o, uint32_t qpn);
   // Destroys every object of o, users first (its process is gone or closed the device).
   void release(Owner* o);
-  bool owns_anything(const Owner* o) const;
+  // Objects of each kind o holds (metaroce engine status; tests of reclamation).
+  struct ObjectCounts {
+    uint32_t pds = 0, mrs = 0, cqs = 0, srqs = 0, qps = 0;
+    bool any() const { return pds || mrs || cqs || srqs || qps; }
+  };
+  ObjectCounts owned_by(const Owner* o) const;
+  bool owns_anything(const Owner* o) const { return owned_by(o).any(); }
 
   // --- datapath (the runner's thread) ------------------------------------------------------
   // One received MetaRoCE packet (the UDP payload) from src_ip.
