@@ -65,6 +65,19 @@ struct MessageDesc {
   static constexpr uint8_t kEngineRetries = 0xff;
   uint8_t retry_cnt = kEngineRetries;
   Time timeout{0};
+  // Which connection to the peer carries it (docs/spec/wire.md §3.4): 0, the connection every
+  // stream with the engine's default paths and planes shares; any other value names a
+  // connection of its own whose settings set_lane gave (a lane not set has the defaults).
+  uint32_t lane = 0;
+};
+
+// The settings of one connection (a lane): how many paths it sprays over, on which planes, and
+// whether it paces to the receiver's rate hints.
+struct LaneProfile {
+  uint16_t num_paths = 0;   // 1..256; 0: EngineConfig::num_paths
+  uint32_t plane_mask = 0;  // planes its paths use (path p: the (p mod n)-th of the n set
+                            // bits); 0: every plane
+  bool rate_hints = true;   // false: ECN AIMD alone; hints are recorded, not obeyed
 };
 
 // Names one received data packet, so that the NIC can still reject a packet that deliver()
@@ -181,8 +194,9 @@ class Engine {
   // in submission order (their packets may arrive in any order).
   virtual void submit(const MessageDesc& msg) = 0;
   // One received UDP payload from peer_ip (IPv4 host order); ecn_ce: the IP header was CE-marked.
+  // plane: where it arrived; the answers to it (ACKs) leave on the same plane.
   virtual void on_packet(Time now, uint32_t peer_ip, uint16_t udp_src_port, bool ecn_ce,
-                         std::span<const uint8_t> udp_payload) = 0;
+                         std::span<const uint8_t> udp_payload, uint8_t plane = 0) = 0;
   // Fire due timers (retransmission, tail probes, ACK delay).
   virtual void on_timer(Time now) = 0;
   // Emit ACKs, retransmissions and new packets. Returns the number of packets emitted.
@@ -203,6 +217,21 @@ class Engine {
   // closing NIC keeps answering until its peers have had time to resend what they still miss
   // (congestion.md §4.6). Probes and packets for streams we do not have do not count.
   virtual Time last_answered() const = 0;
+
+  // Lanes and planes (wire.md §3.4, congestion.md §4.7). Creates the connection of (peer_ip,
+  // lane) if it does not exist, and applies profile to it: later packets use the new paths and
+  // planes; packets in flight on a path no longer used move to the others. Lane 0's profile is
+  // fixed (the engine's). Returns false for lane 0 or a profile out of range.
+  virtual bool set_lane(Time now, uint32_t peer_ip, uint32_t lane, const LaneProfile& profile) = 0;
+  // The lane's streams are gone: its connection is forgotten once nothing of it is in flight.
+  virtual void close_lane(uint32_t peer_ip, uint32_t lane) = 0;
+  // A plane's port went down (or was set down) or came back: while down nothing is sent on it;
+  // what was in flight there moves to the paths of other planes. Planes start up.
+  virtual void set_plane_up(Time now, uint8_t plane, bool up) = 0;
+  virtual uint32_t planes_up() const = 0;
+  // A new UDP source port (entropy) for one path of a connection; 0 when there is no such
+  // connection or path.
+  virtual uint16_t repath(uint32_t peer_ip, uint32_t lane, uint16_t path) = 0;
 };
 
 }  // namespace metaroce::transport

@@ -22,7 +22,7 @@ uint32_t ts32(Time t) { return static_cast<uint32_t>(t.count()); }
 
 EngineConfig sanitize(EngineConfig c) {
   c.num_paths = std::clamp<uint16_t>(c.num_paths, 1, wire::kMaxPathCount);
-  c.num_planes = std::max<uint8_t>(c.num_planes, 1);
+  c.num_planes = std::clamp<uint8_t>(c.num_planes, 1, kMaxPlanes);
   // An ACK must carry every NAK record a path keeps, or a rejection could go unreported.
   c.max_packet = std::max<uint32_t>(
       c.max_packet, static_cast<uint32_t>(wire::kAckHeadersLen + kNakSlots * wire::kNakRecordLen));
@@ -43,6 +43,18 @@ bool sack_bit(const std::array<uint64_t, 4>& sack, uint32_t i) {
 }
 
 uint32_t window_packets(uint32_t w) { return std::max<uint32_t>(1, w / kWinUnit); }
+
+uint32_t all_planes(uint8_t n) { return n >= 32 ? UINT32_MAX : (1u << n) - 1; }
+
+// Path p of a connection uses the (p mod n)-th of the n planes in its mask (congestion.md §4.7).
+uint8_t plane_for(uint32_t mask, uint8_t n, uint16_t p) {
+  uint32_t k = p % n;
+  for (uint8_t b = 0; b < 32; ++b) {
+    if (!((mask >> b) & 1)) continue;
+    if (k-- == 0) return b;
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -80,15 +92,24 @@ uint16_t EngineImpl::random_port() {
   return static_cast<uint16_t>(kEphemeralPortBase + next_random() % (65536u - kEphemeralPortBase));
 }
 
-EngineImpl::Connection& EngineImpl::conn_for(uint32_t peer_ip) {
-  if (auto it = conns_.find(peer_ip); it != conns_.end()) return *it->second;
+EngineImpl::Connection* EngineImpl::find_conn(uint32_t peer_ip, uint32_t lane) const {
+  auto it = conns_.find(conn_key(peer_ip, lane));
+  return it == conns_.end() ? nullptr : it->second.get();
+}
+
+EngineImpl::Connection& EngineImpl::conn_for(uint32_t peer_ip, uint32_t lane) {
+  if (auto it = conns_.find(conn_key(peer_ip, lane)); it != conns_.end()) {
+    it->second->closing = false;  // a stream came back to it
+    return *it->second;
+  }
   auto c = std::make_unique<Connection>();
   c->peer_ip = peer_ip;
+  c->lane = lane;
   const uint32_t span = 65536u - kEphemeralPortBase - cfg_.num_paths + 1;
   const auto port_base = static_cast<uint16_t>(kEphemeralPortBase + next_random() % span);
   do {
     c->conn_id = static_cast<uint32_t>(next_random());
-  } while (c->conn_id == 0);
+  } while (c->conn_id == 0 || by_id_.count(c->conn_id));
   c->token = next_random();
   c->tx.resize(cfg_.num_paths);
   for (uint16_t p = 0; p < cfg_.num_paths; ++p) {
@@ -96,7 +117,14 @@ EngineImpl::Connection& EngineImpl::conn_for(uint32_t peer_ip) {
     c->tx[p].cwnd = cfg_.path_window_init * kWinUnit;
   }
   c->counters.resize(cfg_.num_paths);
-  c->cwnd = cfg_.conn_window_init * kWinUnit;
+  c->paths_used = cfg_.num_paths;
+  c->plane_mask = all_planes(cfg_.num_planes);
+  c->mask_planes = cfg_.num_planes;
+  for (uint16_t p = 0; p < cfg_.num_paths; ++p) {
+    c->tx[p].plane = plane_for(c->plane_mask, c->mask_planes, p);
+  }
+  // One window per plane (congestion.md §2.1): the initial one shared by the planes in use.
+  c->plane_cwnd.fill(std::max(cfg_.conn_window_init / c->mask_planes, kMinConnWindow) * kWinUnit);
   // The in-flight records: one pool per connection, sized by its largest window, threaded on
   // a free list (congestion.md §7).
   c->pool.resize(cfg_.conn_window_max);
@@ -107,13 +135,118 @@ EngineImpl::Connection& EngineImpl::conn_for(uint32_t peer_ip) {
   c->rr_next = static_cast<uint16_t>(next_random() % cfg_.num_paths);
   Connection& ref = *c;
   conn_list_.push_back(c.get());
-  conns_.emplace(peer_ip, std::move(c));
+  by_id_.emplace(c->conn_id, c.get());
+  conns_.emplace(conn_key(peer_ip, lane), std::move(c));
+  // A path on a plane that is down starts out of service (probed once the plane is back).
+  for (uint16_t p = 0; p < ref.tx.size(); ++p) {
+    if (!usable_plane(ref, ref.tx[p].plane)) fail_path(Time{0}, ref, p, false);
+  }
   return ref;
 }
 
 uint32_t EngineImpl::conn_id(uint32_t peer_ip) const {
-  auto it = conns_.find(peer_ip);
-  return it == conns_.end() ? 0 : it->second->conn_id;
+  const Connection* c = find_conn(peer_ip);
+  return c ? c->conn_id : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lanes and planes (wire.md §3.4, congestion.md §4.7)
+
+bool EngineImpl::set_lane(Time now, uint32_t peer_ip, uint32_t lane, const LaneProfile& profile) {
+  const uint32_t every = all_planes(cfg_.num_planes);
+  const uint32_t mask = profile.plane_mask ? profile.plane_mask : every;
+  const uint16_t paths = profile.num_paths ? profile.num_paths : cfg_.num_paths;
+  if (lane == 0 || (mask & ~every) || paths > wire::kMaxPathCount) return false;
+  apply_profile(now, conn_for(peer_ip, lane), paths, mask, profile.rate_hints);
+  return true;
+}
+
+void EngineImpl::apply_profile(Time now, Connection& c, uint16_t paths, uint32_t mask,
+                               bool hints) {
+  const auto old = static_cast<uint16_t>(c.tx.size());
+  if (paths > old) {
+    c.tx.resize(paths);
+    c.counters.resize(paths);
+    for (uint16_t p = old; p < paths; ++p) {
+      c.tx[p].port = random_port();
+      c.tx[p].cwnd = cfg_.path_window_init * kWinUnit;
+    }
+  }
+  c.paths_used = paths;
+  c.plane_mask = mask;
+  c.mask_planes = static_cast<uint8_t>(std::popcount(mask));
+  for (uint16_t p = 0; p < c.tx.size(); ++p) {
+    TxPath& tp = c.tx[p];
+    const uint8_t plane = plane_for(mask, c.mask_planes, p);
+    if (plane != tp.plane) {  // what it has in flight counts on its new plane from now on
+      c.plane_in_flight[tp.plane] = static_cast<uint16_t>(c.plane_in_flight[tp.plane] - tp.in_flight);
+      c.plane_in_flight[plane] = static_cast<uint16_t>(c.plane_in_flight[plane] + tp.in_flight);
+    }
+    tp.plane = plane;
+    // Retired, or now on a plane that is down: its packets move to the paths in service.
+    // Failed paths in use come back through their probes (on their new plane).
+    if (tp.state == PathState::kActive && (p >= paths || !usable_plane(c, tp.plane))) {
+      fail_path(now, c, p, false);
+    }
+  }
+  c.rr_next = static_cast<uint16_t>(c.rr_next % paths);
+  c.rate_hints = hints;
+  if (!hints) c.hint_mbps = 0;
+}
+
+void EngineImpl::close_lane(uint32_t peer_ip, uint32_t lane) {
+  Connection* c = lane ? find_conn(peer_ip, lane) : nullptr;
+  if (!c) return;
+  c->closing = true;
+  closing_ = true;
+}
+
+// Forgets closed lanes that have nothing left in flight. Only where no ACK or retransmission
+// request names them: lanes other than 0 never receive (their peer's data arrives on its
+// lane 0), and retransmission requests are spent before this runs.
+void EngineImpl::reap_closed() {
+  if (!closing_ || retx_head_ < retx_.size()) return;
+  closing_ = false;
+  for (size_t i = 0; i < conn_list_.size();) {
+    Connection* c = conn_list_[i];
+    if (!c->closing) {
+      ++i;
+      continue;
+    }
+    if (c->head != kNoSlot || c->in_flight || !c->parked.empty() || c->move_head != kNil) {
+      closing_ = true;
+      ++i;
+      continue;
+    }
+    by_id_.erase(c->conn_id);
+    conn_list_.erase(conn_list_.begin() + static_cast<std::ptrdiff_t>(i));
+    conns_.erase(conn_key(c->peer_ip, c->lane));
+  }
+}
+
+void EngineImpl::set_plane_up(Time now, uint8_t plane, bool up) {
+  if (plane >= 32 || plane_up(plane) == up) return;
+  planes_up_ ^= 1u << plane;
+  if (up) return;  // its failed paths are probed again from the next poll_tx
+  for (Connection* c : conn_list_) {
+    if (!(planes_up_ & c->plane_mask)) continue;  // its last plane: as a dead link (§4.7)
+    for (uint16_t p = 0; p < c->tx.size(); ++p) {
+      if (c->tx[p].plane == plane && c->tx[p].state == PathState::kActive) {
+        fail_path(now, *c, p, false);
+      }
+    }
+  }
+}
+
+// Makes the connection if its first message has not yet: a QP with a peer may ask first.
+uint16_t EngineImpl::repath(uint32_t peer_ip, uint32_t lane, uint16_t path) {
+  Connection* c = &conn_for(peer_ip, lane);
+  if (path >= c->paths_used) return 0;
+  TxPath& tp = c->tx[path];
+  uint16_t port = tp.port;
+  while (port == tp.port) port = random_port();
+  tp.port = port;
+  return port;
 }
 
 // RFC 6298 from the path's own samples, clamped, then exponential back-off (spec §6.3).
@@ -124,10 +257,6 @@ Time EngineImpl::rto(const TxPath& tp, uint8_t backoff) const {
   backoff = std::max(backoff, tp.backoff);
   for (uint8_t i = 0; i < backoff && base < cfg_.rto_max; ++i) base *= 2;
   return std::min(base, cfg_.rto_max);
-}
-
-uint8_t EngineImpl::plane_of(uint16_t path) const {
-  return static_cast<uint8_t>(path % cfg_.num_planes);
 }
 
 uint32_t EngineImpl::seg_len(uint32_t slot, uint32_t offset) const {
@@ -147,8 +276,10 @@ int64_t EngineImpl::srtt_ref(const Connection& c, const TxPath& tp) const {
   return best;
 }
 
-bool EngineImpl::path_open(const TxPath& tp) const {
-  return tp.state == PathState::kActive && tp.next_seq - tp.una < kPathWindow &&
+bool EngineImpl::path_open(const Connection& c, const TxPath& tp) const {
+  return tp.state == PathState::kActive && usable_plane(c, tp.plane) &&
+         c.plane_in_flight[tp.plane] < window_packets(c.plane_cwnd[tp.plane]) &&
+         tp.next_seq - tp.una < kPathWindow &&
          tp.in_flight < window_packets(tp.cwnd);
 }
 
@@ -156,25 +287,30 @@ bool EngineImpl::path_open(const TxPath& tp) const {
 // CE mark, then those whose smoothed RTT is within 1.5x of the connection's best; a packet
 // leaving a suspected path avoids that path's plane while another plane has room (§4.2).
 uint16_t EngineImpl::choose_path(const Connection& c, Time now, int avoid_plane) const {
-  const uint16_t np = cfg_.num_paths;
+  const uint16_t np = c.paths_used;
   uint32_t min_srtt = 0;
   for (const TxPath& tp : c.tx) {
     if (tp.state == PathState::kActive && tp.srtt_ns && (!min_srtt || tp.srtt_ns < min_srtt)) {
       min_srtt = tp.srtt_ns;
     }
   }
-  if (cfg_.num_planes < 2) avoid_plane = -1;
-  uint16_t best = np;
+  if (c.mask_planes < 2) avoid_plane = -1;
+  uint16_t best = kNoPath;
   int best_class = 8;
   for (uint16_t k = 0; k < np; ++k) {
     const auto p = static_cast<uint16_t>((c.rr_next + k) % np);
     const TxPath& tp = c.tx[p];
-    if (!path_open(tp)) continue;
+    if (!path_open(c, tp)) continue;
     int cls = 0;
     const int64_t rtt = std::max<int64_t>(tp.srtt_ns, 1000);
     if (now.count() - tp.last_md_ns < 2 * rtt) cls += 2;
-    if (min_srtt && uint64_t{tp.srtt_ns} * 2 > uint64_t{min_srtt} * 3) cls += 1;
-    if (plane_of(p) == avoid_plane) cls += 4;
+    // A slow path's sample goes stale when it carries nothing: after 8 of the best RTTs without
+    // progress it is tried again, or a path slow once (an early timeout, a repath) would never
+    // get the packet that shows it is fast now.
+    if (min_srtt && uint64_t{tp.srtt_ns} * 2 > uint64_t{min_srtt} * 3 &&
+        now.count() - tp.last_progress_ns < 8 * int64_t{min_srtt})
+      cls += 1;
+    if (tp.plane == avoid_plane) cls += 4;
     if (cls < best_class) {
       best = p;
       best_class = cls;
@@ -207,6 +343,7 @@ void EngineImpl::list_append(Connection& c, uint16_t path, uint16_t idx) {
   else tp.head = idx;
   tp.tail = idx;
   ++tp.in_flight;
+  ++c.plane_in_flight[tp.plane];
 }
 
 void EngineImpl::list_remove(Connection& c, uint16_t path, uint16_t prev, uint16_t idx) {
@@ -217,6 +354,7 @@ void EngineImpl::list_remove(Connection& c, uint16_t path, uint16_t prev, uint16
   if (tp.tail == idx) tp.tail = prev;
   d.next = kNil;
   --tp.in_flight;
+  --c.plane_in_flight[tp.plane];
 }
 
 uint16_t EngineImpl::find_in_flight(const Connection& c, uint16_t path, uint32_t seq) const {
@@ -263,7 +401,7 @@ void EngineImpl::queue_retx(Connection& c, uint16_t idx) {
 // Submission and sending
 
 void EngineImpl::submit(const MessageDesc& msg) {
-  Connection& c = conn_for(msg.peer_ip);
+  Connection& c = conn_for(msg.peer_ip, msg.lane);
   const uint32_t idx = alloc_slot();
   detail::MsgSlot& s = slots_[idx];
   s = detail::MsgSlot{};
@@ -295,9 +433,9 @@ bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, 
   const MessageDesc& m = slots_[d.slot].m;
   const uint32_t plen = seg_len(d.slot, d.offset);
   const uint32_t len = wire::kDataHeadersLen + plen;
-  std::span<uint8_t> buf = sink.begin(len, plane_of(d.path));
-  if (buf.size() < len) return false;
   TxPath& tp = c.tx[d.path];
+  std::span<uint8_t> buf = sink.begin(len, tp.plane);
+  if (buf.size() < len) return false;
   const bool copy = d.flags & detail::kCopy;
 
   wire::BaseHeader b;
@@ -306,7 +444,7 @@ bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, 
   b.conn_id = c.conn_id;
   b.token = c.token;
   b.path_id = d.path;
-  b.path_count = cfg_.num_paths;
+  b.path_count = static_cast<uint16_t>(c.tx.size());
   b.path_seq = d.seq;
   b.timestamp = ts32(now);
   b.ack_floor = tp.una;  // never above d.seq: una <= every listed seq <= next_seq
@@ -324,7 +462,7 @@ bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, 
   h.orig_seq = copy ? d.orig_seq : 0;
   wire::encode_data(buf, b, h);
   if (plen) host_.gather(m.cookie, d.offset, buf.subspan(wire::kDataHeadersLen, plen));
-  sink.commit(c.peer_ip, tp.port, plane_of(d.path), len);
+  sink.commit(c.peer_ip, tp.port, tp.plane, len);
 
   d.tx_order = tp.tx_order++;
   d.flags &= static_cast<uint8_t>(~detail::kRetxQueued);
@@ -350,9 +488,9 @@ bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, 
 }
 
 bool EngineImpl::emit_probe(Time now, Connection& c, uint16_t path, TxSink& sink) {
-  std::span<uint8_t> buf = sink.begin(wire::kBaseHeaderLen, plane_of(path));
-  if (buf.size() < wire::kBaseHeaderLen) return false;
   TxPath& tp = c.tx[path];
+  std::span<uint8_t> buf = sink.begin(wire::kBaseHeaderLen, tp.plane);
+  if (buf.size() < wire::kBaseHeaderLen) return false;
   // Entropy re-pick: every probe tries another route through the fabric (congestion.md §4.4).
   tp.port = random_port();
   wire::BaseHeader b;
@@ -360,12 +498,12 @@ bool EngineImpl::emit_probe(Time now, Connection& c, uint16_t path, TxSink& sink
   b.conn_id = c.conn_id;
   b.token = c.token;
   b.path_id = path;
-  b.path_count = cfg_.num_paths;
+  b.path_count = static_cast<uint16_t>(c.tx.size());
   b.path_seq = tp.next_seq;
   b.timestamp = ts32(now);
   b.ack_floor = tp.una;
   wire::encode_base(buf, b);
-  sink.commit(c.peer_ip, tp.port, plane_of(path), wire::kBaseHeaderLen);
+  sink.commit(c.peer_ip, tp.port, tp.plane, wire::kBaseHeaderLen);
   tp.state = PathState::kProbing;
   Time interval = std::max(Time(2 * srtt_ref(c, tp)), cfg_.rto_min);
   for (uint8_t i = 0; i < tp.backoff && interval < cfg_.rto_max; ++i) interval *= 2;
@@ -394,7 +532,13 @@ bool EngineImpl::emit_ack(Time now, Connection& c, RecvDir& d, uint16_t path, Tx
     naks[i] = {rp.naks[i].seq, rp.naks[i].src_stream, rp.naks[i].msn, rp.naks[i].syndrome};
   }
   const uint32_t len = wire::kAckHeadersLen + n * wire::kNakRecordLen;
-  std::span<uint8_t> buf = sink.begin(len, plane_of(path));
+  // Back where the data arrived; while that plane is down, on the first plane that is up (the
+  // sender takes an ACK on any plane).
+  uint8_t plane = rp.plane;
+  if (!plane_up(plane) && planes_up_ & all_planes(cfg_.num_planes)) {
+    plane = static_cast<uint8_t>(std::countr_zero(planes_up_ & all_planes(cfg_.num_planes)));
+  }
+  std::span<uint8_t> buf = sink.begin(len, plane);
   if (buf.size() < len) return false;
 
   wire::BaseHeader b;
@@ -413,8 +557,8 @@ bool EngineImpl::emit_ack(Time now, Connection& c, RecvDir& d, uint16_t path, Tx
   wire::encode_ack(buf, b, a, std::span(naks.data(), n));
   // The ACK mirrors the data's source port, so a sender's entropy re-pick moves both
   // directions of the path (spec §3.3).
-  const uint16_t port = rp.port ? rp.port : c.tx[path % cfg_.num_paths].port;
-  sink.commit(c.peer_ip, port, plane_of(path), len);
+  const uint16_t port = rp.port ? rp.port : c.tx[path % c.tx.size()].port;
+  sink.commit(c.peer_ip, port, plane, len);
 
   // An RNR record is said once: the packet is still missing, so if this ACK is lost the
   // sender's loss recovery resends it and a new refusal makes a new record (congestion.md §6).
@@ -437,9 +581,9 @@ bool EngineImpl::send_moving(Time now, Connection& c, TxSink& sink, uint32_t& se
     const uint16_t idx = c.move_head;
     TxDesc& d = c.pool[idx];
     // d.path still names the path it left.
-    uint16_t p = choose_path(c, now, plane_of(d.path));
-    if (p == cfg_.num_paths) p = overflow_path(c);
-    if (p == cfg_.num_paths) return true;
+    uint16_t p = choose_path(c, now, c.tx[d.path].plane);
+    if (p == kNoPath) p = overflow_path(c);
+    if (p == kNoPath) return true;
     TxPath& tp = c.tx[p];
     d.path = p;
     d.seq = tp.next_seq;
@@ -450,7 +594,7 @@ bool EngineImpl::send_moving(Time now, Connection& c, TxSink& sink, uint32_t& se
     list_append(c, p, idx);
     ++tp.next_seq;
     update_una(c, p);
-    c.rr_next = static_cast<uint16_t>((p + 1) % cfg_.num_paths);
+    c.rr_next = static_cast<uint16_t>((p + 1) % c.paths_used);
     ++sent;
   }
   return true;
@@ -461,12 +605,12 @@ bool EngineImpl::send_moving(Time now, Connection& c, TxSink& sink, uint32_t& se
 // original pins the ack floor of the path it left, §4.3), and while it waits no timer runs for
 // it, so nothing would ever fail its message if the peer were gone.
 uint16_t EngineImpl::overflow_path(const Connection& c) const {
-  uint16_t best = cfg_.num_paths;
+  uint16_t best = kNoPath;
   uint32_t best_used = SackWindow::kSpan - 1;
-  for (uint16_t p = 0; p < cfg_.num_paths; ++p) {
+  for (uint16_t p = 0; p < c.paths_used; ++p) {
     const TxPath& tp = c.tx[p];
     const uint32_t used = tp.next_seq - tp.una;
-    if (tp.state == PathState::kActive && used < best_used) {
+    if (tp.state == PathState::kActive && usable_plane(c, tp.plane) && used < best_used) {
       best = p;
       best_used = used;
     }
@@ -477,9 +621,9 @@ uint16_t EngineImpl::overflow_path(const Connection& c) const {
 bool EngineImpl::send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent) {
   c.pace_at = Time::min();
   while (c.cursor != kNoSlot) {
-    if (c.in_flight >= window_packets(c.cwnd) || c.free_head == kNil) return true;
+    if (c.free_head == kNil) return true;  // conn_window_max records in all
     const uint16_t p = choose_path(c, now);
-    if (p == cfg_.num_paths) return true;
+    if (p == kNoPath) return true;
     detail::MsgSlot& s = slots_[c.cursor];
     const uint32_t len = seg_len(c.cursor, s.next_offset);
     if (c.hint_mbps) {
@@ -513,7 +657,7 @@ bool EngineImpl::send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent)
     ++tp.next_seq;
     update_una(c, p);
     ++sent;
-    c.rr_next = static_cast<uint16_t>((p + 1) % cfg_.num_paths);
+    c.rr_next = static_cast<uint16_t>((p + 1) % c.paths_used);
     s.next_offset += len;
     if (++s.pkts_sent == s.pkts_total) c.cursor = s.next;
   }
@@ -537,8 +681,9 @@ uint32_t EngineImpl::poll_tx(Time now, TxSink& sink) {
   // 2. Probes of failed paths.
   for (Connection* c : conn_list_) {
     if (!c->failed_paths) continue;
-    for (uint16_t p = 0; p < c->tx.size(); ++p) {
-      if (c->tx[p].state != PathState::kFailed) continue;
+    // Retired paths and those on a plane that is down are not probed.
+    for (uint16_t p = 0; p < c->paths_used; ++p) {
+      if (c->tx[p].state != PathState::kFailed || !usable_plane(*c, c->tx[p].plane)) continue;
       if (!emit_probe(now, *c, p, sink)) return sent;
       ++sent;
     }
@@ -571,7 +716,7 @@ uint32_t EngineImpl::poll_tx(Time now, TxSink& sink) {
 // Receiving
 
 void EngineImpl::on_packet(Time now, uint32_t peer_ip, uint16_t udp_src_port, bool ecn_ce,
-                           std::span<const uint8_t> udp_payload) {
+                           std::span<const uint8_t> udp_payload, uint8_t plane) {
   ++stats_.rx_packets;
   stats_.rx_bytes += udp_payload.size();
   wire::Packet pkt;
@@ -583,13 +728,13 @@ void EngineImpl::on_packet(Time now, uint32_t peer_ip, uint16_t udp_src_port, bo
     return;
   }
   if (wire::is_data_opcode(pkt.base.opcode)) {
-    handle_data(now, conn_for(peer_ip), udp_src_port, ecn_ce, pkt);
+    handle_data(now, conn_for(peer_ip), udp_src_port, ecn_ce, plane, pkt);
   } else if (pkt.base.opcode == wire::Opcode::kAck) {
     handle_ack(now, peer_ip, pkt);
   } else {
-    auto it = conns_.find(peer_ip);
-    if (it == conns_.end()) ++stats_.drop_unknown_conn;
-    else handle_probe(now, *it->second, udp_src_port, ecn_ce, pkt);
+    Connection* c = find_conn(peer_ip);
+    if (!c) ++stats_.drop_unknown_conn;
+    else handle_probe(now, *c, udp_src_port, ecn_ce, plane, pkt);
   }
   flush_completions();
 }
@@ -723,7 +868,7 @@ void EngineImpl::close_rate_interval(Time now) {
   interval_start_ = now;
 }
 
-void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_ce,
+void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_ce, uint8_t plane,
                              const wire::Packet& pkt) {
   const wire::BaseHeader& b = pkt.base;
   RecvDir* d = find_dir(c, b.conn_id);
@@ -732,14 +877,17 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
   } else if (d->token != b.token) {
     ++stats_.drop_token;
     return;
-  } else if (d->path_count != b.path_count) {
-    ++stats_.drop_malformed;
-    return;
+  } else if (d->path_count < b.path_count) {
+    // The sender's lane grew (wire.md §3.4): a direction's paths never shrink; packets sent
+    // before the change still name the smaller count.
+    d->path_count = b.path_count;
+    d->paths.resize(b.path_count);
   }
   d->last_used_ns = now.count();
   account_rx(now, c, wire::kDataHeadersLen + pkt.payload.size());
   RxPath& rp = d->paths[b.path_id];
   rp.port = sport;
+  rp.plane = plane;
   rp.win.advance_to(b.ack_floor);
 
   switch (rp.win.check(b.path_seq)) {
@@ -840,7 +988,7 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
 }
 
 void EngineImpl::handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_ce,
-                              const wire::Packet& pkt) {
+                              uint8_t plane, const wire::Packet& pkt) {
   const wire::BaseHeader& b = pkt.base;
   RecvDir* d = find_dir(c, b.conn_id);
   if (!d) {
@@ -851,21 +999,22 @@ void EngineImpl::handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_
     ++stats_.drop_token;
     return;
   }
-  if (d->path_count != b.path_count) {
-    ++stats_.drop_malformed;
-    return;
+  if (d->path_count < b.path_count) {
+    d->path_count = b.path_count;
+    d->paths.resize(b.path_count);
   }
   d->last_used_ns = now.count();
   RxPath& rp = d->paths[b.path_id];
   rp.port = sport;
+  rp.plane = plane;
   rp.win.advance_to(b.ack_floor);
   request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
 }
 
 void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt) {
   const wire::BaseHeader& b = pkt.base;
-  auto it = conns_.find(peer_ip);
-  if (it == conns_.end() || it->second->conn_id != b.conn_id) {
+  auto it = by_id_.find(b.conn_id);
+  if (it == by_id_.end() || it->second->peer_ip != peer_ip) {
     ++stats_.drop_unknown_conn;
     return;
   }
@@ -874,7 +1023,8 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
     ++stats_.drop_token;
     return;
   }
-  if (b.path_count != cfg_.num_paths) {
+  // An ACK of a packet sent before the lane grew names the smaller count.
+  if (b.path_count > c.tx.size()) {
     ++stats_.drop_malformed;
     return;
   }
@@ -891,8 +1041,10 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
   ++pc.acks_received;
   pc.ce_echoed += a.ecn_ce_count;
 
-  // The receiver's fair share for us; pacing starts with a small burst of credit.
-  if (a.rate_hint != c.hint_mbps) {
+  // The receiver's fair share for us; pacing starts with a small burst of credit. A lane that
+  // does not take part in hints only records it.
+  c.last_hint_mbps = a.rate_hint;
+  if (c.rate_hints && a.rate_hint != c.hint_mbps) {
     if (!c.hint_mbps) {
       c.credit = int64_t{kPaceBurst} * cfg_.max_packet * 8000;
       c.credit_ns = now.count();
@@ -983,6 +1135,7 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
       }
     } else if (tp.state == PathState::kActive) {
       const int64_t r = sample;
+      if (!pc.min_rtt_ns || sample < pc.min_rtt_ns) pc.min_rtt_ns = std::max<uint32_t>(sample, 1);
       if (tp.srtt_ns == 0) {
         tp.srtt_ns = static_cast<uint32_t>(std::max<int64_t>(r, 1));
         tp.rttvar_ns = static_cast<uint32_t>(r / 2);
@@ -1020,18 +1173,29 @@ void EngineImpl::congestion_on_ack(Time now, Connection& c, uint16_t path, uint3
     if (!settled) return;
     const uint32_t old = tp.cwnd;
     tp.cwnd = std::max(old / 2, kWinUnit);
-    const uint32_t dec = std::min(old - tp.cwnd, c.cwnd / 2);
-    c.cwnd = std::max(c.cwnd - dec, kMinConnWindow * kWinUnit);
+    uint32_t& pw = c.plane_cwnd[tp.plane];
+    const uint32_t dec = std::min(old - tp.cwnd, pw / 2);
+    pw = std::max(pw - dec, kMinConnWindow * kWinUnit);
     tp.last_md_ns = now.count();
     ++stats_.ecn_decreases;
     return;
   }
   if (!newly || !settled) return;
   const uint64_t u2 = uint64_t{kWinUnit} * kWinUnit;
-  tp.cwnd = static_cast<uint32_t>(
-      std::min<uint64_t>(tp.cwnd + newly * u2 / tp.cwnd, kPathWindow * kWinUnit));
-  c.cwnd = static_cast<uint32_t>(
-      std::min<uint64_t>(c.cwnd + newly * u2 / c.cwnd, uint64_t{cfg_.conn_window_max} * kWinUnit));
+  // A window grows only while it is what limits (it was full before these ACKs): one that the
+  // connection's window holds back would grow unchecked, and its next halving would then take
+  // more off the connection than the path ever had in flight (congestion.md §2.3).
+  if (tp.in_flight + newly >= window_packets(tp.cwnd))
+    tp.cwnd = static_cast<uint32_t>(
+        std::min<uint64_t>(tp.cwnd + newly * u2 / tp.cwnd, kPathWindow * kWinUnit));
+  // The plane's window: one packet per RTT per plane (congestion.md §2.3), so a connection is as
+  // aggressive as one flow at a bottleneck inside a plane, and planes, independent networks,
+  // neither hold each other back nor share one window's cuts. One window for the connection
+  // made 2, 4 and 8 planes 0.70, 0.64 and 0.53 of linear (Planes.GoodputGrowsLinearly...).
+  uint32_t& pw = c.plane_cwnd[tp.plane];
+  if (c.plane_in_flight[tp.plane] + newly >= window_packets(pw))
+    pw = static_cast<uint32_t>(std::min<uint64_t>(pw + newly * u2 / pw,
+                                                  uint64_t{cfg_.conn_window_max} * kWinUnit));
 }
 
 // An RNR NAK (congestion.md §6): wait out the back-off, then resend; not a loss, not an RTO
@@ -1219,9 +1383,9 @@ void EngineImpl::drop_stream(uint32_t src_stream) {
 }
 
 void EngineImpl::reject(const RxRef& ref, Syndrome why) {
-  auto it = conns_.find(ref.peer_ip);
-  if (it == conns_.end() || why == Syndrome::kOk) return;
-  RecvDir* d = find_dir(*it->second, ref.dir);
+  Connection* c = find_conn(ref.peer_ip);
+  if (!c || why == Syndrome::kOk) return;
+  RecvDir* d = find_dir(*c, ref.dir);
   if (!d || ref.path >= d->paths.size()) return;
   // The packet stays marked received: the NAK, processed before the acknowledgements of the
   // same ACK, fails its message at the sender (spec §5.3).
@@ -1238,7 +1402,7 @@ Time EngineImpl::fail_deadline(const Connection& c, const TxPath& tp) const {
   if (tp.state != PathState::kActive || tp.in_flight == 0 || cfg_.fail_rtts == 0) return Time::max();
   // Silence only means failure while the connection's other paths are delivering.
   if (c.last_progress_ns <= tp.last_progress_ns) return Time::max();
-  if (cfg_.num_paths - c.failed_paths < 2) return Time::max();
+  if (c.tx.size() - c.failed_paths < 2) return Time::max();
   // Before the path has its own sample, judge it by its slowest sibling, not its fastest.
   int64_t ref = tp.srtt_ns;
   if (!ref) {
@@ -1258,10 +1422,12 @@ bool EngineImpl::check_failure(Time now, Connection& c, uint16_t path) {
 
 // Moves every unresolved packet of the path to the failover queue (oldest first) and makes a
 // probe due. The originals keep the path's ack floor down until their copies resolve.
-void EngineImpl::fail_path(Time now, Connection& c, uint16_t path) {
+void EngineImpl::fail_path(Time now, Connection& c, uint16_t path, bool count) {
   TxPath& tp = c.tx[path];
-  ++stats_.paths_failed;
-  ++c.counters[path].failures;
+  if (count) {
+    ++stats_.paths_failed;
+    ++c.counters[path].failures;
+  }
   tp.state = PathState::kFailed;
   ++c.failed_paths;
   for (uint16_t idx = tp.head; idx != kNil;) {
@@ -1286,6 +1452,7 @@ void EngineImpl::fail_path(Time now, Connection& c, uint16_t path) {
     idx = next;
   }
   tp.head = tp.tail = kNil;
+  c.plane_in_flight[tp.plane] = static_cast<uint16_t>(c.plane_in_flight[tp.plane] - tp.in_flight);
   tp.in_flight = 0;
   update_una(c, path);
   tp.backoff = 0;
@@ -1297,7 +1464,7 @@ void EngineImpl::fail_path(Time now, Connection& c, uint16_t path) {
 // packets go out elsewhere at once and it is probed under new entropy, unless it is the last
 // active path (then the packet is resent on it, and only the peer can be at fault).
 bool EngineImpl::suspect(Time now, Connection& c, uint16_t path) {
-  if (!cfg_.suspect_silent_paths || cfg_.num_paths - c.failed_paths < 2) return false;
+  if (!cfg_.suspect_silent_paths || c.tx.size() - c.failed_paths < 2) return false;
   ++stats_.paths_suspected;
   fail_path(now, c, path);
   return true;
@@ -1398,6 +1565,7 @@ void EngineImpl::expire(Time now, Connection& c, uint16_t path) {
 }
 
 void EngineImpl::on_timer(Time now) {
+  reap_closed();
   for (Connection* c : conn_list_) {
     for (uint16_t p = 0; p < c->tx.size(); ++p) {
       TxPath& tp = c->tx[p];
@@ -1452,8 +1620,9 @@ bool EngineImpl::idle() const {
   if (!acks_.empty() || retx_head_ < retx_.size()) return false;
   for (const Connection* c : conn_list_) {
     if (c->cursor != kNoSlot || c->in_flight != 0 || !c->parked.empty()) return false;
-    for (const TxPath& tp : c->tx) {
-      if (tp.state == PathState::kFailed) return false;  // a probe is due
+    // A probe is due, except on retired paths and planes that are down (never probed).
+    for (uint16_t p = 0; p < c->paths_used; ++p) {
+      if (c->tx[p].state == PathState::kFailed && usable_plane(*c, c->tx[p].plane)) return false;
     }
   }
   return true;
@@ -1462,22 +1631,27 @@ bool EngineImpl::idle() const {
 // ---------------------------------------------------------------------------------------------
 // Telemetry
 
-std::vector<PathStats> EngineImpl::path_stats(uint32_t peer_ip) const {
+std::vector<PathStats> EngineImpl::path_stats(uint32_t peer_ip, uint32_t lane) const {
   std::vector<PathStats> out;
-  auto it = conns_.find(peer_ip);
-  if (it == conns_.end()) return out;
-  const Connection& c = *it->second;
+  const Connection* cp = find_conn(peer_ip, lane);
+  if (!cp) return out;
+  const Connection& c = *cp;
   const RecvDir* newest = nullptr;
   for (const RecvDir& d : c.rx) {
     if (!newest || d.last_used_ns > newest->last_used_ns) newest = &d;
   }
-  for (uint16_t p = 0; p < c.tx.size(); ++p) {
+  for (uint16_t p = 0; p < c.paths_used; ++p) {
     const TxPath& tp = c.tx[p];
     const detail::PathCounters& pc = c.counters[p];
     PathStats s;
     s.path_id = p;
     s.udp_src_port = tp.port;
-    s.plane = plane_of(p);
+    s.plane = tp.plane;
+    s.plane_down = !plane_up(tp.plane);
+    s.min_rtt_ns = pc.min_rtt_ns;
+    for (uint16_t k = tp.head; k != kNil; k = c.pool[k].next) {
+      s.in_flight_bytes += seg_len(c.pool[k].slot, c.pool[k].offset);
+    }
     s.state = tp.state;
     s.tx_packets = pc.tx_packets;
     s.tx_bytes = pc.tx_bytes;
@@ -1507,29 +1681,50 @@ std::vector<PathStats> EngineImpl::path_stats(uint32_t peer_ip) const {
   return out;
 }
 
-ConnStats EngineImpl::conn_stats(uint32_t peer_ip) const {
+ConnStats EngineImpl::conn_stats(uint32_t peer_ip, uint32_t lane) const {
   ConnStats s;
-  auto it = conns_.find(peer_ip);
-  if (it == conns_.end()) return s;
-  const Connection& c = *it->second;
+  const Connection* cp = find_conn(peer_ip, lane);
+  if (!cp) return s;
+  const Connection& c = *cp;
   s.exists = true;
-  s.window = c.cwnd / kWinUnit;
+  for (uint8_t pl = 0; pl < c.plane_cwnd.size(); ++pl)
+    if ((c.plane_mask >> pl) & 1) s.window += c.plane_cwnd[pl] / kWinUnit;
   s.in_flight = c.in_flight;
-  s.rate_hint_mbps = c.hint_mbps;
-  s.paths_active = cfg_.num_paths - c.failed_paths;
+  s.rate_hint_mbps = c.rate_hints ? c.hint_mbps : c.last_hint_mbps;
+  for (uint16_t p = 0; p < c.paths_used; ++p) {
+    if (c.tx[p].state == PathState::kActive && usable_plane(c, c.tx[p].plane)) ++s.paths_active;
+  }
+  s.conn_id = c.conn_id;
+  s.num_paths = c.paths_used;
+  s.plane_mask = c.plane_mask;
+  s.rate_hints = c.rate_hints;
   s.rx_rate_mbps = c.rx_rate_mbps;
   s.rx_hint_mbps = c.rx_hint_mbps;
   return s;
 }
 
-std::vector<PathStats> path_stats(const Engine& engine, uint32_t peer_ip) {
-  const auto* e = dynamic_cast<const EngineImpl*>(&engine);
-  return e ? e->path_stats(peer_ip) : std::vector<PathStats>{};
+std::vector<uint32_t> EngineImpl::lanes(uint32_t peer_ip) const {
+  std::vector<uint32_t> out;
+  for (const Connection* c : conn_list_) {
+    if (c->peer_ip == peer_ip) out.push_back(c->lane);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
-ConnStats conn_stats(const Engine& engine, uint32_t peer_ip) {
+std::vector<PathStats> path_stats(const Engine& engine, uint32_t peer_ip, uint32_t lane) {
   const auto* e = dynamic_cast<const EngineImpl*>(&engine);
-  return e ? e->conn_stats(peer_ip) : ConnStats{};
+  return e ? e->path_stats(peer_ip, lane) : std::vector<PathStats>{};
+}
+
+ConnStats conn_stats(const Engine& engine, uint32_t peer_ip, uint32_t lane) {
+  const auto* e = dynamic_cast<const EngineImpl*>(&engine);
+  return e ? e->conn_stats(peer_ip, lane) : ConnStats{};
+}
+
+std::vector<uint32_t> lanes(const Engine& engine, uint32_t peer_ip) {
+  const auto* e = dynamic_cast<const EngineImpl*>(&engine);
+  return e ? e->lanes(peer_ip) : std::vector<uint32_t>{};
 }
 
 std::array<uint64_t, static_cast<size_t>(wire::DecodeError::kCount)> decode_drops(

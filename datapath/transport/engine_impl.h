@@ -20,7 +20,8 @@ namespace metaroce::transport {
 
 inline constexpr uint32_t kPathWindow = 64;   // max packets outstanding per path (spec §6.1)
 inline constexpr uint32_t kNakSlots = 4;      // NAK records a receiver path remembers
-inline constexpr uint32_t kMaxRecvDirs = 4;   // directions (peer conn_ids) kept per peer
+inline constexpr uint32_t kMaxRecvDirs = 64;  // directions (peer conn_ids) kept per peer: its
+                                              // lanes and restarts (wire.md §3.2)
 inline constexpr uint8_t kMaxBackoff = 16;
 inline constexpr uint16_t kEphemeralPortBase = 49152;
 inline constexpr uint32_t kWinUnit = 256;     // windows are fixed point, 1/256 packet
@@ -29,6 +30,8 @@ inline constexpr uint32_t kActiveIntervals = 3;  // a sender counts for hints th
 inline constexpr uint32_t kHintPercent = 95;  // hints share this much of rx_capacity_mbps
 inline constexpr uint32_t kPaceBurst = 2;     // packets a paced connection may send back to back
 inline constexpr uint8_t kRnrInfinite = 7;
+inline constexpr uint16_t kNoPath = UINT16_MAX;
+inline constexpr uint8_t kMaxPlanes = 16;     // a device's ports (nic::kMaxPlanes)
 static_assert(kPathWindow <= SackWindow::kSpan, "in-flight packets must fit the SACK span");
 static_assert(kNakSlots <= wire::kMaxNakRecords);
 
@@ -82,6 +85,7 @@ struct TxPath {
   uint16_t port = 0;             // UDP source port (entropy), re-picked when probing
   PathState state = PathState::kActive;
   uint8_t backoff = 0;           // RTO back-off; probe back-off while probing
+  uint8_t plane = 0;             // from the connection's plane mask (congestion.md §4.7)
   Time deadline = Time::max();   // RTO while active, next probe while probing
   int64_t last_progress_ns = 0;  // last ACK progress, or first send after idle; probing: since
   int64_t last_md_ns = INT64_MIN / 2;  // last multiplicative decrease (ECN)
@@ -91,6 +95,7 @@ struct PathCounters {
   uint64_t tx_packets = 0, tx_bytes = 0, retransmits = 0, timeouts = 0, acks_received = 0,
            ce_echoed = 0, sack_gaps = 0;
   uint32_t failures = 0, probes = 0;
+  uint32_t min_rtt_ns = 0;       // smallest RTT sample, 0 until the first
 };
 
 struct NakEntry {
@@ -103,6 +108,7 @@ struct RxPath {
   uint32_t echo_ts = 0;
   uint16_t ce_since_ack = 0;
   uint16_t port = 0;             // the peer's current source port: our ACKs mirror it
+  uint8_t plane = 0;             // where its data last arrived: our ACKs return there
   bool ack_pending = false;
   uint8_t nak_count = 0;
   std::array<NakEntry, kNakSlots> naks{};
@@ -130,16 +136,29 @@ struct MsgSlot {
 
 struct Connection {
   uint32_t peer_ip = 0;
+  uint32_t lane = 0;        // which connection to the peer (wire.md §3.4); 0 receives too
   uint32_t conn_id = 0;     // our data direction to the peer
   uint64_t token = 0;
   uint32_t head = kNoSlot, tail = kNoSlot;  // outstanding messages, submission order
   uint32_t cursor = kNoSlot;                // first message with packets still to send
   uint32_t in_flight = 0;                   // allocated records (on paths or moving)
-  uint32_t cwnd = 0;                        // connection window, 1/kWinUnit packets
+  // Congestion windows per plane, 1/kWinUnit packets, and what each plane's paths hold
+  // (congestion.md §2.1); the pool (conn_window_max records) bounds the connection.
+  std::array<uint32_t, kMaxPlanes> plane_cwnd{};
+  std::array<uint16_t, kMaxPlanes> plane_in_flight{};
   uint16_t rr_next = 0;                     // spraying position
   uint16_t free_head = kNil;                // pool free list
   uint16_t move_head = kNil, move_tail = kNil;  // failover queue
-  uint16_t failed_paths = 0;                // paths not kActive
+  uint16_t failed_paths = 0;                // paths not kActive (of all in tx)
+  // The lane's profile: new data uses paths [0, paths_used); paths past it (after a shrink) are
+  // retired, failed and never probed, until the count grows again. tx.size() is what the wire
+  // says (path_count), and never shrinks.
+  uint16_t paths_used = 0;
+  uint8_t mask_planes = 0;                  // planes in plane_mask
+  uint32_t plane_mask = 0;
+  bool rate_hints = true;                   // false: hints are recorded (last_hint_mbps) only
+  bool closing = false;                     // close_lane: forgotten once nothing is in flight
+  uint32_t last_hint_mbps = 0;              // the newest hint the peer sent
   bool tlp_spent = false;                   // the tail probe fired; re-armed by progress
   // Sender pacing to the peer's hint: credit in byte*8000 units (= Mbit/s * ns).
   uint32_t hint_mbps = 0;
@@ -172,7 +191,7 @@ class EngineImpl final : public Engine {
 
   void submit(const MessageDesc& msg) override;
   void on_packet(Time now, uint32_t peer_ip, uint16_t udp_src_port, bool ecn_ce,
-                 std::span<const uint8_t> udp_payload) override;
+                 std::span<const uint8_t> udp_payload, uint8_t plane = 0) override;
   void on_timer(Time now) override;
   uint32_t poll_tx(Time now, TxSink& sink) override;
   Time next_deadline() const override;
@@ -181,9 +200,15 @@ class EngineImpl final : public Engine {
   void reject(const RxRef& ref, Syndrome why) override;
   const EngineStats& stats() const override { return stats_; }
   Time last_answered() const override { return last_answered_; }
+  bool set_lane(Time now, uint32_t peer_ip, uint32_t lane, const LaneProfile& profile) override;
+  void close_lane(uint32_t peer_ip, uint32_t lane) override;
+  void set_plane_up(Time now, uint8_t plane, bool up) override;
+  uint32_t planes_up() const override { return planes_up_; }
+  uint16_t repath(uint32_t peer_ip, uint32_t lane, uint16_t path) override;
 
-  std::vector<PathStats> path_stats(uint32_t peer_ip) const;
-  ConnStats conn_stats(uint32_t peer_ip) const;
+  std::vector<PathStats> path_stats(uint32_t peer_ip, uint32_t lane = 0) const;
+  ConnStats conn_stats(uint32_t peer_ip, uint32_t lane = 0) const;
+  std::vector<uint32_t> lanes(uint32_t peer_ip) const;
   const auto& decode_drops() const { return decode_drops_; }
   // Our data direction's id to a peer, 0 when there is none (tests, telemetry).
   uint32_t conn_id(uint32_t peer_ip) const;
@@ -214,21 +239,35 @@ class EngineImpl final : public Engine {
 
   uint64_t next_random();
   uint16_t random_port();
-  Connection& conn_for(uint32_t peer_ip);
+  static uint64_t conn_key(uint32_t peer_ip, uint32_t lane) {
+    return (uint64_t{lane} << 32) | peer_ip;
+  }
+  Connection& conn_for(uint32_t peer_ip, uint32_t lane = 0);
+  Connection* find_conn(uint32_t peer_ip, uint32_t lane = 0) const;
+  // Paths, planes and pacing of a connection as profile says (paths already checked).
+  void apply_profile(Time now, Connection& c, uint16_t paths, uint32_t mask, bool hints);
+  bool plane_up(uint8_t plane) const { return (planes_up_ >> plane) & 1; }
+  // A plane that is down carries nothing of a lane while another plane of the lane is up; with
+  // every plane of its mask down, the lane sends as on a dead link (retries decide).
+  bool usable_plane(const Connection& c, uint8_t plane) const {
+    return plane_up(plane) || !(planes_up_ & c.plane_mask);
+  }
+  void reap_closed();
   // The path's RTO, backed off by the path's own count or by `backoff` if larger (a packet that
   // timed out elsewhere carries its back-off to the path it moves to).
   Time rto(const TxPath& tp, uint8_t backoff = 0) const;
-  uint8_t plane_of(uint16_t path) const;
   uint32_t seg_len(uint32_t slot, uint32_t offset) const;
   int64_t srtt_ref(const Connection& c, const TxPath& tp) const;
-  // An open path to send on, num_paths if none. avoid_plane: a plane to use only when no
+  // An open path to send on, kNoPath if none. avoid_plane: a plane to use only when no
   // other plane has an open path (-1: none).
   uint16_t choose_path(const Connection& c, Time now, int avoid_plane = -1) const;
-  bool path_open(const TxPath& tp) const;
+  bool path_open(const Connection& c, const TxPath& tp) const;
 
-  void handle_data(Time now, Connection& c, uint16_t sport, bool ecn_ce, const wire::Packet& pkt);
+  void handle_data(Time now, Connection& c, uint16_t sport, bool ecn_ce, uint8_t plane,
+                   const wire::Packet& pkt);
   void handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt);
-  void handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_ce, const wire::Packet& pkt);
+  void handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_ce, uint8_t plane,
+                    const wire::Packet& pkt);
   RecvDir* find_dir(Connection& c, uint32_t conn_id);
   RecvDir& create_dir(Connection& c, const wire::BaseHeader& b, Time now);
   void request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce);
@@ -257,7 +296,8 @@ class EngineImpl final : public Engine {
   void expire(Time now, Connection& c, uint16_t path);
   Time fail_deadline(const Connection& c, const TxPath& tp) const;
   bool check_failure(Time now, Connection& c, uint16_t path);
-  void fail_path(Time now, Connection& c, uint16_t path);
+  // count: a failure (telemetry); false when the path is only retired or its plane went down.
+  void fail_path(Time now, Connection& c, uint16_t path, bool count = true);
   bool suspect(Time now, Connection& c, uint16_t path);
   bool out_of_retries(const Connection& c, const TxDesc& d, Time now) const;
   uint16_t overflow_path(const Connection& c) const;
@@ -280,7 +320,10 @@ class EngineImpl final : public Engine {
   uint32_t seg_size_;
   EngineStats stats_;
   std::array<uint64_t, static_cast<size_t>(wire::DecodeError::kCount)> decode_drops_{};
-  std::unordered_map<uint32_t, std::unique_ptr<Connection>> conns_;
+  std::unordered_map<uint64_t, std::unique_ptr<Connection>> conns_;  // by conn_key
+  std::unordered_map<uint32_t, Connection*> by_id_;                  // by our conn_id
+  uint32_t planes_up_ = UINT32_MAX;
+  bool closing_ = false;  // some connection waits to be forgotten
   std::vector<Connection*> conn_list_;
   std::vector<detail::MsgSlot> slots_;
   std::vector<uint32_t> free_slots_;

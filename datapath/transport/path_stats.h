@@ -35,7 +35,10 @@ struct PathStats {
   uint32_t next_seq = 0, ack_floor = 0, in_flight = 0;
   uint32_t window = 0;          // congestion window, packets
   int64_t srtt_ns = 0;          // 0 until the first sample
+  int64_t min_rtt_ns = 0;       // smallest sample, 0 until the first
   int64_t rto_ns = 0;           // current, including back-off
+  uint64_t in_flight_bytes = 0; // payload of the unresolved packets
+  bool plane_down = false;      // its plane is down: it carries nothing meanwhile
   // Receiver side (the newest direction from the peer), zero when none.
   uint64_t rx_packets = 0, rx_bytes = 0, duplicates = 0, ecn_ce_received = 0;
   uint32_t rx_cum = 0;
@@ -48,6 +51,10 @@ struct ConnStats {
   uint32_t in_flight = 0;       // unresolved packets (including ones waiting to fail over)
   uint32_t rate_hint_mbps = 0;  // the peer's fair-share hint in force (we pace to it), 0 = none
   uint32_t paths_active = 0;
+  uint32_t conn_id = 0;         // our direction's id on the wire
+  uint16_t num_paths = 0;       // in use (LaneProfile::num_paths)
+  uint32_t plane_mask = 0;      // in use
+  bool rate_hints = true;
   // Receiver side: what we measured from and granted to this peer.
   uint32_t rx_rate_mbps = 0;
   uint32_t rx_hint_mbps = 0;
@@ -55,10 +62,13 @@ struct ConnStats {
 
 // One entry per path of the connection to peer_ip; empty when there is none, or when engine
 // was not made by Engine::create.
-std::vector<PathStats> path_stats(const Engine& engine, uint32_t peer_ip);
+std::vector<PathStats> path_stats(const Engine& engine, uint32_t peer_ip, uint32_t lane = 0);
 
 // The connection to peer_ip; exists == false when there is none.
-ConnStats conn_stats(const Engine& engine, uint32_t peer_ip);
+ConnStats conn_stats(const Engine& engine, uint32_t peer_ip, uint32_t lane = 0);
+
+// The lanes of every connection to peer_ip, lane 0 first (when it exists).
+std::vector<uint32_t> lanes(const Engine& engine, uint32_t peer_ip);
 
 // Drops by wire decode reason (index: wire::DecodeError), finer than EngineStats.
 std::array<uint64_t, static_cast<size_t>(wire::DecodeError::kCount)> decode_drops(

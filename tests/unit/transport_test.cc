@@ -147,7 +147,7 @@ class Fabric {
       const Sent& s = log[idx];
       const int to = s.peer_ip == kIpA ? 0 : 1;
       arrivals.push_back(idx);
-      node[to].e->on_packet(now, node[s.from].ip, s.sport, s.ce, s.bytes);
+      node[to].e->on_packet(now, node[s.from].ip, s.sport, s.ce, s.bytes, s.plane);
     }
     for (auto& n : node) {
       if (n.e->next_deadline() <= now) n.e->on_timer(now);
@@ -300,7 +300,9 @@ TEST(TransportSizes, CoreStructsStaySmall) {
   EXPECT_LE(sizeof(TxDesc), 32u);
   EXPECT_LE(sizeof(TxPath), 72u);
   EXPECT_LE(sizeof(RxPath), 160u);
-  EXPECT_LE(sizeof(Connection), 288u);  // with the streams parked because the peer lost them
+  // With the streams parked because the peer lost them, the lane profile, and a window per
+  // plane (16 planes: 96 bytes, what made planes add up linearly).
+  EXPECT_LE(sizeof(Connection), 384u);
   EXPECT_LE(sizeof(MsgSlot), 128u);  // the message, its QP's retry limits, its first send,
                                      // since when its stream is unreachable
 }
@@ -749,11 +751,12 @@ class Net {
     uint64_t bottleneck_mbps = 10000;  // 0: none
     Time mark_backlog = 12us;          // CE above this queueing delay (~ one BDP; 0: never)
     Time drop_backlog = 400us;         // tail drop above this
+    bool per_plane = false;            // a bottleneck per (receiver, plane), not per receiver
   };
 
   Net(Config nc, const std::vector<EngineConfig>& cfgs) : nc_(nc) {
     node.resize(nc.nodes);
-    free_at_.assign(nc.nodes, Time{0});
+    free_at_.assign(size_t(nc.nodes) * 32, Time{0});
     for (int i = 0; i < nc.nodes; ++i) {
       EngineConfig c = cfgs[std::min<size_t>(i, cfgs.size() - 1)];
       node[i].ip = 0x0a000001 + i;
@@ -824,7 +827,7 @@ class Net {
         delivered.push_back({now, p.from, p.to, static_cast<uint32_t>(p.bytes.size())});
       }
       if (on_arrival) on_arrival(p, now);
-      node[p.to].e->on_packet(now, node[p.from].ip, p.sport, p.ce, p.bytes);
+      node[p.to].e->on_packet(now, node[p.from].ip, p.sport, p.ce, p.bytes, p.plane);
     }
     for (auto& n : node) {
       if (n.e->next_deadline() <= now) n.e->on_timer(now);
@@ -898,7 +901,7 @@ class Net {
       }
       Time t = n_.now + n_.nc_.prop + (n_.extra_delay ? n_.extra_delay(p) : Time{0});
       if (n_.nc_.bottleneck_mbps) {
-        Time& free = n_.free_at_[p.to];
+        Time& free = n_.free_at_[size_t(p.to) * 32 + (n_.nc_.per_plane ? p.plane : 0)];
         const Time backlog = free > t ? free - t : Time{0};
         if (backlog > n_.nc_.drop_backlog) {
           ++n_.queue_drops;
@@ -1880,6 +1883,272 @@ TEST_F(Crafted, AProbeElicitsAnAckThatEchoesItsTimestamp) {
   EXPECT_EQ(a.ack.cum_seq, 1u);
   EXPECT_EQ(a.ack.echo_timestamp, 4242u);
   EXPECT_TRUE(e->idle());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lanes and planes (wire.md §3.4, congestion.md §4.7)
+
+EngineConfig four_planes() {
+  EngineConfig c = Fabric::default_config();
+  c.num_planes = 4;
+  return c;
+}
+
+uint64_t submit_lane(Fabric& f, int from, uint32_t stream, uint32_t msn, uint32_t size,
+                     uint32_t lane) {
+  static uint64_t next = 1000000;  // apart from Fabric::submit's cookies
+  const uint64_t cookie = next++;
+  std::vector<uint8_t> bytes(size, static_cast<uint8_t>(msn));
+  f.node[from].host.outgoing[cookie] = bytes;
+  MessageDesc m;
+  m.peer_ip = f.node[1 - from].ip;
+  m.dst_stream = stream + 1000;
+  m.src_stream = stream;
+  m.msn = msn;
+  m.op = Op::kWrite;
+  m.length = size;
+  m.rkey = 7;
+  m.cookie = cookie;
+  m.lane = lane;
+  f.node[from].e->submit(m);
+  return cookie;
+}
+
+TEST(Lanes, APlaneMaskKeepsEveryPacketOfTheLaneOnItsPlanesAndAcksComeBackThere) {
+  Fabric f(four_planes());
+  LaneProfile prof;
+  prof.num_paths = 6;
+  prof.plane_mask = 0b1010;  // planes 1 and 3
+  ASSERT_TRUE(f.node[0].e->set_lane(f.now, kIpB, 9, prof));
+  for (uint32_t i = 0; i < 20; ++i) submit_lane(f, 0, 1, i, 3 * kMtu, 9);
+  f.run();
+  EXPECT_EQ(f.node[0].host.acked.size(), 20u);
+  EXPECT_TRUE(f.node[0].host.failed.empty());
+  std::set<uint8_t> data_planes, ack_planes;
+  for (const Sent& s : f.log) {
+    if (s.from == 0 && wire::is_data_opcode(s.pkt.base.opcode)) data_planes.insert(s.plane);
+    if (s.from == 1 && s.pkt.base.opcode == Opcode::kAck) ack_planes.insert(s.plane);
+  }
+  EXPECT_EQ(data_planes, (std::set<uint8_t>{1, 3}));
+  EXPECT_EQ(ack_planes, (std::set<uint8_t>{1, 3}));  // where the data arrived
+  const auto ps = path_stats(*f.node[0].e, kIpB, 9);
+  ASSERT_EQ(ps.size(), 6u);
+  for (const auto& p : ps) {
+    EXPECT_EQ(p.plane, p.path_id % 2 ? 3 : 1) << p.path_id;
+    EXPECT_GT(p.tx_packets, 0u) << p.path_id;
+    EXPECT_GT(p.min_rtt_ns, 0) << p.path_id;
+    EXPECT_LE(p.min_rtt_ns, p.srtt_ns + 1) << p.path_id;
+  }
+  const ConnStats cs = conn_stats(*f.node[0].e, kIpB, 9);
+  EXPECT_TRUE(cs.exists);
+  EXPECT_EQ(cs.num_paths, 6u);
+  EXPECT_EQ(cs.plane_mask, 0b1010u);
+  EXPECT_FALSE(conn_stats(*f.node[0].e, kIpB, 0).exists);  // lane 0 never used
+}
+
+TEST(Lanes, EachLaneIsAConnectionOfItsOwnAndBadProfilesAreRefused) {
+  Fabric f(four_planes());
+  EXPECT_FALSE(f.node[0].e->set_lane(f.now, kIpB, 0, {}));  // lane 0 is the engine's
+  LaneProfile bad;
+  bad.plane_mask = 1u << 4;  // a plane the device lacks
+  EXPECT_FALSE(f.node[0].e->set_lane(f.now, kIpB, 3, bad));
+  bad = {};
+  bad.num_paths = 257;
+  EXPECT_FALSE(f.node[0].e->set_lane(f.now, kIpB, 3, bad));
+  EXPECT_FALSE(conn_stats(*f.node[0].e, kIpB, 3).exists);
+  submit_lane(f, 0, 1, 0, 2 * kMtu, 0);
+  submit_lane(f, 0, 2, 0, 2 * kMtu, 3);  // a lane never set: the engine's defaults
+  f.run();
+  expect_all_delivered_exactly(f, 0);
+  const ConnStats c0 = conn_stats(*f.node[0].e, kIpB, 0), c3 = conn_stats(*f.node[0].e, kIpB, 3);
+  ASSERT_TRUE(c0.exists && c3.exists);
+  EXPECT_NE(c0.conn_id, c3.conn_id);
+  EXPECT_EQ(c3.num_paths, f.cfg.num_paths);
+  EXPECT_EQ(lanes(*f.node[0].e, kIpB), (std::vector<uint32_t>{0, 3}));
+  std::set<uint32_t> ids;
+  for (const Sent* s : f.data_from(0)) ids.insert(s->pkt.base.conn_id);
+  EXPECT_EQ(ids, (std::set<uint32_t>{c0.conn_id, c3.conn_id}));
+}
+
+TEST(Lanes, PathsGrowAndShrinkMidTransferAndEveryByteArrivesOnce) {
+  Fabric f(four_planes());
+  LaneProfile prof;
+  prof.num_paths = 2;
+  ASSERT_TRUE(f.node[0].e->set_lane(f.now, kIpB, 5, prof));
+  uint32_t msn = 0;
+  for (; msn < 30; ++msn) submit_lane(f, 0, 1, msn, 4 * kMtu, 5);
+  for (int i = 0; i < 20; ++i) f.step();  // packets in flight on both paths
+  prof.num_paths = 12;
+  ASSERT_TRUE(f.node[0].e->set_lane(f.now, kIpB, 5, prof));
+  for (; msn < 60; ++msn) submit_lane(f, 0, 1, msn, 4 * kMtu, 5);
+  for (int i = 0; i < 40; ++i) f.step();
+  EXPECT_EQ(path_stats(*f.node[0].e, kIpB, 5).size(), 12u);
+  prof.num_paths = 3;
+  const size_t mark = f.log.size();
+  ASSERT_TRUE(f.node[0].e->set_lane(f.now, kIpB, 5, prof));
+  for (; msn < 90; ++msn) submit_lane(f, 0, 1, msn, 4 * kMtu, 5);
+  f.run();
+  EXPECT_EQ(f.node[0].host.acked.size(), 90u);
+  EXPECT_TRUE(f.node[0].host.failed.empty());
+  for (const auto& [seg, count] : f.node[1].host.deliveries) EXPECT_EQ(count, 1);
+  EXPECT_EQ(f.node[1].e->stats().drop_malformed, 0u);
+  EXPECT_EQ(f.node[0].e->stats().drop_malformed, 0u);
+  // After the shrink, new data went on paths 0..2 only (copies of what was in flight included).
+  for (size_t i = mark; i < f.log.size(); ++i) {
+    const Sent& s = f.log[i];
+    if (s.from == 0 && wire::is_data_opcode(s.pkt.base.opcode)) EXPECT_LT(s.pkt.base.path_id, 3);
+  }
+  const auto ps = path_stats(*f.node[0].e, kIpB, 5);
+  ASSERT_EQ(ps.size(), 3u);
+  for (const auto& p : ps) EXPECT_EQ(p.failures, 0u) << "a retired path is not a failure";
+}
+
+TEST(Planes, APlaneSetDownCarriesNothingUntilItIsBackAndNothingFails) {
+  Fabric f(four_planes());
+  for (uint32_t i = 0; i < 10; ++i) f.submit(0, 1, i, 8 * kMtu);
+  for (int i = 0; i < 15; ++i) f.step();  // packets on every plane in flight
+  f.node[0].e->set_plane_up(f.now, 2, false);
+  f.node[1].e->set_plane_up(f.now, 2, false);
+  EXPECT_EQ(f.node[0].e->planes_up() & 0xf, 0b1011u);
+  // What a down plane held is lost (the port is off).
+  f.fate = [](const Sent& s) { return s.plane == 2 ? Fate::kDrop : Fate::kDeliver; };
+  const size_t mark = f.log.size();
+  for (uint32_t i = 10; i < 40; ++i) f.submit(0, 1, i, 8 * kMtu);
+  f.run();
+  expect_all_delivered_exactly(f, 0);
+  for (size_t i = mark; i < f.log.size(); ++i)
+    EXPECT_NE(f.log[i].plane, 2) << "packet " << i << " on the down plane";
+  for (const auto& p : path_stats(*f.node[0].e, kIpB)) {
+    if (p.plane == 2) EXPECT_TRUE(p.plane_down) << p.path_id;
+    EXPECT_EQ(p.failures, 0u) << "a plane that is down is not a path failure";
+  }
+  // Back: probed, then in service again.
+  f.fate = nullptr;
+  f.node[0].e->set_plane_up(f.now, 2, true);
+  f.node[1].e->set_plane_up(f.now, 2, true);
+  const size_t mark2 = f.log.size();
+  for (uint32_t i = 40; i < 80; ++i) f.submit(0, 1, i, 8 * kMtu);
+  f.run();
+  expect_all_delivered_exactly(f, 0);
+  bool used = false;
+  for (size_t i = mark2; i < f.log.size(); ++i)
+    used |= f.log[i].from == 0 && f.log[i].plane == 2 && wire::is_data_opcode(f.log[i].pkt.base.opcode);
+  EXPECT_TRUE(used);
+  for (const auto& p : path_stats(*f.node[0].e, kIpB)) EXPECT_EQ(p.state, PathState::kActive);
+}
+
+TEST(Planes, WithEveryPlaneOfItsMaskDownALaneFailsAsOnADeadLinkInsteadOfHanging) {
+  Fabric f(four_planes());
+  LaneProfile prof;
+  prof.plane_mask = 0b0001;
+  ASSERT_TRUE(f.node[0].e->set_lane(f.now, kIpB, 4, prof));
+  f.node[0].e->set_plane_up(f.now, 0, false);
+  f.fate = [](const Sent& s) { return s.plane == 0 ? Fate::kDrop : Fate::kDeliver; };
+  submit_lane(f, 0, 1, 0, kMtu, 4);
+  f.run(60s);
+  ASSERT_EQ(f.node[0].host.failed.size(), 1u);
+  EXPECT_EQ(f.node[0].host.failed[0].second, Syndrome::kRetryExceeded);
+}
+
+TEST(Lanes, AClosedLaneIsForgottenOnceIdleAndComesBackWhenUsed) {
+  Fabric f(four_planes());
+  LaneProfile prof;
+  prof.num_paths = 3;
+  ASSERT_TRUE(f.node[0].e->set_lane(f.now, kIpB, 0x80000005, prof));
+  for (uint32_t i = 0; i < 5; ++i) submit_lane(f, 0, 1, i, 2 * kMtu, 0x80000005);
+  f.node[0].e->close_lane(kIpB, 0x80000005);  // still in flight: kept
+  f.node[0].e->on_timer(f.now);
+  EXPECT_TRUE(conn_stats(*f.node[0].e, kIpB, 0x80000005).exists);
+  f.run();
+  EXPECT_EQ(f.node[0].host.acked.size(), 5u);
+  f.node[0].e->on_timer(f.now);
+  EXPECT_FALSE(conn_stats(*f.node[0].e, kIpB, 0x80000005).exists);
+  EXPECT_TRUE(lanes(*f.node[0].e, kIpB).empty());
+  submit_lane(f, 0, 1, 5, kMtu, 0x80000005);
+  f.run();
+  EXPECT_EQ(f.node[0].host.acked.size(), 6u);
+  EXPECT_TRUE(conn_stats(*f.node[0].e, kIpB, 0x80000005).exists);
+}
+
+TEST(Lanes, RepathGivesThePathANewSourcePortThatItsPacketsAndAcksUse) {
+  Fabric f(four_planes());
+  EXPECT_EQ(f.node[0].e->repath(kIpB, 0, 99), 0);  // no such path
+  const uint16_t before = [&] {
+    submit_lane(f, 0, 1, 0, kMtu, 0);
+    f.run();
+    return path_stats(*f.node[0].e, kIpB)[1].udp_src_port;
+  }();
+  const uint16_t port = f.node[0].e->repath(kIpB, 0, 1);
+  ASSERT_NE(port, 0);
+  EXPECT_NE(port, before);
+  EXPECT_EQ(path_stats(*f.node[0].e, kIpB)[1].udp_src_port, port);
+  const size_t mark = f.log.size();
+  for (uint32_t i = 1; i < 20; ++i) submit_lane(f, 0, 1, i, 2 * kMtu, 0);
+  f.run();
+  bool data = false, ack = false;
+  for (size_t i = mark; i < f.log.size(); ++i) {
+    const Sent& s = f.log[i];
+    if (s.pkt.base.path_id != 1) continue;
+    if (s.from == 0 && wire::is_data_opcode(s.pkt.base.opcode)) data |= s.sport == port;
+    if (s.from == 1 && s.pkt.base.opcode == Opcode::kAck) ack |= s.sport == port;
+  }
+  EXPECT_TRUE(data);
+  EXPECT_TRUE(ack);
+}
+
+TEST(Lanes, ALaneOutOfRateHintsRecordsThemButDoesNotPace) {
+  for (bool hints : {true, false}) {
+    EngineConfig cfg = four_planes();
+    Fabric f(cfg);
+    // Node 1 as a receiver that shares 200 Mbit/s: a sender that obeys waits for credit.
+    EngineConfig rx = cfg;
+    rx.local_ip = kIpB;
+    rx.seed = 22;
+    rx.rx_capacity_mbps = 200;
+    f.node[1].e = Engine::create(rx, f.node[1].host);
+    LaneProfile prof;
+    prof.rate_hints = hints;
+    ASSERT_TRUE(f.node[0].e->set_lane(f.now, kIpB, 6, prof));
+    for (uint32_t i = 0; i < 200; ++i) submit_lane(f, 0, 1, i, 4 * kMtu, 6);
+    f.run(60s);
+    EXPECT_EQ(f.node[0].host.acked.size(), 200u);
+    EXPECT_GT(conn_stats(*f.node[0].e, kIpB, 6).rate_hint_mbps, 0u) << hints;
+    if (hints) EXPECT_GT(f.node[0].e->stats().pacing_waits, 0u);
+    else EXPECT_EQ(f.node[0].e->stats().pacing_waits, 0u);
+  }
+}
+
+// Each plane its own bottleneck (a spine per plane): the planes add up. The connection window
+// must grow with its paths, or it caps a connection that ECN cuts on one plane at a time
+// (congestion.md §2.3).
+TEST(Planes, GoodputGrowsLinearlyWithPlanesThatAreEachABottleneck) {
+  // 8 paths in all (the device default: one path per plane at 8 planes), then 8 per plane.
+  for (uint16_t paths_per_plane : {0, 8}) {
+  auto goodput = [paths_per_plane](uint8_t planes) {
+    Net::Config nc;
+    nc.bottleneck_mbps = 1000;
+    nc.per_plane = true;
+    nc.mark_backlog = 100us;
+    nc.drop_backlog = 2ms;
+    EngineConfig cfg = Net::config(paths_per_plane ? uint16_t(paths_per_plane * planes) : 8);
+    cfg.num_planes = planes;
+    Net n(nc, {cfg});
+    submit_bulk(n, 0, 1, 1, 1200, 64 * 1024);
+    n.run_until(80ms);
+    uint64_t bytes = 0;
+    for (const auto& d : n.delivered) bytes += (d.t >= 20ms && d.t < 80ms) ? d.bytes : 0;
+    return double(bytes) * 8 / 60e-3 / 1e9;  // Gbit/s
+  };
+  const double one = goodput(1);
+  std::printf("planes goodput: 1 %.3f", one);
+  EXPECT_GT(one, 0.9);
+  for (uint8_t p : {2, 4, 8}) {
+    const double g = goodput(p);
+    std::printf(", %u %.3f (%.2f of linear)", p, g, g / (p * one));
+    EXPECT_GE(g, 0.9 * p * one) << p << " planes, " << paths_per_plane << " paths per plane";
+  }
+  std::printf("\n");
+  }
 }
 
 }  // namespace
