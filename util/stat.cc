@@ -19,8 +19,9 @@ constexpr const char* kStatHelp =
     "Usage: metaroce stat NAME [--json] [--watch SECONDS]\n"
     "\n"
     "Live counters of link NAME from the engine: device counters, then per connection (one per\n"
-    "peer device: window, rate hint, and its streams, the QPs of every process that talk to that\n"
-    "peer) and per path (UDP source port, plane, state, packets, bytes, retransmissions, SACK\n"
+    "peer device and lane: lane 0 carries every QP with default settings, others the QPs with\n"
+    "their own paths or planes; window, rate hint, and its streams, the QPs of every process\n"
+    "that ride it) and per path (UDP source port, plane, state, packets, bytes, retransmissions, SACK\n"
     "gaps, ECN marks, smoothed RTT, window). Refreshed every 100 ms by the engine. --watch\n"
     "repeats every SECONDS until interrupted.\n";
 
@@ -29,6 +30,7 @@ const char* path_state(uint8_t s) {
     case 0: return "active";
     case 1: return "failed";
     case 2: return "probing";
+    case nic::kTelemetryPlaneDown: return "plane-down";
   }
   return "?";
 }
@@ -49,7 +51,8 @@ void print_text(std::ostream& o, const std::string& link,
     }
     o << "\n";
     for (const auto& c : s.conns) {
-      o << "  peer " << nic::format_ipv4(c.peer_ip) << "  window " << c.window << "  in_flight "
+      o << "  peer " << nic::format_ipv4(c.peer_ip) << "  lane 0x" << std::hex << c.lane
+        << "  planes 0x" << c.plane_mask << std::dec << "  window " << c.window << "  in_flight "
         << c.in_flight << "  paths_active " << c.paths_active << "/" << c.num_paths
         << "  rate_hint " << c.rate_hint_mbps << " Mb/s  rx_rate " << c.rx_rate_mbps
         << " Mb/s  rx_hint " << c.rx_hint_mbps << " Mb/s\n";
@@ -58,13 +61,13 @@ void print_text(std::ostream& o, const std::string& link,
         o << " qpn 0x" << std::hex << c.streams[i].qpn << "->0x" << c.streams[i].remote_qpn
           << std::dec << " (pid " << c.streams[i].pid << ")";
       o << "\n";
-      o << "    PATH  SPORT  PLANE  STATE      TX_PKTS      TX_BYTES  RETX  SACK_GAPS  ECN_CE"
+      o << "    PATH  SPORT  PLANE  STATE         TX_PKTS      TX_BYTES  RETX  SACK_GAPS  ECN_CE"
            "  RTT_US  WINDOW   RX_PKTS      RX_BYTES\n";
       for (uint32_t i = 0; i < c.num_paths; ++i) {
         const auto& p = c.paths[i];
         char line[256];
         std::snprintf(line, sizeof(line),
-                      "    %4u  %5u  %5u  %-7s %10llu %13llu %5llu %10llu %7llu %7.1f %7u %9llu "
+                      "    %4u  %5u  %5u  %-10s %10llu %13llu %5llu %10llu %7llu %7.1f %7u %9llu "
                       "%13llu\n",
                       p.path_id, p.udp_src_port, p.plane, path_state(p.state),
                       static_cast<unsigned long long>(p.tx_packets),
@@ -100,7 +103,8 @@ void print_json(std::ostream& o, const std::string& link,
   for (size_t i = 0; i < s->conns.size(); ++i) {
     const auto& c = s->conns[i];
     o << (i ? ", " : "") << "{\"peer\": \"" << nic::format_ipv4(c.peer_ip)
-      << "\", \"window\": " << c.window << ", \"in_flight\": " << c.in_flight
+      << "\", \"lane\": " << c.lane << ", \"plane_mask\": " << c.plane_mask
+      << ", \"num_paths\": " << c.num_paths << ", \"window\": " << c.window << ", \"in_flight\": " << c.in_flight
       << ", \"paths_active\": " << c.paths_active << ", \"rate_hint_mbps\": "
       << c.rate_hint_mbps << ", \"rx_rate_mbps\": " << c.rx_rate_mbps
       << ", \"rx_hint_mbps\": " << c.rx_hint_mbps << ", \"num_streams\": " << c.num_streams

@@ -26,6 +26,7 @@
 #include <ctime>
 
 #include "datapath/io/dpdk_port.h"
+#include "datapath/wire/mrh.h"
 
 namespace metaroce::engine {
 
@@ -616,6 +617,21 @@ void HostEngine::admin(Session& s, const Message& req, Message* resp) {
       r.set(info);
       break;
     }
+    case Op::kLinkPlane: {
+      auto body = req.as<hostif::LinkPlaneReq>();
+      auto it = body ? links_.find(hostif::get_name(body->link)) : links_.end();
+      if (!body) {
+        r.header.status = EINVAL;
+      } else if (it == links_.end()) {
+        r.header.status = ENODEV;
+      } else {
+        bool ok = false;
+        Link* l = it->second.get();
+        on_datapath([&] { ok = l->layer->set_plane_admin(body->plane, body->up != 0); });
+        r.header.status = ok ? 0 : ERANGE;
+      }
+      break;
+    }
     case Op::kSessionInfo: {
       auto body = req.as<hostif::SessionInfoReq>();
       if (!body) {
@@ -800,6 +816,49 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       on_datapath([&] { e = nic.destroy_qp(&s, b->id); });
       if (!e) s.drop_segment('q', b->id);
       return done(e);
+    }
+    case Op::kSetQpPaths: {
+      auto b = req.as<hostif::SetQpPathsReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.set_qp_paths(&s, *b); });
+      return done(e);
+    }
+    case Op::kQueryQpConn: {
+      auto b = req.as<hostif::IdReq>();
+      if (!b) return done(EINVAL);
+      hostif::QpConnResp c;
+      int e = 0;
+      on_datapath([&] { e = nic.query_qp_conn(&s, b->id, &c); });
+      if (!e) r.set(c);
+      return done(e);
+    }
+    case Op::kQueryPaths: {
+      auto b = req.as<hostif::QueryPathsReq>();
+      if (!b) return done(EINVAL);
+      auto page = std::make_unique<hostif::QueryPathsResp>();
+      int e = 0;
+      on_datapath([&] { e = nic.query_paths(&s, b->qpn, b->first, page.get()); });
+      if (!e) r.set(*page);
+      return done(e);
+    }
+    case Op::kRepath: {
+      auto b = req.as<hostif::RepathReq>();
+      if (!b) return done(EINVAL);
+      uint16_t port = 0;
+      int e = 0;
+      on_datapath([&] { e = nic.repath(&s, b->qpn, b->path, &port); });
+      if (!e) r.set(hostif::RepathResp{port, 0});
+      return done(e);
+    }
+    case Op::kQueryDevice: {
+      if (!req.body.empty()) return done(EINVAL);
+      hostif::QueryDeviceResp d;
+      d.wire_version = wire::kMrhVersion;
+      d.max_streams = nic::kMaxQps;
+      on_datapath([&] { d.planes_up = s.link()->layer->planes_up(); });
+      r.set(d);
+      return done(0);
     }
     default:
       return done(EOPNOTSUPP);

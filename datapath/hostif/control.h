@@ -22,7 +22,7 @@ namespace metaroce::hostif {
 inline constexpr uint32_t kControlMagic = 0x4c43524d;  // "MRCL"
 inline constexpr uint16_t kControlVersion = 1;
 inline constexpr const char* kEngineSocket = "engine.sock";  // inside the run dir
-inline constexpr size_t kMaxMessage = 512;
+inline constexpr size_t kMaxMessage = 8192;
 inline constexpr size_t kMaxFds = 4;
 
 enum class Op : uint16_t {
@@ -40,6 +40,12 @@ enum class Op : uint16_t {
   kModifyQp = 11,
   kDestroyQp = 12,
   kModifySrq = 13,
+  // Direct verbs (infiniband/metaroce_dv.h; verbs-mapping.md §11).
+  kSetQpPaths = 14,   // paths, planes and lane of an RC QP
+  kQueryQpConn = 15,  // the connection a QP rides
+  kQueryPaths = 16,   // a page of its connection's paths
+  kRepath = 17,       // a new entropy value for one of them
+  kQueryDevice = 18,  // what only the engine knows of the device (planes up)
   // Administration (uid 0, or the engine's own user: a user who runs an engine for a private run
   // dir administers it): what `metaroce link` and `metaroce engine` ask.
   kLinkOpen = 100,
@@ -47,6 +53,7 @@ enum class Op : uint16_t {
   kShutdown = 102,
   kEngineInfo = 103,
   kSessionInfo = 104,  // the index-th context the engine serves, ENOENT past the last
+  kLinkPlane = 105,    // set a plane of a link administratively up or down
 };
 
 struct Header {
@@ -160,6 +167,73 @@ struct ModifyQpReq {
   QpState state = QpState::kReset;
   uint32_t access = 0;      // qp_access_flags
   QpRemote remote;
+};
+
+// --- direct verbs ---
+enum QpPathFlag : uint32_t { kQpIsolated = 1, kQpNoRateHints = 2 };
+// kSetQpPaths. num_paths 0: the device's default; plane_mask 0: every plane.
+struct SetQpPathsReq {
+  uint32_t qpn = 0;
+  uint16_t num_paths = 0;
+  uint16_t reserved = 0;
+  uint32_t plane_mask = 0;
+  uint32_t flags = 0;       // QpPathFlag
+};
+// kQueryQpConn (IdReq: the qpn).
+struct QpConnResp {
+  uint32_t conn_id = 0;     // 0: no connection yet
+  uint32_t lane = 0;
+  uint32_t peer_ip = 0;     // host order, 0 before RTR
+  uint16_t num_paths = 0, paths_active = 0;
+  uint32_t plane_mask = 0;
+  uint32_t flags = 0;       // QpPathFlag in force
+  uint32_t streams = 0;     // QPs of the device on the same lane to the same peer
+  uint32_t rate_hint_mbps = 0;
+  uint32_t reserved = 0;
+};
+// kQueryPaths: paths [first, first + count) of the QP's connection.
+struct QueryPathsReq {
+  uint32_t qpn = 0;
+  uint32_t first = 0;
+};
+struct PathEntry {
+  uint16_t path_id = 0, udp_sport = 0;
+  uint8_t plane = 0, state = 0;  // state: transport::PathState, 3 = its plane is down
+  uint16_t reserved = 0;
+  uint32_t cwnd_pkts = 0, inflight_pkts = 0;
+  uint64_t inflight_bytes = 0;
+  int64_t srtt_ns = 0, min_rtt_ns = 0;
+  uint64_t tx_pkts = 0, tx_bytes = 0, retx_pkts = 0, ecn_marks = 0, sack_gaps = 0, timeouts = 0;
+  uint32_t rate_hint_mbps = 0;
+  uint32_t reserved2 = 0;
+};
+static_assert(sizeof(PathEntry) == 96);
+inline constexpr uint32_t kPathsPerPage = 64;
+struct QueryPathsResp {
+  uint32_t total = 0;   // paths of the connection
+  uint32_t count = 0;   // entries that follow
+  PathEntry entries[kPathsPerPage];
+};
+static_assert(sizeof(Header) + sizeof(QueryPathsResp) <= kMaxMessage);
+struct RepathReq {
+  uint32_t qpn = 0;
+  uint32_t path = 0;
+};
+struct RepathResp {
+  uint32_t udp_sport = 0;
+  uint32_t reserved = 0;
+};
+struct QueryDeviceResp {
+  uint32_t wire_version = 0;
+  uint32_t planes_up = 0;   // mask
+  uint32_t max_streams = 0;
+  uint32_t reserved = 0;
+};
+// kLinkPlane (admin).
+struct LinkPlaneReq {
+  char link[kNameLen] = {};
+  uint32_t plane = 0;
+  uint32_t up = 0;
 };
 
 // kLinkOpen / kLinkClose: a link recorded under the run dir.

@@ -51,8 +51,8 @@ class LinkLayer::Sink final : public FrameSink {
     Pending f{open_, peer_ip, udp_src_port};
     Plane& pl = link_.planes_[open_plane_];
     if (peer_ip != link_.cfg_.ip) {
-      if (pl.quiet) {
-        give_back(open_plane_, open_);  // the peer is closing that plane: as a loss
+      if (pl.quiet || pl.admin_down) {
+        give_back(open_plane_, open_);  // the peer is closing that plane, or it is down: a loss
         return;
       }
       auto known = pl.arp.find(peer_ip);
@@ -231,7 +231,8 @@ void LinkLayer::handle_frame(Time t, Plane& pl, const io::RxFrame& f) {
   }
   // Every frame of ours teaches the peer's address, so ARP is rarely on the critical path.
   if (!pl.arp.count(p.src_ip)) pl.arp[p.src_ip] = p.src_mac;
-  nic_.on_packet(t, p.src_ip, p.src_port, p.ecn == wire::Ecn::kCe, p.payload);
+  nic_.on_packet(t, p.src_ip, p.src_port, p.ecn == wire::Ecn::kCe, p.payload,
+                 static_cast<uint8_t>(&pl - planes_.data()));
 }
 
 void LinkLayer::loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_payload) {
@@ -265,11 +266,54 @@ void LinkLayer::resolve(Time t) {
   }
 }
 
+bool LinkLayer::set_plane_admin(size_t plane, bool up) {
+  if (plane >= planes_.size()) return false;
+  planes_[plane].admin_down = !up;
+  carrier_checked_ = Time::min();  // told at the next poll
+  return true;
+}
+
+uint32_t LinkLayer::planes_up() const {
+  uint32_t m = 0;
+  for (size_t i = 0; i < planes_.size(); ++i) m |= planes_[i].reported_up ? 1u << i : 0;
+  return m;
+}
+
+uint32_t LinkLayer::planes_admin_down() const {
+  uint32_t m = 0;
+  for (size_t i = 0; i < planes_.size(); ++i) m |= planes_[i].admin_down ? 1u << i : 0;
+  return m;
+}
+
+// Every 10 ms: a port's link state costs a call into the driver.
+void LinkLayer::check_planes(Time t) {
+  if (carrier_checked_ != Time::min() && t - carrier_checked_ < std::chrono::milliseconds(10))
+    return;
+  carrier_checked_ = t;
+  for (size_t i = 0; i < planes_.size(); ++i) {
+    Plane& pl = planes_[i];
+    // One plane: nothing to move its traffic to; its link state is the goodbye logic's.
+    if (planes_.size() > 1) pl.carrier = pl.port->link_up();
+    const bool up = !pl.admin_down && pl.carrier;
+    if (up != pl.reported_up) {
+      pl.reported_up = up;
+      nic_.set_plane_up(t, static_cast<uint8_t>(i), up);
+    }
+  }
+}
+
 bool LinkLayer::poll(Time t) {
   bool work = false;
+  check_planes(t);
   for (size_t i = 0; i < planes_.size(); ++i) {
     Plane& pl = planes_[i];
     pl.rx_n = 0;
+    if (pl.admin_down) {
+      // Set down: what arrives is dropped, as by a port that is off.
+      const uint32_t n = pl.port->rx_burst(pl.rx);
+      if (n) pl.port->release({pl.rx.data(), n});
+      continue;
+    }
     if (pl.quiet) {
       // Resume once the old peer is gone and a new one connected (or after kQuietMax).
       const bool up = pl.port->link_up();

@@ -44,6 +44,13 @@ class LinkLayer {
   int rx_wait_fd();
   void rx_arm();
   void rx_disarm();
+  // Planes (link.md §3): one set down by its operator (`metaroce link set --plane P down`)
+  // sends and receives nothing until set up; on a link of several planes, one whose port lost
+  // its link counts as down too. The transport moves the traffic of a plane that is down to the
+  // others. False for a plane the link does not have.
+  bool set_plane_admin(size_t plane, bool up);
+  uint32_t planes_up() const;
+  uint32_t planes_admin_down() const;
 
  private:
   class Sink;
@@ -54,6 +61,9 @@ class LinkLayer {
     // Set when the peer said goodbye: the port is not touched until the link comes back.
     bool quiet = false;
     bool quiet_saw_down = false;
+    bool admin_down = false;
+    bool carrier = true;
+    bool reported_up = true;      // what the NIC was last told
     transport::Time quiet_since{};
     std::array<io::RxFrame, kRxBurst> rx;  // this pass's frames, held until the NIC placed them
     uint32_t rx_n = 0;
@@ -71,6 +81,7 @@ class LinkLayer {
   static std::optional<uint8_t> goodbye_kind(const io::RxFrame& f);
   void loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_payload);
   void resolve(transport::Time now);
+  void check_planes(transport::Time now);
 
   Nic& nic_;
   const LinkConfig& cfg_;
@@ -84,6 +95,7 @@ class LinkLayer {
   // ARP requests in flight (sent on every plane), by peer IP.
   std::unordered_map<uint32_t, transport::Time> arp_asked_;
   LinkCounters counters_;
+  transport::Time carrier_checked_ = transport::Time::min();
 };
 
 }  // namespace metaroce::nic

@@ -11,6 +11,7 @@
 
 #include "datapath/wire/frame.h"
 #include "datapath/wire/mrh.h"
+#include "datapath/transport/path_stats.h"
 
 namespace metaroce::nic {
 
@@ -206,10 +207,131 @@ int Nic::modify_qp(Owner* o, const hostif::ModifyQpReq& req) {
   if ((req.what & hostif::kModState) && static_cast<uint32_t>(req.state) > static_cast<uint32_t>(QpState::kErr))
     return EINVAL;
   if (req.what & hostif::kModAccess) qp->set_access(req.access);
-  if (req.what & hostif::kModRemote) qp->set_remote(req.remote);
+  if (req.what & hostif::kModRemote) {
+    if (qp->lane() >= kIsolatedLane && qp->remote().ip != req.remote.ip)
+      engine_->close_lane(qp->remote().ip, qp->lane());
+    qp->set_remote(req.remote);
+    apply_lane(qp);
+  }
   if (req.what & hostif::kModState) qp->set_state(req.state);
   publish_completions();  // a move to ERR flushes at once
   return 0;
+}
+
+// --- direct verbs --------------------------------------------------------------------------
+
+uint32_t Nic::lane_for(const QueuePair& qp) const {
+  const hostif::SetQpPathsReq& p = qp.paths();
+  if (p.flags & hostif::kQpIsolated) return kIsolatedLane | qp.qpn();
+  const uint32_t every = (1u << cfg_.engine.num_planes) - 1;
+  const uint16_t n = p.num_paths ? p.num_paths : cfg_.engine.num_paths;
+  const uint32_t mask = p.plane_mask ? p.plane_mask : every;
+  const bool hints = !(p.flags & hostif::kQpNoRateHints);
+  if (n == cfg_.engine.num_paths && mask == every && hints) return 0;
+  // One shared lane per distinct setting: its name is the setting (16 plane bits, the path
+  // count less one, the hints bit).
+  return kSharedLane | (hints ? 0 : 1u << 29) | (uint32_t{n - 1u} << 16) | mask;
+}
+
+void Nic::apply_lane(QueuePair* qp) {
+  const uint32_t old = qp->lane();
+  const uint32_t lane = lane_for(*qp);
+  const uint32_t ip = qp->remote().ip;
+  if (old >= kIsolatedLane && old != lane && ip) engine_->close_lane(ip, old);
+  qp->set_lane(lane);
+  if (!lane || !ip) return;
+  const hostif::SetQpPathsReq& p = qp->paths();
+  transport::LaneProfile prof;
+  prof.num_paths = p.num_paths;
+  prof.plane_mask = p.plane_mask;
+  prof.rate_hints = !(p.flags & hostif::kQpNoRateHints);
+  engine_->set_lane(now_, ip, lane, prof);
+}
+
+int Nic::set_qp_paths(Owner* o, const hostif::SetQpPathsReq& req) {
+  QueuePair* qp = qp_of(req.qpn);
+  if (!qp || qp->init().owner != o || qp->init().type != QpType::kRc) return EINVAL;
+  const uint32_t every = (1u << cfg_.engine.num_planes) - 1;
+  if (req.num_paths > wire::kMaxPathCount || (req.plane_mask & ~every) ||
+      (req.flags & ~uint32_t{hostif::kQpIsolated | hostif::kQpNoRateHints}))
+    return EINVAL;
+  qp->set_paths(req);
+  apply_lane(qp);
+  return 0;
+}
+
+int Nic::query_qp_conn(Owner* o, uint32_t qpn, hostif::QpConnResp* out) const {
+  const QueuePair* qp = find_qp(qpn);
+  if (!qp || qp->init().owner != o || qp->init().type != QpType::kRc) return EINVAL;
+  *out = hostif::QpConnResp{};
+  const hostif::SetQpPathsReq& p = qp->paths();
+  out->lane = qp->lane();
+  out->peer_ip = qp->remote().ip;
+  out->flags = p.flags;
+  out->num_paths = p.num_paths ? p.num_paths : cfg_.engine.num_paths;
+  out->plane_mask = p.plane_mask ? p.plane_mask : (1u << cfg_.engine.num_planes) - 1;
+  if (!out->peer_ip) return 0;
+  for (const QueuePair* q : qp_list_) {
+    if (q->init().type == QpType::kRc && q->remote().ip == out->peer_ip && q->lane() == out->lane)
+      ++out->streams;
+  }
+  const transport::ConnStats cs = transport::conn_stats(*engine_, out->peer_ip, out->lane);
+  if (cs.exists) {
+    out->conn_id = cs.conn_id;
+    out->paths_active = static_cast<uint16_t>(cs.paths_active);
+    out->rate_hint_mbps = cs.rate_hint_mbps;
+  } else {
+    out->paths_active = out->num_paths;  // made by its first message
+  }
+  return 0;
+}
+
+int Nic::query_paths(Owner* o, uint32_t qpn, uint32_t first, hostif::QueryPathsResp* out) const {
+  const QueuePair* qp = find_qp(qpn);
+  if (!qp || qp->init().owner != o || qp->init().type != QpType::kRc) return EINVAL;
+  if (!qp->remote().ip) return ENOTCONN;
+  out->total = out->count = 0;
+  const auto paths = transport::path_stats(*engine_, qp->remote().ip, qp->lane());
+  const transport::ConnStats cs = transport::conn_stats(*engine_, qp->remote().ip, qp->lane());
+  out->total = static_cast<uint32_t>(paths.size());
+  for (size_t i = first; i < paths.size() && out->count < hostif::kPathsPerPage; ++i) {
+    const transport::PathStats& ps = paths[i];
+    hostif::PathEntry& e = out->entries[out->count++];
+    e = hostif::PathEntry{};
+    e.path_id = ps.path_id;
+    e.udp_sport = ps.udp_src_port;
+    e.plane = ps.plane;
+    e.state = ps.plane_down ? 3 : static_cast<uint8_t>(ps.state);
+    e.cwnd_pkts = ps.window;
+    e.inflight_pkts = ps.in_flight;
+    e.inflight_bytes = ps.in_flight_bytes;
+    e.srtt_ns = ps.srtt_ns;
+    e.min_rtt_ns = ps.min_rtt_ns;
+    e.tx_pkts = ps.tx_packets;
+    e.tx_bytes = ps.tx_bytes;
+    e.retx_pkts = ps.retransmits;
+    e.ecn_marks = ps.ecn_ce_echoed;
+    e.sack_gaps = ps.sack_gaps;
+    e.timeouts = ps.timeouts;
+    e.rate_hint_mbps = cs.rate_hint_mbps;
+  }
+  return 0;
+}
+
+int Nic::repath(Owner* o, uint32_t qpn, uint32_t path, uint16_t* udp_sport) {
+  QueuePair* qp = qp_of(qpn);
+  if (!qp || qp->init().owner != o || qp->init().type != QpType::kRc) return EINVAL;
+  if (!qp->remote().ip) return ENOTCONN;
+  if (path > UINT16_MAX) return EINVAL;
+  const uint16_t port = engine_->repath(qp->remote().ip, qp->lane(), static_cast<uint16_t>(path));
+  if (!port) return EINVAL;
+  *udp_sport = port;
+  return 0;
+}
+
+void Nic::set_plane_up(Time now, uint8_t plane, bool up) {
+  now_ = now;
+  engine_->set_plane_up(now, plane, up);
 }
 
 void Nic::forget_stream(uint32_t qpn) {
@@ -220,6 +342,7 @@ void Nic::forget_stream(uint32_t qpn) {
 
 void Nic::destroy_qp_now(QueuePair* qp) {
   forget_stream(qp->qpn());
+  if (qp->lane() >= kIsolatedLane) engine_->close_lane(qp->remote().ip, qp->lane());
   qp->init().send_cq->users--;
   qp->init().recv_cq->users--;
   if (SharedReceiveQueue* srq = qp->init().srq) srq->users--;
@@ -425,10 +548,10 @@ void Nic::message_failed(uint64_t c, Syndrome why) {
 // --- the pass ----------------------------------------------------------------------------------
 
 void Nic::on_packet(Time now, uint32_t src_ip, uint16_t src_port, bool ecn_ce,
-                    std::span<const uint8_t> udp_payload) {
+                    std::span<const uint8_t> udp_payload, uint8_t plane) {
   now_ = now;
   ++counters_.rx_packets;
-  engine_->on_packet(now, src_ip, src_port, ecn_ce, udp_payload);
+  engine_->on_packet(now, src_ip, src_port, ecn_ce, udp_payload, plane);
 }
 
 void Nic::end_rx(Time now) {

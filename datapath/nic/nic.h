@@ -67,6 +67,11 @@ class Owner {
   virtual uint32_t pid() const = 0;
 };
 
+// Lanes (wire.md §3.4): 0 is the connection of QPs with default settings; shared lanes are
+// named by their settings; an isolated QP's lane is this bit with its QP number.
+inline constexpr uint32_t kSharedLane = 0x40000000;
+inline constexpr uint32_t kIsolatedLane = 0x80000000;
+
 struct NicCounters {
   uint64_t rx_packets = 0;
   uint64_t naks_access = 0, rnr = 0;
@@ -126,12 +131,25 @@ class Nic final : private transport::Host {
     bool any() const { return pds || mrs || cqs || srqs || qps; }
   };
   ObjectCounts owned_by(const Owner* o) const;
+
+  // --- direct verbs (infiniband/metaroce_dv.h): 0 or an errno ----------------------------
+  // EINVAL: not o's RC QP, or values out of range (num_paths past 256, planes the device lacks).
+  int set_qp_paths(Owner* o, const hostif::SetQpPathsReq& req);
+  int query_qp_conn(Owner* o, uint32_t qpn, hostif::QpConnResp* out) const;
+  // ENOTCONN: the QP has no peer yet.
+  int query_paths(Owner* o, uint32_t qpn, uint32_t first, hostif::QueryPathsResp* out) const;
+  int repath(Owner* o, uint32_t qpn, uint32_t path, uint16_t* udp_sport);
+  // A plane's port went down or came up (the link layer says so): transport::Engine::set_plane_up.
+  void set_plane_up(transport::Time now, uint8_t plane, bool up);
+  uint32_t planes_up() const { return engine_->planes_up(); }
+  // The lane a QP's settings give (wire.md §3.4): 0 for the defaults.
+  uint32_t lane_for(const QueuePair& qp) const;
   bool owns_anything(const Owner* o) const { return owned_by(o).any(); }
 
   // --- datapath (the runner's thread) ------------------------------------------------------
   // One received MetaRoCE packet (the UDP payload) from src_ip.
   void on_packet(transport::Time now, uint32_t src_ip, uint16_t src_port, bool ecn_ce,
-                 std::span<const uint8_t> udp_payload);
+                 std::span<const uint8_t> udp_payload, uint8_t plane = 0);
   // After a burst of on_packet: application memory written, completions published, events
   // raised. The packets' bytes must stay valid until this returns.
   void end_rx(transport::Time now);
@@ -210,6 +228,9 @@ class Nic final : private transport::Host {
   void read_failed(uint64_t cookie);
   void publish_completions();
   void destroy_qp_now(QueuePair* qp);
+  // Tells the transport the lane of qp (once it has a peer), closing the isolated lane it
+  // leaves.
+  void apply_lane(QueuePair* qp);
 
   const NicConfig cfg_;
   const uint32_t active_mtu_;

@@ -267,6 +267,7 @@ bool QueuePair::drain() {
     s.length = static_cast<uint32_t>(length);
     transport::MessageDesc m;
     m.peer_ip = remote_.ip;
+    m.lane = lane_;
     m.dst_stream = remote_.qpn;
     m.src_stream = qpn_;
     m.msn = s.msn;
@@ -599,6 +600,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
         resp.src_stream = qpn_;
         resp.msn = seg.msn;
         resp.op = Op::kReadResp;
+        resp.lane = lane_;
         resp.length = seg.total_length;
         nic_.queue_read_response(resp, mr->mem, seg.remote_addr, &seg);
       } else {
@@ -698,6 +700,7 @@ void QueuePair::answer_atomic(const transport::Segment& seg, AtomicResult& r) {
   resp.src_stream = qpn_;
   resp.msn = seg.msn;
   resp.op = Op::kReadResp;
+  resp.lane = lane_;
   resp.length = kAtomicSize;
   // The answer is engine memory (the record outlives the response: kAtomicCache).
   nic_.queue_read_response(resp, nullptr, reinterpret_cast<uintptr_t>(&r.original), nullptr);

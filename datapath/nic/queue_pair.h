@@ -60,6 +60,12 @@ class QueuePair {
   void set_state(QpState s);
   void set_remote(const QpRemote& r);
   void set_access(unsigned int flags) { access_ = flags; }
+  // Direct verbs: the QP's paths, planes and connection (kSetQpPaths), and the lane the NIC
+  // derived from them; its later messages ride that lane.
+  const hostif::SetQpPathsReq& paths() const { return paths_; }
+  void set_paths(const hostif::SetQpPathsReq& p) { paths_ = p; }
+  uint32_t lane() const { return lane_; }
+  void set_lane(uint32_t lane) { lane_ = lane; }
 
   // Messages a stream may run ahead of completion. The responder's record array starts small
   // and doubles only for a sender that runs further ahead, so the many QPs that never do stay
@@ -178,6 +184,8 @@ class QueuePair {
   QpState state_ = QpState::kReset;
   QpRemote remote_;
   unsigned int access_ = 0;
+  hostif::SetQpPathsReq paths_{};
+  uint32_t lane_ = 0;
 
   // Ring geometry, copied at creation (the driver can write the shared header).
   uint8_t* sq_base_;

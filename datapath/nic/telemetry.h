@@ -13,7 +13,7 @@
 namespace metaroce::nic {
 
 inline constexpr uint32_t kTelemetryMagic = 0x5453524d;  // "MRST"
-inline constexpr uint32_t kTelemetryVersion = 2;
+inline constexpr uint32_t kTelemetryVersion = 3;  // 3: lanes (a connection per lane)
 inline constexpr uint32_t kTelemetryConns = 64;     // connections shown per device
 inline constexpr uint32_t kTelemetryPaths = 64;     // paths shown per connection
 inline constexpr uint32_t kTelemetryCounters = 64;  // named device counters
@@ -23,7 +23,8 @@ struct TelemetryPath {
   uint16_t path_id;
   uint16_t udp_src_port;  // current entropy
   uint8_t plane;
-  uint8_t state;          // 0 active, 1 failed, 2 probing (transport::PathState)
+  uint8_t state;          // 0 active, 1 failed, 2 probing (transport::PathState), 3 its
+                          // plane is down
   uint16_t reserved;
   uint32_t window;        // packets
   uint32_t in_flight;
@@ -47,11 +48,15 @@ struct TelemetryConn {
   uint32_t peer_ip;       // host byte order
   uint32_t num_paths;
   uint32_t window, in_flight, rate_hint_mbps, rx_rate_mbps, rx_hint_mbps, paths_active;
-  uint32_t num_streams;   // QPs to the peer (may exceed kTelemetryStreams; that many listed)
+  uint32_t num_streams;   // QPs to the peer on this lane (may exceed kTelemetryStreams)
+  uint32_t lane;          // wire.md §3.4: 0 the shared connection of default QPs
+  uint32_t plane_mask;
   uint32_t reserved;
   TelemetryPath paths[kTelemetryPaths];
   TelemetryStream streams[kTelemetryStreams];
 };
+
+inline constexpr uint8_t kTelemetryPlaneDown = 3;
 
 struct TelemetryCounter {
   char name[40];

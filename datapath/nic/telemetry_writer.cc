@@ -128,20 +128,26 @@ void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link
     const uint32_t ip = qp->remote().ip;
     if (ip != 0 && std::find(peers.begin(), peers.end(), ip) == peers.end()) peers.push_back(ip);
   }
+  // Each lane to a peer is a connection of its own (wire.md §3.4), lane 0 first.
+  std::vector<std::pair<uint32_t, uint32_t>> conns;
+  for (uint32_t ip : peers)
+    for (uint32_t lane : transport::lanes(nic.engine(), ip)) conns.emplace_back(ip, lane);
   uint32_t c = 0;
-  for (uint32_t ip : peers) {
+  for (auto [ip, lane] : conns) {
     if (c == kTelemetryConns) break;
-    const transport::ConnStats cs = transport::conn_stats(nic.engine(), ip);
+    const transport::ConnStats cs = transport::conn_stats(nic.engine(), ip, lane);
     if (!cs.exists) continue;
     TelemetryConn& tc = b->conns[c++];
     tc.peer_ip = ip;
+    tc.lane = lane;
+    tc.plane_mask = cs.plane_mask;
     tc.window = cs.window;
     tc.in_flight = cs.in_flight;
     tc.rate_hint_mbps = cs.rate_hint_mbps;
     tc.rx_rate_mbps = cs.rx_rate_mbps;
     tc.rx_hint_mbps = cs.rx_hint_mbps;
     tc.paths_active = cs.paths_active;
-    const auto paths = transport::path_stats(nic.engine(), ip);
+    const auto paths = transport::path_stats(nic.engine(), ip, lane);
     tc.num_paths = static_cast<uint32_t>(std::min<size_t>(paths.size(), kTelemetryPaths));
     for (uint32_t i = 0; i < tc.num_paths; ++i) {
       const transport::PathStats& ps = paths[i];
@@ -149,7 +155,7 @@ void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link
       tp.path_id = ps.path_id;
       tp.udp_src_port = ps.udp_src_port;
       tp.plane = ps.plane;
-      tp.state = static_cast<uint8_t>(ps.state);
+      tp.state = ps.plane_down ? kTelemetryPlaneDown : static_cast<uint8_t>(ps.state);
       tp.window = ps.window;
       tp.in_flight = ps.in_flight;
       tp.tx_packets = ps.tx_packets;
@@ -168,7 +174,7 @@ void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link
     }
     uint32_t streams = 0;
     for (const QueuePair* qp : qps) {
-      if (qp->remote().ip != ip) continue;
+      if (qp->remote().ip != ip || qp->lane() != lane) continue;
       if (streams < kTelemetryStreams) {
         TelemetryStream& ts = tc.streams[streams];
         ts.qpn = qp->qpn();

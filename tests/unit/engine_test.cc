@@ -759,6 +759,91 @@ TEST_F(HostEngineTest, ASessionCannotUseOrDestroyAnotherSessionsObjects) {
   ASSERT_NO_FATAL_FAILURE(write_and_check(a, b, 7, 5000, 0));
 }
 
+// The direct verbs' requests (kSetQpPaths, kQueryQpConn, kQueryPaths, kRepath, kQueryDevice,
+// kLinkPlane): what they answer, and how they refuse what is not the caller's or out of range.
+TEST_F(HostEngineTest, DirectVerbRequestsAnswerAndRefuseBadArguments) {
+  Side a, b;
+  ASSERT_NO_FATAL_FAILURE(open_side(a, "a", kIpA));
+  ASSERT_NO_FATAL_FAILURE(open_side(b, "b", kIpB));
+  Driver& d = *a.drv;
+  Message resp;
+  // Before RTR: no peer, so no paths and no entropy to change; settings are taken.
+  EXPECT_EQ(d.call(Op::kQueryPaths, hostif::QueryPathsReq{a.qp.qpn, 0}, &resp), ENOTCONN);
+  EXPECT_EQ(d.call(Op::kRepath, hostif::RepathReq{a.qp.qpn, 0}, &resp), ENOTCONN);
+  hostif::SetQpPathsReq set;
+  set.qpn = a.qp.qpn;
+  set.num_paths = 3;
+  EXPECT_EQ(d.call(Op::kSetQpPaths, set), 0);
+  ASSERT_EQ(d.call(Op::kQueryQpConn, hostif::IdReq{a.qp.qpn, 0}, &resp), 0);
+  auto conn = resp.as<hostif::QpConnResp>();
+  ASSERT_TRUE(conn);
+  EXPECT_EQ(conn->num_paths, 3u);
+  EXPECT_EQ(conn->peer_ip, 0u);
+  EXPECT_NE(conn->lane, 0u) << "3 paths is not the device's default";
+  // Out of range, unknown flags, another session's QP, a malformed body.
+  hostif::SetQpPathsReq bad = set;
+  bad.num_paths = 257;
+  EXPECT_EQ(d.call(Op::kSetQpPaths, bad), EINVAL);
+  bad = set;
+  bad.plane_mask = 0x2;  // the link has one plane
+  EXPECT_EQ(d.call(Op::kSetQpPaths, bad), EINVAL);
+  bad = set;
+  bad.flags = 0x80;
+  EXPECT_EQ(d.call(Op::kSetQpPaths, bad), EINVAL);
+  bad = set;
+  bad.qpn = b.qp.qpn;
+  EXPECT_EQ(d.call(Op::kSetQpPaths, bad), EINVAL);
+  EXPECT_EQ(d.call(Op::kQueryQpConn, hostif::IdReq{b.qp.qpn, 0}, &resp), EINVAL);
+  EXPECT_EQ(d.call(Op::kQueryPaths, hostif::QueryPathsReq{b.qp.qpn, 0}, &resp), EINVAL);
+  const uint8_t three[3] = {1, 2, 3};
+  EXPECT_EQ(d.call(Op::kSetQpPaths, three, sizeof(three), &resp), EINVAL);
+  EXPECT_EQ(d.call(Op::kQueryDevice, three, sizeof(three), &resp), EINVAL);
+  // Connected and used: the QP's lane has its three paths, each with traffic.
+  ASSERT_NO_FATAL_FAILURE(bring_up(a, b));
+  ASSERT_NO_FATAL_FAILURE(bring_up(b, a));
+  ASSERT_NO_FATAL_FAILURE(write_and_check(a, b, 1, 64 * 1024, 0));
+  ASSERT_EQ(d.call(Op::kQueryPaths, hostif::QueryPathsReq{a.qp.qpn, 0}, &resp), 0);
+  auto page = std::make_unique<hostif::QueryPathsResp>();
+  ASSERT_EQ(resp.body.size(), sizeof(*page));
+  std::memcpy(page.get(), resp.body.data(), sizeof(*page));
+  ASSERT_EQ(page->total, 3u);
+  ASSERT_EQ(page->count, 3u);
+  for (uint32_t i = 0; i < 3; ++i) EXPECT_GT(page->entries[i].tx_bytes, 0u) << i;
+  ASSERT_EQ(d.call(Op::kQueryPaths, hostif::QueryPathsReq{a.qp.qpn, 2}, &resp), 0);
+  std::memcpy(page.get(), resp.body.data(), sizeof(*page));
+  EXPECT_EQ(page->count, 1u) << "a page from path 2";
+  EXPECT_EQ(page->entries[0].path_id, 2u);
+  ASSERT_EQ(d.call(Op::kRepath, hostif::RepathReq{a.qp.qpn, 2}, &resp), 0);
+  EXPECT_NE(resp.as<hostif::RepathResp>()->udp_sport, page->entries[0].udp_sport);
+  EXPECT_EQ(d.call(Op::kRepath, hostif::RepathReq{a.qp.qpn, 3}, &resp), EINVAL);
+  ASSERT_EQ(d.call(Op::kQueryQpConn, hostif::IdReq{a.qp.qpn, 0}, &resp), 0);
+  conn = resp.as<hostif::QpConnResp>();
+  EXPECT_EQ(conn->peer_ip, kIpB);
+  EXPECT_NE(conn->conn_id, 0u);
+  EXPECT_EQ(conn->streams, 1u);
+  ASSERT_EQ(d.call(Op::kQueryDevice, nullptr, 0, &resp), 0);
+  EXPECT_EQ(resp.as<hostif::QueryDeviceResp>()->planes_up, 1u);
+  // An administrator sets a plane down and up; it must name a link and plane that exist.
+  hostif::LinkPlaneReq lp;
+  hostif::put_name(lp.link, "a");
+  lp.plane = 0;
+  lp.up = 0;
+  auto admin = driver();
+  EXPECT_EQ(admin->call(Op::kLinkPlane, lp), 0);
+  EXPECT_TRUE(eventually([&] {
+    Message r;
+    return d.call(Op::kQueryDevice, nullptr, 0, &r) == 0 && r.as<hostif::QueryDeviceResp>()->planes_up == 0;
+  }));
+  lp.up = 1;
+  EXPECT_EQ(admin->call(Op::kLinkPlane, lp), 0);
+  lp.plane = 1;
+  EXPECT_EQ(admin->call(Op::kLinkPlane, lp), ERANGE);
+  hostif::put_name(lp.link, "nosuch");
+  EXPECT_EQ(admin->call(Op::kLinkPlane, lp), ENODEV);
+  // The one plane is back: traffic flows again.
+  ASSERT_NO_FATAL_FAILURE(write_and_check(a, b, 2, 16 * 1024, 0));
+}
+
 TEST_F(HostEngineTest, ClosingTheSocketReclaimsTheSessionAndItsPeerFailsLater) {
   Side a, b;
   ASSERT_NO_FATAL_FAILURE(open_side(a, "a", kIpA));
