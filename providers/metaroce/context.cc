@@ -263,10 +263,12 @@ __attribute__((constructor)) void register_driver() { verbs_register_driver_34(&
 
 }  // namespace
 
-bool is_ours(const ibv_context* context) noexcept {
-  const auto* vdev = reinterpret_cast<const abi::VerbsDevice*>(context->device);
+bool is_ours(const ibv_device* device) noexcept {
+  const auto* vdev = reinterpret_cast<const abi::VerbsDevice*>(device);
   return vdev && vdev->ops == &kDeviceOps;
 }
+
+bool is_ours(const ibv_context* context) noexcept { return context && is_ours(context->device); }
 
 void post_async_event(ibv_context* context, uint64_t element, ibv_event_type type) noexcept {
   const hostif::AsyncEventDesc desc{element, static_cast<uint32_t>(type), 0};

@@ -65,6 +65,7 @@ inline ContextState& state_of(ibv_context* c) { return *to_context(c)->state; }
 
 // True for a context this provider opened.
 bool is_ours(const ibv_context* context) noexcept;
+bool is_ours(const ibv_device* device) noexcept;
 
 // Writes one async event record (struct ib_uverbs_async_event_desc) for ibv_get_async_event.
 // Never blocks: if the application does not read its events, later ones are dropped.

@@ -41,6 +41,9 @@ struct Qp {
   uint64_t send_ops;
   uint32_t pending_n;
   int wr_error;
+
+  // Direct verbs: the paths, planes and flags the engine was last given (qpn not used).
+  hostif::SetQpPathsReq dv;
 };
 static_assert(std::is_standard_layout_v<Qp>);
 

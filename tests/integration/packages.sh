@@ -2,8 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # The Debian and RPM packages, end to end: build the .debs from a copy of the source, lintian
 # (no errors), install them on this machine, create links with the installed command, run the
-# unmodified ibv_devices and ibv_rc_pingpong through `metaroce exec`, purge, and check that no
-# packaged file, link, run dir or /dev node is left; then rpmbuild and compare the RPM layout.
+# unmodified ibv_devices and ibv_rc_pingpong through `metaroce exec`, build the direct-verbs
+# example against the installed development package (pkg-config) and run it, purge, and check
+# that no packaged file, link, run dir or /dev node is left; then rpmbuild and compare the RPM
+# layout.
 # Usage: packages.sh BUILD_DIR. Needs root and a throwaway machine (it installs packages).
 # METAROCE_PKG_SOURCE=head builds from `git archive HEAD`; the default copies the working tree
 # (tracked and untracked, not ignored), which on a clean clone is the same thing.
@@ -19,7 +21,11 @@ fi
 [ -n "${METAROCE_PKG_NS:-}" ] && echo "packages: private /dev/infiniband (mount namespace)"
 source "$(dirname "$0")/lib.sh"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-PKGS=(metaroce-provider metaroce-tools)
+PKGS=(libmetaroce1 metaroce-provider libmetaroce-dev metaroce-tools)
+# The RPM split: the library stays with the provider, as rdma-core's libibverbs package holds
+# libmlx5.so.1; "RPM=DEB[,DEB]" pairs whose files must be the same.
+RPM_LAYOUT=("metaroce-provider=libmetaroce1,metaroce-provider" "metaroce-devel=libmetaroce-dev"
+            "metaroce-tools=metaroce-tools")
 MULTIARCH=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 WORK=$(mktemp -d /tmp/metaroce-packages.XXXXXX)
 # The installed command, with nothing from the caller's environment that would point it (or the
@@ -27,10 +33,12 @@ WORK=$(mktemp -d /tmp/metaroce-packages.XXXXXX)
 M=(env -u METAROCE_RUNDIR -u SYSFS_PATH -u RDMAV_DRIVERS /usr/bin/metaroce)
 
 installed() { dpkg-query -W -f='${Status}\n' "$1" 2>/dev/null | grep -q ' installed$'; }
+any_installed() { local p; for p in "${PKGS[@]}"; do installed "$p" && return 0; done; return 1; }
+deb_of() { ls "$WORK"/"$1"_*.deb 2>/dev/null | head -n 1; }
 step() { echo "== $(date +%T) $*"; }
 
 pkg_cleanup() {
-  if installed metaroce-tools || installed metaroce-provider; then
+  if any_installed; then
     echo "cleanup: purging ${PKGS[*]}"
     [ -x /usr/bin/metaroce ] && "${M[@]}" link flush >/dev/null 2>&1
     apt-get purge -y -q "${PKGS[@]}" >"$LOGDIR/purge-cleanup" 2>&1 || dpkg -P "${PKGS[@]}" || true
@@ -39,7 +47,8 @@ pkg_cleanup() {
 }
 trap 'rc=$?; set +e; pkg_cleanup; (exit $rc); cleanup' EXIT
 
-for tool in dpkg-buildpackage dh lintian rpmbuild fakeroot ibv_devices ibv_rc_pingpong; do
+for tool in dpkg-buildpackage dh lintian rpmbuild fakeroot ibv_devices ibv_rc_pingpong cc make \
+            objdump pkg-config; do
   command -v "$tool" >/dev/null || fail "$tool is missing (scripts/install-deps installs it)"
 done
 for p in "${PKGS[@]}"; do installed "$p" && fail "$p is already installed; this test needs a machine without it"; done
@@ -67,7 +76,7 @@ step "dpkg-buildpackage"
   { tail -n 40 "$LOGDIR/dpkg-buildpackage"; fail "dpkg-buildpackage failed"; }
 debs=()
 for p in "${PKGS[@]}"; do
-  f=$(ls "$WORK"/"${p}"_*.deb 2>/dev/null | head -n 1)
+  f=$(deb_of "$p")
   [ -n "$f" ] || fail "no $p .deb was built"
   debs+=("$f")
 done
@@ -78,10 +87,19 @@ lintian --fail-on error --no-tag-display-limit "${debs[@]}" >"$LOGDIR/lintian" 2
 if grep -q '^W: ' "$LOGDIR/lintian"; then echo "lintian warnings:"; grep '^W: ' "$LOGDIR/lintian"; fi
 [ "$lint_rc" -eq 0 ] || { cat "$LOGDIR/lintian"; fail "lintian reports errors"; }
 
-provider_deps=$(dpkg-deb -f "${debs[0]}" Depends)
-echo "metaroce-provider Depends: $provider_deps"
-[[ $provider_deps == *"libibverbs1 (<< 57~)"* && $provider_deps == *"libibverbs1 (>= 44)"* ]] ||
-  fail "metaroce-provider does not pin libibverbs1 to the verified private-ABI range"
+# The library is the provider: it carries the private-ABI bound; the plugin package and the
+# development files need exactly the library of their own build.
+lib_deps=$(dpkg-deb -f "$(deb_of libmetaroce1)" Depends)
+echo "libmetaroce1 Depends: $lib_deps"
+[[ $lib_deps == *"libibverbs1 (<< 57~)"* && $lib_deps == *"libibverbs1 (>= 44)"* ]] ||
+  fail "libmetaroce1 does not pin libibverbs1 to the verified private-ABI range"
+version=$(dpkg-deb -f "$(deb_of libmetaroce1)" Version)
+for p in metaroce-provider libmetaroce-dev; do
+  dpkg-deb -f "$(deb_of "$p")" Depends | grep -qF "libmetaroce1 (= $version)" ||
+    fail "$p does not depend on libmetaroce1 (= $version)"
+done
+dpkg-deb -I "$(deb_of libmetaroce1)" symbols >"$WORK/symbols" || fail "libmetaroce1 has no symbols file"
+grep -qx ' mrdv_create_qp@METAROCE_1.0 0.1.0' "$WORK/symbols" || fail "libmetaroce1's symbols lack mrdv_create_qp@METAROCE_1.0"
 
 # --- RPM -------------------------------------------------------------------------------------
 step "rpmbuild"
@@ -94,8 +112,12 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${
   >"$LOGDIR/install" 2>&1 || { tail -n 30 "$LOGDIR/install"; fail "installing the .debs failed"; }
 for p in "${PKGS[@]}"; do installed "$p" || fail "$p is not installed after apt-get install"; done
 dpkg -L "${PKGS[@]}" | sort -u >"$WORK/files"
-for f in /usr/lib/"$MULTIARCH"/libibverbs/libmetaroce-rdmav34.so /etc/libibverbs.d/metaroce.driver \
-         /usr/lib/"$MULTIARCH"/metaroce/libmetaroce-preload.so \
+LIB=/usr/lib/$MULTIARCH
+for f in "$LIB"/libibverbs/libmetaroce-rdmav34.so /etc/libibverbs.d/metaroce.driver \
+         "$LIB"/metaroce/libmetaroce-preload.so "$LIB"/libmetaroce.so.1 "$LIB"/libmetaroce.so.1.0.0 \
+         "$LIB"/libmetaroce.so "$LIB"/pkgconfig/libmetaroce.pc /usr/include/infiniband/metaroce_dv.h \
+         /usr/share/man/man7/mrdv.7.gz /usr/share/man/man3/mrdv_create_qp.3.gz \
+         /usr/share/man/man3/mrdv_query_paths.3.gz /usr/share/man/man3/mrdv_repath.3.gz \
          /usr/bin/metaroce /usr/sbin/metaroced /lib/systemd/system/metaroce.service \
          /lib/systemd/system/metaroced.service /etc/metaroce/links.conf \
          /etc/profile.d/metaroce.sh /usr/share/man/man8/metaroce.8.gz \
@@ -105,6 +127,33 @@ for f in /usr/lib/"$MULTIARCH"/libibverbs/libmetaroce-rdmav34.so /etc/libibverbs
   [ -e "$f" ] || fail "$f is not installed"
 done
 grep -qx 'driver metaroce' /etc/libibverbs.d/metaroce.driver || fail "metaroce.driver does not name the provider"
+[ "$(readlink -f "$LIB"/libibverbs/libmetaroce-rdmav34.so)" = "$LIB"/libmetaroce.so.1.0.0 ] ||
+  fail "the plugin libibverbs loads is not libmetaroce.so.1"
+
+step "the development files: pkg-config, versioned symbols"
+flags=$(env -u PKG_CONFIG_PATH pkg-config --cflags --libs libmetaroce) || fail "pkg-config libmetaroce failed"
+echo "pkg-config --cflags --libs libmetaroce: $flags"
+[[ " $flags " == *" -lmetaroce "* && " $flags " == *" -libverbs "* ]] ||
+  fail "pkg-config libmetaroce does not give -lmetaroce -libverbs"
+objdump -T "$LIB"/libmetaroce.so.1 >"$WORK/dynsym"
+# Every function of the released stanza, as the map file lists it, with that version.
+api=$(sed -n '/^METAROCE_1.0 {/,/^}/p' "$WORK/pristine/providers/metaroce/libmetaroce.map" |
+      sed -n 's/^ *\(mrdv_[a-z_]*\);$/\1/p')
+[ "$(wc -w <<<"$api")" -ge 7 ] || fail "could not read the METAROCE_1.0 functions from libmetaroce.map"
+for fn in $api; do
+  grep -qE "[[:space:]]METAROCE_1\.0[[:space:]]+$fn\$" "$WORK/dynsym" ||
+    fail "objdump -T libmetaroce.so.1: $fn is not exported with version METAROCE_1.0"
+done
+if grep -E '[[:space:]]mrdv_' "$WORK/dynsym" | grep -qvE '[[:space:]]METAROCE_[0-9.]+[[:space:]]'; then
+  fail "libmetaroce.so.1 exports an mrdv_ symbol without a METAROCE_ version"
+fi
+step "building examples/mrdv_paths.c against the installed package"
+cp -r "$WORK/pristine/examples" "$WORK/example"
+make -C "$WORK/example" >"$LOGDIR/example-build" 2>&1 || { cat "$LOGDIR/example-build"; fail "make examples failed"; }
+# (/lib is /usr/lib on merged-/usr systems: compare the files, not the names.)
+linked=$(ldd "$WORK/example/mrdv_paths" | sed -n 's/^[[:space:]]*libmetaroce\.so\.1 => \([^ ]*\) .*/\1/p')
+[ -n "$linked" ] && [ "$(readlink -f "$linked")" = "$(readlink -f "$LIB"/libmetaroce.so.1)" ] ||
+  fail "the example does not link the installed libmetaroce.so.1: $(ldd "$WORK/example/mrdv_paths")"
 
 step "links from /etc/metaroce/links.conf, as metaroce.service makes them"
 sock="metaroce-packages-$$"
@@ -142,6 +191,12 @@ run_pair pkg_pingpong $port 60 -- "${M[@]}" exec ibv_rc_pingpong -g 0 -d mrA -p 
   -- "${M[@]}" exec ibv_rc_pingpong -g 0 -d mrB -p $port -n 100 -e 127.0.0.1
 grep -q '819200 bytes in' "$LOGDIR/pkg_pingpong.client" || fail "client did not report 100 x 4096-byte round trips"
 
+step "the direct-verbs example, built against the package, through metaroce exec"
+timeout 60 "${M[@]}" exec "$WORK/example/mrdv_paths" -d mrA -p 4 -m 0x1 -n 200 >"$LOGDIR/example" 2>&1 ||
+  { cat "$LOGDIR/example"; fail "the example failed"; }
+cat "$LOGDIR/example"
+grep -q '^mrdv_paths: OK$' "$LOGDIR/example" || fail "the example did not finish"
+
 # --- purge -----------------------------------------------------------------------------------
 step "apt-get purge"
 DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "${PKGS[@]}" >"$LOGDIR/purge" 2>&1 ||
@@ -171,17 +226,22 @@ normalize() {
       -e 's,^/usr/lib/systemd/system/,UNITDIR/,; s,\.gz$,,' |
     grep -v -e '^/usr/share/doc/' -e '^/usr/lib/\.build-id/' | sort -u
 }
-for p in "${PKGS[@]}"; do
-  rpmfile=$(ls "$WORK"/rpms/"$p"-[0-9]*.rpm | head -n 1)
-  [ -n "$rpmfile" ] || fail "no $p RPM was built"
+for pair in "${RPM_LAYOUT[@]}"; do
+  rp=${pair%%=*}
+  rpmfile=$(ls "$WORK"/rpms/"$rp"-[0-9]*.rpm | head -n 1)
+  [ -n "$rpmfile" ] || fail "no $rp RPM was built"
   rpm -qp --qf '[%{FILEMODES:perms} %{FILENAMES}\n]' "$rpmfile" | awk '$1 !~ /^d/ {print $2}' |
-    normalize >"$WORK/$p.rpm.list"
-  deb=$(ls "$WORK"/"${p}"_*.deb)
-  dpkg-deb -c "$deb" | awk '{print $6}' | sed 's,^\.,,' | grep -v '/$' | normalize >"$WORK/$p.deb.list"
-  diff -u "$WORK/$p.deb.list" "$WORK/$p.rpm.list" || fail "$p: RPM and .deb layouts differ"
+    normalize >"$WORK/$rp.rpm.list"
+  IFS=, read -r -a dps <<<"${pair#*=}"
+  for dp in "${dps[@]}"; do
+    dpkg-deb -c "$(deb_of "$dp")" | awk '{print $6}' | sed 's,^\.,,' | grep -v '/$'
+  done | normalize >"$WORK/$rp.deb.list"
+  diff -u "$WORK/$rp.deb.list" "$WORK/$rp.rpm.list" || fail "$rp: RPM and .deb (${pair#*=}) layouts differ"
 done
 provider_rpm=$(ls "$WORK"/rpms/metaroce-provider-[0-9]*.rpm | head -n 1)
 rpm -qp --requires "$provider_rpm" | grep -qF 'libibverbs.so.1(IBVERBS_PRIVATE_34)(64bit)' ||
   fail "the provider RPM does not require libibverbs' private ABI 34"
+rpm -qp --provides "$provider_rpm" | grep -qF 'libmetaroce.so.1(METAROCE_1.0)(64bit)' ||
+  fail "the provider RPM does not provide libmetaroce.so.1(METAROCE_1.0)"
 echo "rpm: same layout as the .debs"
 echo "PASS packages"
