@@ -15,22 +15,10 @@ source "$HERE/lib.sh"
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
 FAB="fo$$"
-FABRIC_PID=""
-FAULT_PID=""
 PORT=18600
 only=${FAILOVER_ONLY:-}
 
-stop_all() {
-  [ -n "$FAULT_PID" ] && { kill "$FAULT_PID" 2>/dev/null || true; wait "$FAULT_PID" 2>/dev/null || true; }
-  FAULT_PID=""
-  "$METAROCE" link del fA >/dev/null 2>&1 || true
-  "$METAROCE" link del fB >/dev/null 2>&1 || true
-  if [ -n "$FABRIC_PID" ]; then
-    "$METAROCE" fabric stop "$FAB" >/dev/null 2>&1 || kill "$FABRIC_PID" 2>/dev/null || true
-    wait "$FABRIC_PID" 2>/dev/null || true
-  fi
-  FABRIC_PID=""
-}
+stop_all() { fabric_pair_stop "$FAB"; }
 # cleanup (lib.sh) exits with the status it finds in $?: hand it the script's, not stop_all's.
 trap 'rc=$?; set +e; stop_all; (exit "$rc"); cleanup' EXIT
 
@@ -38,18 +26,7 @@ trap 'rc=$?; set +e; stop_all; (exit "$rc"); cleanup' EXIT
 fabric() {
   local planes=$1 links=$2
   shift 2
-  timeout -s INT 900 "$METAROCE" fabric run "$FAB" --endpoints 2 --planes "$planes" \
-    --links-per-plane "$links" --seed 5 "$@" >"$LOGDIR/fabric.log" 2>&1 &
-  FABRIC_PID=$!
-  PIDS+=("$FABRIC_PID")
-  for _ in $(seq 150); do
-    [ -S "$METAROCE_RUNDIR/fabric/$FAB/control" ] && [ -f "$METAROCE_RUNDIR/fabric/$FAB/pid" ] && break
-    kill -0 "$FABRIC_PID" 2>/dev/null || fail "fabric run exited early: $(cat "$LOGDIR/fabric.log")"
-    sleep 0.1
-  done
-  "$METAROCE" link add fA --fabric "$FAB:0" --ip 198.18.0.1/24 >/dev/null
-  "$METAROCE" link add fB --fabric "$FAB:1" --ip 198.18.0.2/24 >/dev/null
-  eval "$("$METAROCE" env)"
+  fabric_pair "$FAB" "$planes" "$links" 5 "$@"
 }
 
 # fault WHAT: in the background, the fault of failover_fault.py (busiest-core or plane1).

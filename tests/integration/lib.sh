@@ -44,6 +44,40 @@ make_pair() {
   eval "$("$METAROCE" env)"
 }
 
+# fabric_pair FAB PLANES LINKS SEED [fabric options]: a 2-endpoint fabric emulator FAB (pid in
+# FABRIC_PID) and the devices fA (endpoint 0) and fB (endpoint 1) on it.
+FABRIC_PID=""
+FAULT_PID=""
+fabric_pair() {
+  local fab=$1 planes=$2 links=$3 seed=$4
+  shift 4
+  timeout -s INT 900 "$METAROCE" fabric run "$fab" --endpoints 2 --planes "$planes" \
+    --links-per-plane "$links" --seed "$seed" "$@" >"$LOGDIR/fabric.log" 2>&1 &
+  FABRIC_PID=$!
+  PIDS+=("$FABRIC_PID")
+  for _ in $(seq 150); do
+    [ -S "$METAROCE_RUNDIR/fabric/$fab/control" ] && [ -f "$METAROCE_RUNDIR/fabric/$fab/pid" ] && break
+    kill -0 "$FABRIC_PID" 2>/dev/null || fail "fabric run exited early: $(cat "$LOGDIR/fabric.log")"
+    sleep 0.1
+  done
+  "$METAROCE" link add fA --fabric "$fab:0" --ip 198.18.0.1/24 >/dev/null
+  "$METAROCE" link add fB --fabric "$fab:1" --ip 198.18.0.2/24 >/dev/null
+  eval "$("$METAROCE" env)"
+}
+
+# fabric_pair_stop FAB: the fault process (FAULT_PID) if any, both devices, the fabric.
+fabric_pair_stop() {
+  [ -n "$FAULT_PID" ] && { kill "$FAULT_PID" 2>/dev/null || true; wait "$FAULT_PID" 2>/dev/null || true; }
+  FAULT_PID=""
+  "$METAROCE" link del fA >/dev/null 2>&1 || true
+  "$METAROCE" link del fB >/dev/null 2>&1 || true
+  if [ -n "$FABRIC_PID" ]; then
+    "$METAROCE" fabric stop "$1" >/dev/null 2>&1 || kill "$FABRIC_PID" 2>/dev/null || true
+    wait "$FABRIC_PID" 2>/dev/null || true
+  fi
+  FABRIC_PID=""
+}
+
 # wait_listen PORT: until a TCP listener is up on PORT (10 s at most).
 wait_listen() {
   for _ in $(seq 100); do
