@@ -603,6 +603,21 @@ std::optional<nic::LinkConfig> parse_link_add(const std::vector<std::string>& ar
       if (!seen.insert(dev).second)
         return fail("link add: DPDK device '" + dev + "' given for two planes");
     }
+    // af_packet on a kernel interface whose MTU is below the link's: the kernel drops every
+    // data packet (a veth is 1500 by default), and nothing else would say why.
+    for (const std::string& one : dpdk) {
+      if (!one.starts_with("net_af_packet")) continue;
+      const auto at = one.find(",iface=");
+      if (at == std::string::npos) continue;
+      const std::string iface = one.substr(at + 7, one.find(',', at + 7) - (at + 7));
+      std::ifstream f("/sys/class/net/" + iface + "/mtu");
+      uint32_t if_mtu = 0;
+      if (f >> if_mtu && if_mtu < c.mtu)
+        return fail("link add: interface " + iface + " has MTU " + std::to_string(if_mtu) +
+                    ", below the link's " + std::to_string(c.mtu) + ": raise it (ip link set " +
+                    iface + " mtu " + std::to_string(c.mtu) + ") or give --mtu " +
+                    std::to_string(if_mtu));
+    }
     c.devargs = dpdk[0];
     for (size_t p = 1; p < dpdk.size(); ++p) c.devargs += nic::kPlaneSeparator + dpdk[p];
     c.planes = static_cast<uint16_t>(dpdk.size());

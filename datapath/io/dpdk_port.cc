@@ -41,6 +41,7 @@ namespace {
 
 constexpr uint32_t kEthHeader = 14;
 constexpr uint32_t kBufAlign = 128;         // memif copies whole cache lines; keep buffers aligned
+constexpr uint32_t kAfPacketFrames = 512;   // af_packet ring frames per queue and direction
 constexpr uint32_t kBurst = 64;             // mbuf pointers handled per DPDK call
 constexpr unsigned kPoolCache = 256;
 constexpr auto kLinkWait = std::chrono::milliseconds(250);  // a peer already listening connects
@@ -515,7 +516,7 @@ std::unique_ptr<Port> open_dpdk_port(const DpdkPortConfig& cfg, std::string* err
     return nullptr;
   }
   const std::string name = cfg.devargs.substr(0, cfg.devargs.find(','));
-  const uint32_t buf_size = (cfg.mtu + kEthHeader + kBufAlign - 1) / kBufAlign * kBufAlign;
+  uint32_t buf_size = (cfg.mtu + kEthHeader + kBufAlign - 1) / kBufAlign * kBufAlign;
 
   // memif copies frames into shared buffers of `bsize` bytes (2048 by default) and chains
   // several for a larger frame. Buffers the size of ours keep every frame in one buffer on both
@@ -523,6 +524,19 @@ std::unique_ptr<Port> open_dpdk_port(const DpdkPortConfig& cfg, std::string* err
   std::string devargs = cfg.devargs;
   if (name.starts_with("net_memif") && !has_key(devargs, "bsize"))
     devargs += ",bsize=" + std::to_string(buf_size);
+  // af_packet's kernel ring holds frames of `framesz` bytes (2048 by default: a larger frame is
+  // cut), each copied into one mbuf, and the PMD refuses (ENOMEM) mbufs smaller than a ring
+  // frame; it also addresses frame i at i x framesz, so a block must hold whole frames. Frames
+  // that hold the link's MTU (TPACKET2 header and sockaddr_ll in front), a page multiple, one
+  // per block, and mbufs that hold a frame (DPDK 22.11 rte_eth_af_packet.c).
+  if (name.starts_with("net_af_packet") && !has_key(devargs, "framesz")) {
+    constexpr uint32_t kTpacketRoom = 128;
+    const uint32_t frame = (cfg.mtu + kEthHeader + kTpacketRoom + 4095) / 4096 * 4096;
+    const uint32_t block = frame;
+    devargs += ",framesz=" + std::to_string(frame) + ",blocksz=" + std::to_string(block) +
+               ",framecnt=" + std::to_string(kAfPacketFrames);
+    buf_size = std::max(buf_size, (frame + kBufAlign - 1) / kBufAlign * kBufAlign);
+  }
 
   std::unique_ptr<DpdkPort> result;
   std::string why;
