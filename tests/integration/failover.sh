@@ -59,19 +59,20 @@ run_case() {
   hit "$name"
 }
 
-# The fault strikes about 0.2 s after the run's traffic starts (failover_fault.py); each run
-# is long enough to be still going then, and much longer, wherever it runs: a round trip
-# through the emulator is ~0.4 ms on a 2-core host, so the shortest run here lasts ~1.5 s, and a
-# faster host makes both the run and the fault's wait for traffic shorter. `hit` fails the case
-# if the failure missed the run.
+# The fault strikes about 0.2 s after the run's traffic starts (failover_fault.py), later on a
+# loaded host (each `metaroce fabric` call is a process); each run is long enough to be still
+# going then, and much longer, wherever it runs: a 2 B round trip through the emulator takes
+# 35 us to 0.4 ms on a 2-core host (5000 READs once ended in 0.18 s, before the fault), so the
+# shortest run here lasts ~1 s, and a faster host makes both the run and the fault's wait for
+# traffic shorter. `hit` fails the case if the failure missed the run.
 programs() {
   local what=$1
-  run_case "pingpong-2B-$what" "$what" ibv_rc_pingpong -c -g 0 -p @PORT@ -s 2 -n 4000
-  run_case "pingpong-4K-$what" "$what" ibv_rc_pingpong -c -g 0 -p @PORT@ -s 4096 -n 4000
+  run_case "pingpong-2B-$what" "$what" ibv_rc_pingpong -c -g 0 -p @PORT@ -s 2 -n 20000
+  run_case "pingpong-4K-$what" "$what" ibv_rc_pingpong -c -g 0 -p @PORT@ -s 4096 -n 20000
   run_case "pingpong-64K-$what" "$what" ibv_rc_pingpong -c -g 0 -p @PORT@ -s 65536 -n 1500
-  run_case "send_lat-$what" "$what" ib_send_lat -x 0 -p @PORT@ -s 2 -n 4000
-  run_case "read_lat-$what" "$what" ib_read_lat -x 0 -p @PORT@ -s 2 -n 5000
-  run_case "atomic_lat-$what" "$what" ib_atomic_lat -x 0 -p @PORT@ -n 5000
+  run_case "send_lat-$what" "$what" ib_send_lat -x 0 -p @PORT@ -s 2 -n 30000
+  run_case "read_lat-$what" "$what" ib_read_lat -x 0 -p @PORT@ -s 2 -n 30000
+  run_case "atomic_lat-$what" "$what" ib_atomic_lat -x 0 -p @PORT@ -n 30000
 }
 
 if [ -z "$only" ] || [ "$only" = core ]; then
