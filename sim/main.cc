@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: Apache-2.0
+// metaroce-sim: one scenario of the simulator, its figures as one JSON object on stdout
+// (docs/simulation.md). The endpoints run datapath/transport itself; nothing here models it.
+//
+//   metaroce-sim [--hosts N] [--hosts-per-leaf K] [--spines S] [--planes P] [--parallel L]
+//                [--gbps G] [--host-gbps G] [--delay-ns D] [--queue-kib Q] [--ecn-kib E]
+//                [--loss P] [--paths N] [--workload permutation|incast] [--flow-kib B]
+//                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
+//                [--limit-ms L]
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "datapath/transport/engine.h"
+#include "sim/endpoint.h"
+#include "sim/network.h"
+
+using namespace metaroce;
+using namespace metaroce::sim;
+
+namespace {
+
+struct Options {
+  LeafSpineParams topo;
+  uint32_t paths = 8;
+  std::string workload = "permutation";
+  uint64_t flow_bytes = 1 << 20, msg_bytes = 64 << 10;
+  uint32_t qps = 1;
+  double fail_core_at_us = -1;
+  Ns limit_ns = 1'000'000'000;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr, "metaroce-sim: %s (see the comment at the top of sim/main.cc)\n", why);
+  std::exit(2);
+}
+
+double number(const char* opt, const char* v, double lo, double hi) {
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  if (!end || *end || x < lo || x > hi) {
+    std::fprintf(stderr, "metaroce-sim: bad %s '%s': expected %g..%g\n", opt, v, lo, hi);
+    std::exit(2);
+  }
+  return x;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  o.topo.host_link.gbps = o.topo.fabric_link.gbps = 400;
+  o.topo.host_link.delay_ns = o.topo.fabric_link.delay_ns = 1000;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) usage(("option " + a + " needs a value").c_str());
+    const char* v = argv[++i];
+    if (a == "--hosts") o.topo.hosts = static_cast<uint32_t>(number("--hosts", v, 2, 1 << 16));
+    else if (a == "--hosts-per-leaf") o.topo.hosts_per_leaf = static_cast<uint32_t>(number(a.c_str(), v, 1, 1024));
+    else if (a == "--spines") o.topo.spines = static_cast<uint32_t>(number(a.c_str(), v, 1, 1024));
+    else if (a == "--planes") o.topo.planes = static_cast<uint32_t>(number(a.c_str(), v, 1, 16));
+    else if (a == "--parallel") o.topo.parallel = static_cast<uint32_t>(number(a.c_str(), v, 1, 64));
+    else if (a == "--gbps") o.topo.fabric_link.gbps = number(a.c_str(), v, 0.001, 1e4);
+    else if (a == "--host-gbps") o.topo.host_link.gbps = number(a.c_str(), v, 0.001, 1e4);
+    else if (a == "--delay-ns") o.topo.host_link.delay_ns = o.topo.fabric_link.delay_ns = static_cast<Ns>(number(a.c_str(), v, 0, 1e9));
+    else if (a == "--queue-kib") o.topo.host_link.queue_bytes = o.topo.fabric_link.queue_bytes = static_cast<uint32_t>(number(a.c_str(), v, 8, 1 << 20) * 1024);
+    else if (a == "--ecn-kib") o.topo.host_link.ecn_bytes = o.topo.fabric_link.ecn_bytes = static_cast<uint32_t>(number(a.c_str(), v, 0, 1 << 20) * 1024);
+    else if (a == "--loss") o.topo.fabric_link.loss = number(a.c_str(), v, 0, 0.5);
+    else if (a == "--paths") o.paths = static_cast<uint32_t>(number(a.c_str(), v, 1, 256));
+    else if (a == "--workload") {
+      o.workload = v;
+      if (o.workload != "permutation" && o.workload != "incast") usage("--workload: permutation or incast");
+    } else if (a == "--flow-kib") o.flow_bytes = static_cast<uint64_t>(number(a.c_str(), v, 1, 1 << 30) * 1024);
+    else if (a == "--msg-kib") o.msg_bytes = static_cast<uint64_t>(number(a.c_str(), v, 1, 1 << 20) * 1024);
+    else if (a == "--qps") o.qps = static_cast<uint32_t>(number(a.c_str(), v, 1, 1024));
+    else if (a == "--fail-core-link-at-us") o.fail_core_at_us = number(a.c_str(), v, 0, 1e9);
+    else if (a == "--seed") o.topo.seed = static_cast<uint64_t>(number(a.c_str(), v, 0, 1e18));
+    else if (a == "--limit-ms") o.limit_ns = static_cast<Ns>(number(a.c_str(), v, 0.001, 1e7) * 1e6);
+    else usage(("unknown option " + a).c_str());
+  }
+  if (o.topo.hosts % o.topo.hosts_per_leaf) usage("--hosts must be a multiple of --hosts-per-leaf");
+  return o;
+}
+
+struct Flow {
+  uint32_t from = 0, to = 0;
+  uint64_t bytes = 0, acked = 0;
+  Ns done = -1;
+};
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  const auto wall0 = std::chrono::steady_clock::now();
+  EventQueue q;
+  Rng rng(o.topo.seed);
+  Topology topo(q, rng, o.topo);
+
+  transport::EngineConfig cfg;
+  cfg.num_paths = static_cast<uint16_t>(o.paths);
+  cfg.num_planes = static_cast<uint8_t>(o.topo.planes);
+  cfg.seed = o.topo.seed;
+  std::vector<std::unique_ptr<Endpoint>> hosts;
+  for (uint32_t h = 0; h < o.topo.hosts; ++h)
+    hosts.push_back(std::make_unique<Endpoint>(q, topo, h, cfg));
+
+  // Who sends to whom: a random derangement (permutation), or everyone to host 0 (incast).
+  std::vector<Flow> flows;
+  const uint32_t n = o.topo.hosts;
+  if (o.workload == "permutation") {
+    std::vector<uint32_t> perm(n);
+    for (uint32_t i = 0; i < n; ++i) perm[i] = i;
+    Rng prng(o.topo.seed * 31 + 7);
+    for (uint32_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[prng.next() % i]);  // Sattolo
+    for (uint32_t i = 0; i < n; ++i) flows.push_back({i, perm[i], o.flow_bytes});
+  } else {
+    for (uint32_t i = 1; i < n; ++i) flows.push_back({i, 0, o.flow_bytes});
+  }
+  for (size_t f = 0; f < flows.size(); ++f) {
+    Flow& fl = flows[f];
+    for (uint64_t off = 0; off < fl.bytes; off += o.msg_bytes) {
+      const auto len = static_cast<uint32_t>(std::min(o.msg_bytes, fl.bytes - off));
+      const uint32_t stream = 1 + static_cast<uint32_t>((off / o.msg_bytes) % o.qps);
+      hosts[fl.from]->send(fl.to, stream, len, [&fl, len](Ns t) {
+        fl.acked += len;
+        if (fl.acked == fl.bytes) fl.done = t;
+      });
+    }
+  }
+  if (o.fail_core_at_us >= 0) {
+    q.at(static_cast<Ns>(o.fail_core_at_us * 1000), [&topo] {
+      // The first uplink of leaf 0 to spine 0 of plane 0.
+      topo.core_links(0).front()->set_up(false);
+    });
+  }
+  q.run_until(o.limit_ns);
+
+  std::vector<double> fct_us;
+  uint64_t bytes = 0, unfinished = 0;
+  Ns last = 0;
+  for (const Flow& f : flows) {
+    if (f.done < 0) {
+      ++unfinished;
+      continue;
+    }
+    fct_us.push_back(static_cast<double>(f.done) / 1000);
+    bytes += f.bytes;
+    last = std::max(last, f.done);
+  }
+  uint64_t drop_queue = 0, drop_loss = 0, drop_down = 0, ce = 0;
+  for (const auto& l : topo.links()) {
+    drop_queue += l->counters().drop_queue;
+    drop_loss += l->counters().drop_loss;
+    drop_down += l->counters().drop_down;
+    ce += l->counters().ce_marked;
+  }
+  uint64_t retx = 0, timeouts = 0, failed = 0;
+  for (const auto& h : hosts) {
+    retx += h->engine().stats().retransmits;
+    timeouts += h->engine().stats().timeouts;
+    failed += h->failed();
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  const double goodput = last ? static_cast<double>(bytes) * 8 / static_cast<double>(last) : 0;  // Gbit/s
+  const double host_rate = o.topo.host_link.gbps * o.topo.planes;  // a port per plane
+  std::printf(
+      "{\"workload\": \"%s\", \"hosts\": %u, \"planes\": %u, \"paths\": %u, \"seed\": %" PRIu64
+      ", \"flows\": %zu, \"unfinished\": %" PRIu64 ", \"failed_messages\": %" PRIu64
+      ", \"completion_us\": %.3f, \"fct_p50_us\": %.3f, \"fct_p99_us\": %.3f"
+      ", \"goodput_gbps\": %.3f, \"goodput_per_flow_of_host_rate\": %.4f"
+      ", \"drop_queue\": %" PRIu64 ", \"drop_loss\": %" PRIu64 ", \"drop_down\": %" PRIu64
+      ", \"ce_marked\": %" PRIu64 ", \"retransmits\": %" PRIu64 ", \"timeouts\": %" PRIu64
+      ", \"events\": %" PRIu64 ", \"wall_s\": %.3f}\n",
+      o.workload.c_str(), n, o.topo.planes, o.paths, o.topo.seed, flows.size(), unfinished, failed,
+      static_cast<double>(last) / 1000, percentile(fct_us, 0.5), percentile(fct_us, 0.99), goodput,
+      fct_us.empty() ? 0.0 : goodput / static_cast<double>(flows.size()) / host_rate, drop_queue,
+      drop_loss, drop_down, ce, retx, timeouts, q.executed(), wall);
+  return unfinished || failed ? 1 : 0;
+}

@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: Apache-2.0
+// Links, ECMP switches and the leaf-spine topology of the simulator.
+#include "sim/network.h"
+
+#include <algorithm>
+
+namespace metaroce::sim {
+
+uint32_t Link::backlog() const {
+  const Ns ahead = busy_until_ - q_.now();
+  return ahead <= 0 ? 0 : static_cast<uint32_t>(static_cast<double>(ahead) * p_.gbps / 8);
+}
+
+Ns Link::drains_to(uint32_t bytes) const {
+  const uint32_t b = backlog();
+  if (b <= bytes) return q_.now();
+  return q_.now() + static_cast<Ns>((b - bytes) * 8 / p_.gbps) + 1;
+}
+
+void Link::send(Packet&& pkt) {
+  if (!up_) {
+    ++c_.drop_down;
+    return;
+  }
+  const uint32_t size = pkt.wire_bytes();
+  const uint32_t ahead = backlog();
+  if (ahead + size > p_.queue_bytes) {
+    ++c_.drop_queue;
+    return;
+  }
+  if (p_.loss > 0 && rng_.uniform() < p_.loss) {
+    ++c_.drop_loss;
+    return;
+  }
+  if (ahead > p_.ecn_bytes) {
+    pkt.ce = true;
+    ++c_.ce_marked;
+  }
+  c_.max_backlog = std::max(c_.max_backlog, ahead + size);
+  ++c_.packets;
+  c_.bytes += size;
+  const Ns start = std::max(q_.now(), busy_until_);
+  busy_until_ = start + static_cast<Ns>(size * 8 / p_.gbps);
+  const Ns arrival = busy_until_ + p_.delay_ns;
+  auto shared = std::make_shared<Packet>(std::move(pkt));
+  Node* to = to_;
+  Link* self = this;
+  q_.at(arrival, [to, self, shared] {
+    // A link that failed while the packet was on it loses it.
+    if (!self->up_) {
+      ++self->c_.drop_down;
+      return;
+    }
+    to->receive(std::move(*shared));
+  });
+}
+
+void Switch::route(uint32_t dst_ip, std::vector<Link*> links) {
+  auto it = std::lower_bound(routes_.begin(), routes_.end(), dst_ip,
+                             [](const auto& r, uint32_t ip) { return r.first < ip; });
+  routes_.insert(it, {dst_ip, std::move(links)});
+}
+
+void Switch::receive(Packet&& p) {
+  auto it = std::lower_bound(routes_.begin(), routes_.end(), p.dst_ip,
+                             [](const auto& r, uint32_t ip) { return r.first < ip; });
+  const std::vector<Link*>* cand = (it != routes_.end() && it->first == p.dst_ip) ? &it->second
+                                                                                 : &default_;
+  if (cand->empty()) return;
+  // ECMP: a hash of the 5-tuple (UDP, fixed destination port) and this switch's seed.
+  uint64_t h = seed_ ^ (uint64_t{p.src_ip} << 32 | p.dst_ip);
+  h ^= uint64_t{p.sport} * 0x9e3779b97f4a7c15ull;
+  h ^= h >> 29;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 32;
+  (*cand)[h % cand->size()]->send(std::move(p));
+}
+
+// The far end of a host's downlink: hands what arrives to the endpoint attached to the host.
+class Topology::HostPort final : public Node {
+ public:
+  HostPort(Topology& t, uint32_t host) : t_(t), host_(host) {}
+  void receive(Packet&& p) override {
+    if (Node* n = t_.hosts_nodes_[host_]) n->receive(std::move(p));
+  }
+
+ private:
+  Topology& t_;
+  uint32_t host_;
+};
+
+Topology::Topology(EventQueue& q, Rng& rng, const LeafSpineParams& p)
+    : q_(q), rng_(rng), hosts_(p.hosts) {
+  const uint32_t leaves = (p.hosts + p.hosts_per_leaf - 1) / p.hosts_per_leaf;
+  hosts_nodes_.assign(p.hosts, nullptr);
+  up_.assign(size_t{p.hosts} * p.planes, nullptr);
+  core_.resize(p.planes);
+  for (uint32_t h = 0; h < p.hosts; ++h) ports_.push_back(std::make_unique<HostPort>(*this, h));
+  auto link = [&](LinkParams lp, Node* to, std::string name) {
+    links_.push_back(std::make_unique<Link>(q_, rng_, lp, to, std::move(name)));
+    return links_.back().get();
+  };
+  for (uint32_t pl = 0; pl < p.planes; ++pl) {
+    const std::string pn = "p" + std::to_string(pl) + ".";
+    std::vector<Switch*> leaf, spine;
+    for (uint32_t l = 0; l < leaves; ++l) {
+      switches_.push_back(std::make_unique<Switch>(p.seed * 1000003 + pl * 1009 + l));
+      leaf.push_back(switches_.back().get());
+    }
+    for (uint32_t s = 0; s < p.spines; ++s) {
+      switches_.push_back(std::make_unique<Switch>(p.seed * 1000003 + pl * 1009 + 500 + s));
+      spine.push_back(switches_.back().get());
+    }
+    // leaf l -> spine s and back, `parallel` links each way.
+    std::vector<std::vector<Link*>> leaf_up(leaves), spine_down(size_t{p.spines} * leaves);
+    for (uint32_t l = 0; l < leaves; ++l) {
+      for (uint32_t s = 0; s < p.spines; ++s) {
+        for (uint32_t k = 0; k < p.parallel; ++k) {
+          const std::string id = std::to_string(l) + "-" + std::to_string(s) + "." + std::to_string(k);
+          Link* u = link(p.fabric_link, spine[s], pn + "up" + id);
+          Link* d = link(p.fabric_link, leaf[l], pn + "down" + id);
+          leaf_up[l].push_back(u);
+          spine_down[s * leaves + l].push_back(d);
+          core_[pl].push_back(u);
+          core_[pl].push_back(d);
+        }
+      }
+    }
+    for (uint32_t h = 0; h < p.hosts; ++h) {
+      const uint32_t l = h / p.hosts_per_leaf;
+      up_[pl * p.hosts + h] = link(p.host_link, leaf[l], pn + "host" + std::to_string(h) + ".up");
+      Link* down = link(p.host_link, ports_[h].get(), pn + "host" + std::to_string(h) + ".down");
+      leaf[l]->route(ip_of(h), {down});
+      for (uint32_t s = 0; s < p.spines; ++s) spine[s]->route(ip_of(h), spine_down[s * leaves + l]);
+    }
+    for (uint32_t l = 0; l < leaves; ++l) leaf[l]->set_default(leaf_up[l]);
+  }
+}
+
+Topology::~Topology() = default;
+
+std::vector<Link*> Topology::core_links(uint32_t plane) const { return core_.at(plane); }
+
+}  // namespace metaroce::sim

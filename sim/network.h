@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+// The simulated network: unidirectional links (rate, delay, a finite FIFO with an ECN marking
+// threshold, tail drop, random loss, failure) between nodes, switches that forward by ECMP on
+// the 5-tuple, and a leaf-spine topology of P independent planes (docs/simulation.md).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sim/event_queue.h"
+
+namespace metaroce::sim {
+
+// One packet: what the transport wrote (the UDP payload) and the headers that route it.
+struct Packet {
+  uint32_t src_ip = 0, dst_ip = 0;
+  uint16_t sport = 0;
+  uint8_t plane = 0;
+  bool ce = false;
+  std::vector<uint8_t> payload;
+  uint32_t wire_bytes() const { return static_cast<uint32_t>(payload.size()) + 42 + 4; }
+};
+
+class Node {
+ public:
+  virtual ~Node() = default;
+  virtual void receive(Packet&& p) = 0;
+};
+
+struct LinkParams {
+  double gbps = 100;            // bits per ns
+  Ns delay_ns = 1000;           // propagation
+  uint32_t queue_bytes = 1 << 20;
+  uint32_t ecn_bytes = 100 * 1024;  // CE-mark a packet that finds more than this queued
+  double loss = 0;              // probability a packet is lost on this link
+};
+
+struct LinkCounters {
+  uint64_t packets = 0, bytes = 0, drop_queue = 0, drop_loss = 0, drop_down = 0, ce_marked = 0;
+  uint32_t max_backlog = 0;
+};
+
+// A transmitter and the wire after it. The queue is kept as the time its transmitter is busy
+// until; a packet that finds more than queue_bytes ahead of it is dropped.
+class Link {
+ public:
+  Link(EventQueue& q, Rng& rng, LinkParams p, Node* to, std::string name)
+      : q_(q), rng_(rng), p_(p), to_(to), name_(std::move(name)) {}
+  void send(Packet&& pkt);
+  // Bytes waiting ahead of a packet sent now.
+  uint32_t backlog() const;
+  // When the backlog will be at most `bytes`.
+  Ns drains_to(uint32_t bytes) const;
+  void set_up(bool up) { up_ = up; }
+  bool up() const { return up_; }
+  const LinkCounters& counters() const { return c_; }
+  const std::string& name() const { return name_; }
+  const LinkParams& params() const { return p_; }
+
+ private:
+  EventQueue& q_;
+  Rng& rng_;
+  LinkParams p_;
+  Node* to_;
+  std::string name_;
+  Ns busy_until_ = 0;
+  bool up_ = true;
+  LinkCounters c_;
+};
+
+// Forwards by destination: among the candidate links for it, the one the 5-tuple hashes to.
+class Switch final : public Node {
+ public:
+  explicit Switch(uint64_t seed) : seed_(seed) {}
+  void receive(Packet&& p) override;
+  // Packets to dst_ip leave on one of `links`.
+  void route(uint32_t dst_ip, std::vector<Link*> links);
+  void set_default(std::vector<Link*> links) { default_ = std::move(links); }
+
+ private:
+  uint64_t seed_;
+  std::vector<std::pair<uint32_t, std::vector<Link*>>> routes_;  // sorted by ip
+  std::vector<Link*> default_;
+};
+
+// Two-tier leaf-spine, one copy per plane: hosts_per_leaf hosts on each leaf, every leaf joined
+// to every spine by `parallel` links each way. Host h (IPv4 10.0.0.0 + h + 1) has one uplink and
+// one downlink per plane.
+struct LeafSpineParams {
+  uint32_t hosts = 16, hosts_per_leaf = 4, spines = 2, planes = 1, parallel = 1;
+  LinkParams host_link, fabric_link;
+  uint64_t seed = 1;
+};
+
+class Topology {
+ public:
+  Topology(EventQueue& q, Rng& rng, const LeafSpineParams& p);
+  ~Topology();
+  static uint32_t ip_of(uint32_t host) { return 0x0a000001 + host; }
+  // Where host h's packets of plane p enter the network, and where the network delivers them.
+  Link* uplink(uint32_t host, uint32_t plane) { return up_[plane * hosts_ + host]; }
+  void attach(uint32_t host, Node* n) { hosts_nodes_[host] = n; }
+  std::vector<std::unique_ptr<Link>>& links() { return links_; }
+  // Core links (leaf <-> spine) of one plane, for failures.
+  std::vector<Link*> core_links(uint32_t plane) const;
+
+ private:
+  class HostPort;
+  EventQueue& q_;
+  Rng& rng_;
+  uint32_t hosts_;
+  std::vector<std::unique_ptr<Switch>> switches_;
+  std::vector<std::unique_ptr<Link>> links_;
+  std::vector<std::unique_ptr<HostPort>> ports_;
+  std::vector<Link*> up_;
+  std::vector<Node*> hosts_nodes_;
+  std::vector<std::vector<Link*>> core_;
+};
+
+}  // namespace metaroce::sim
