@@ -10,19 +10,23 @@
 #include <vector>
 
 #include "datapath/transport/engine.h"
+#include "sim/host.h"
 #include "sim/network.h"
 
 namespace metaroce::sim {
 
-class Endpoint final : public Node, private transport::Host {
+class Endpoint final : public HostModel, private transport::Host {
  public:
   Endpoint(EventQueue& q, Topology& topo, uint32_t host, const transport::EngineConfig& cfg);
   ~Endpoint() override;
 
   // A WRITE of `bytes` to host `to` on `stream`; done(now) once every packet is acknowledged,
   // failed(now) if the transport gives it up.
-  void send(uint32_t to, uint32_t stream, uint32_t bytes, std::function<void(Ns)> done);
+  void send(uint32_t to, uint32_t stream, uint32_t bytes, std::function<void(Ns)> done) override;
   void receive(Packet&& p) override;
+  HostStats stats() const override {
+    return {engine_->stats().retransmits, engine_->stats().timeouts, failed_};
+  }
 
   const transport::Engine& engine() const { return *engine_; }
   uint64_t failed() const { return failed_; }

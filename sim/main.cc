@@ -6,7 +6,7 @@
 //                [--gbps G] [--host-gbps G] [--delay-ns D] [--queue-kib Q] [--ecn-kib E]
 //                [--loss P] [--paths N] [--workload permutation|incast] [--flow-kib B]
 //                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
-//                [--limit-ms L]
+//                [--limit-ms L] [--transport metaroce|rocev2] [--roce-rto-us T]
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -20,6 +20,7 @@
 #include "datapath/transport/engine.h"
 #include "sim/endpoint.h"
 #include "sim/network.h"
+#include "sim/rocev2.h"
 
 using namespace metaroce;
 using namespace metaroce::sim;
@@ -34,6 +35,8 @@ struct Options {
   uint32_t qps = 1;
   double fail_core_at_us = -1;
   Ns limit_ns = 1'000'000'000;
+  std::string transport = "metaroce";
+  RoceParams roce;
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -79,6 +82,10 @@ Options parse(int argc, char** argv) {
     else if (a == "--qps") o.qps = static_cast<uint32_t>(number(a.c_str(), v, 1, 1024));
     else if (a == "--fail-core-link-at-us") o.fail_core_at_us = number(a.c_str(), v, 0, 1e9);
     else if (a == "--seed") o.topo.seed = static_cast<uint64_t>(number(a.c_str(), v, 0, 1e18));
+    else if (a == "--transport") {
+      o.transport = v;
+      if (o.transport != "metaroce" && o.transport != "rocev2") usage("--transport: metaroce or rocev2");
+    } else if (a == "--roce-rto-us") o.roce.rto_ns = static_cast<Ns>(number(a.c_str(), v, 1, 1e7) * 1000);
     else if (a == "--limit-ms") o.limit_ns = static_cast<Ns>(number(a.c_str(), v, 0.001, 1e7) * 1e6);
     else usage(("unknown option " + a).c_str());
   }
@@ -111,9 +118,12 @@ int main(int argc, char** argv) {
   cfg.num_paths = static_cast<uint16_t>(o.paths);
   cfg.num_planes = static_cast<uint8_t>(o.topo.planes);
   cfg.seed = o.topo.seed;
-  std::vector<std::unique_ptr<Endpoint>> hosts;
-  for (uint32_t h = 0; h < o.topo.hosts; ++h)
-    hosts.push_back(std::make_unique<Endpoint>(q, topo, h, cfg));
+  std::vector<std::unique_ptr<HostModel>> hosts;
+  for (uint32_t h = 0; h < o.topo.hosts; ++h) {
+    if (o.transport == "metaroce") hosts.push_back(std::make_unique<Endpoint>(q, topo, h, cfg));
+    else hosts.push_back(std::make_unique<RoceEndpoint>(q, topo, h, o.topo.planes,
+                                                        o.topo.host_link.gbps, o.roce));
+  }
 
   // Who sends to whom: a random derangement (permutation), or everyone to host 0 (incast).
   std::vector<Flow> flows;
@@ -167,22 +177,22 @@ int main(int argc, char** argv) {
   }
   uint64_t retx = 0, timeouts = 0, failed = 0;
   for (const auto& h : hosts) {
-    retx += h->engine().stats().retransmits;
-    timeouts += h->engine().stats().timeouts;
-    failed += h->failed();
+    retx += h->stats().retransmits;
+    timeouts += h->stats().timeouts;
+    failed += h->stats().failed;
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   const double goodput = last ? static_cast<double>(bytes) * 8 / static_cast<double>(last) : 0;  // Gbit/s
   const double host_rate = o.topo.host_link.gbps * o.topo.planes;  // a port per plane
   std::printf(
-      "{\"workload\": \"%s\", \"hosts\": %u, \"planes\": %u, \"paths\": %u, \"seed\": %" PRIu64
+      "{\"transport\": \"%s\", \"workload\": \"%s\", \"hosts\": %u, \"planes\": %u, \"paths\": %u, \"seed\": %" PRIu64
       ", \"flows\": %zu, \"unfinished\": %" PRIu64 ", \"failed_messages\": %" PRIu64
       ", \"completion_us\": %.3f, \"fct_p50_us\": %.3f, \"fct_p99_us\": %.3f"
       ", \"goodput_gbps\": %.3f, \"goodput_per_flow_of_host_rate\": %.4f"
       ", \"drop_queue\": %" PRIu64 ", \"drop_loss\": %" PRIu64 ", \"drop_down\": %" PRIu64
       ", \"ce_marked\": %" PRIu64 ", \"retransmits\": %" PRIu64 ", \"timeouts\": %" PRIu64
       ", \"events\": %" PRIu64 ", \"wall_s\": %.3f}\n",
-      o.workload.c_str(), n, o.topo.planes, o.paths, o.topo.seed, flows.size(), unfinished, failed,
+      o.transport.c_str(), o.workload.c_str(), n, o.topo.planes, o.paths, o.topo.seed, flows.size(), unfinished, failed,
       static_cast<double>(last) / 1000, percentile(fct_us, 0.5), percentile(fct_us, 0.99), goodput,
       fct_us.empty() ? 0.0 : goodput / static_cast<double>(flows.size()) / host_rate, drop_queue,
       drop_loss, drop_down, ce, retx, timeouts, q.executed(), wall);

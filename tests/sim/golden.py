@@ -27,6 +27,12 @@ SCENARIOS = {
     # 1 % random loss on every leaf-spine link.
     "loss1": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib", "1024",
               "--loss", "0.01"],
+    # The RoCEv2 baseline (go-back-N, DCQCN, one path per QP) on the same permutation, and at
+    # 1 % loss.
+    "rocev2_permutation16": ["--transport", "rocev2", "--hosts", "16", "--hosts-per-leaf", "4",
+                             "--spines", "4", "--flow-kib", "1024"],
+    "rocev2_loss1": ["--transport", "rocev2", "--hosts", "16", "--hosts-per-leaf", "4",
+                     "--spines", "4", "--flow-kib", "1024", "--loss", "0.01"],
     # A leaf-spine link fails 20 us into the permutation.
     "core_failure": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
                      "2048", "--fail-core-link-at-us", "20"],

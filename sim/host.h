@@ -1,0 +1,25 @@
+// SPDX-License-Identifier: Apache-2.0
+// What a workload sees of a simulated host, whichever transport it runs (ours, or the RoCEv2
+// baseline).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "sim/network.h"
+
+namespace metaroce::sim {
+
+struct HostStats {
+  uint64_t retransmits = 0, timeouts = 0, failed = 0;
+};
+
+class HostModel : public Node {
+ public:
+  // A WRITE of `bytes` to host `to` on `stream` (one QP per (peer, stream)); done(now) once it
+  // is acknowledged.
+  virtual void send(uint32_t to, uint32_t stream, uint32_t bytes, std::function<void(Ns)> done) = 0;
+  virtual HostStats stats() const = 0;
+};
+
+}  // namespace metaroce::sim
