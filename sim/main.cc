@@ -4,7 +4,8 @@
 //
 //   metaroce-sim [--hosts N] [--hosts-per-leaf K] [--spines S] [--planes P] [--parallel L]
 //                [--gbps G] [--host-gbps G] [--delay-ns D] [--queue-kib Q] [--ecn-kib E]
-//                [--loss P] [--paths N] [--workload permutation|incast] [--flow-kib B]
+//                [--loss P] [--paths N] [--workload permutation|incast|allreduce|alltoall]
+//                [--flow-kib B]
 //                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
 //                [--limit-ms L] [--transport metaroce|rocev2] [--roce-rto-us T]
 #include <algorithm>
@@ -76,7 +77,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--paths") o.paths = static_cast<uint32_t>(number(a.c_str(), v, 1, 256));
     else if (a == "--workload") {
       o.workload = v;
-      if (o.workload != "permutation" && o.workload != "incast") usage("--workload: permutation or incast");
+      if (o.workload != "permutation" && o.workload != "incast" && o.workload != "allreduce" &&
+          o.workload != "alltoall")
+        usage("--workload: permutation, incast, allreduce or alltoall");
     } else if (a == "--flow-kib") o.flow_bytes = static_cast<uint64_t>(number(a.c_str(), v, 1, 1 << 30) * 1024);
     else if (a == "--msg-kib") o.msg_bytes = static_cast<uint64_t>(number(a.c_str(), v, 1, 1 << 20) * 1024);
     else if (a == "--qps") o.qps = static_cast<uint32_t>(number(a.c_str(), v, 1, 1024));
@@ -97,7 +100,17 @@ struct Flow {
   uint32_t from = 0, to = 0;
   uint64_t bytes = 0, acked = 0;
   Ns done = -1;
+  std::vector<size_t> then;  // flows that start when this one is done (a collective's steps)
+  bool at_start = true;
 };
+
+Flow flow(uint32_t from, uint32_t to, uint64_t bytes) {
+  Flow f;
+  f.from = from;
+  f.to = to;
+  f.bytes = bytes;
+  return f;
+}
 
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -125,7 +138,10 @@ int main(int argc, char** argv) {
                                                         o.topo.host_link.gbps, o.roce));
   }
 
-  // Who sends to whom: a random derangement (permutation), or everyone to host 0 (incast).
+  // Who sends to whom: a random derangement (permutation); everyone to host 0 (incast); ring
+  // all-reduce of a --flow-kib buffer per host (2(N-1) steps of buffer/N to the next host, each
+  // step once the previous one's chunk has arrived); all-to-all (--flow-kib per host, split over
+  // every other host).
   std::vector<Flow> flows;
   const uint32_t n = o.topo.hosts;
   if (o.workload == "permutation") {
@@ -133,21 +149,42 @@ int main(int argc, char** argv) {
     for (uint32_t i = 0; i < n; ++i) perm[i] = i;
     Rng prng(o.topo.seed * 31 + 7);
     for (uint32_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[prng.next() % i]);  // Sattolo
-    for (uint32_t i = 0; i < n; ++i) flows.push_back({i, perm[i], o.flow_bytes});
+    for (uint32_t i = 0; i < n; ++i) flows.push_back(flow(i, perm[i], o.flow_bytes));
+  } else if (o.workload == "incast") {
+    for (uint32_t i = 1; i < n; ++i) flows.push_back(flow(i, 0, o.flow_bytes));
+  } else if (o.workload == "alltoall") {
+    for (uint32_t i = 0; i < n; ++i)
+      for (uint32_t j = 0; j < n; ++j)
+        if (i != j) flows.push_back(flow(i, j, std::max<uint64_t>(o.flow_bytes / (n - 1), 1)));
   } else {
-    for (uint32_t i = 1; i < n; ++i) flows.push_back({i, 0, o.flow_bytes});
+    const uint64_t chunk = std::max<uint64_t>(o.flow_bytes / n, 1);
+    const uint32_t steps = 2 * (n - 1);
+    for (uint32_t st = 0; st < steps; ++st)
+      for (uint32_t i = 0; i < n; ++i) flows.push_back(flow(i, (i + 1) % n, chunk));
+    // Flow (step st, host i) waits for (st - 1, host i - 1): the chunk it forwards.
+    for (uint32_t st = 1; st < steps; ++st)
+      for (uint32_t i = 0; i < n; ++i) {
+        const size_t f = size_t{st} * n + i, dep = size_t{st - 1} * n + (i + n - 1) % n;
+        flows[f].at_start = false;
+        flows[dep].then.push_back(f);
+      }
   }
-  for (size_t f = 0; f < flows.size(); ++f) {
+  std::function<void(size_t)> start = [&](size_t f) {
     Flow& fl = flows[f];
     for (uint64_t off = 0; off < fl.bytes; off += o.msg_bytes) {
       const auto len = static_cast<uint32_t>(std::min(o.msg_bytes, fl.bytes - off));
       const uint32_t stream = 1 + static_cast<uint32_t>((off / o.msg_bytes) % o.qps);
-      hosts[fl.from]->send(fl.to, stream, len, [&fl, len](Ns t) {
-        fl.acked += len;
-        if (fl.acked == fl.bytes) fl.done = t;
+      hosts[fl.from]->send(fl.to, stream, len, [&flows, &start, f, len](Ns t) {
+        Flow& x = flows[f];
+        x.acked += len;
+        if (x.acked != x.bytes) return;
+        x.done = t;
+        for (size_t g : x.then) start(g);
       });
     }
-  }
+  };
+  for (size_t f = 0; f < flows.size(); ++f)
+    if (flows[f].at_start) start(f);
   if (o.fail_core_at_us >= 0) {
     q.at(static_cast<Ns>(o.fail_core_at_us * 1000), [&topo] {
       // The first uplink of leaf 0 to spine 0 of plane 0.
@@ -183,18 +220,24 @@ int main(int argc, char** argv) {
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   const double goodput = last ? static_cast<double>(bytes) * 8 / static_cast<double>(last) : 0;  // Gbit/s
+  // All-reduce bus bandwidth (as NCCL reports it): 2(N-1)/N x buffer / time, per host.
+  const double busbw = (o.workload == "allreduce" && last && !unfinished)
+                           ? 2.0 * (n - 1) / n * static_cast<double>(o.flow_bytes) * 8 /
+                                 static_cast<double>(last)
+                           : 0;
   const double host_rate = o.topo.host_link.gbps * o.topo.planes;  // a port per plane
   std::printf(
       "{\"transport\": \"%s\", \"workload\": \"%s\", \"hosts\": %u, \"planes\": %u, \"paths\": %u, \"seed\": %" PRIu64
       ", \"flows\": %zu, \"unfinished\": %" PRIu64 ", \"failed_messages\": %" PRIu64
       ", \"completion_us\": %.3f, \"fct_p50_us\": %.3f, \"fct_p99_us\": %.3f"
-      ", \"goodput_gbps\": %.3f, \"goodput_per_flow_of_host_rate\": %.4f"
+      ", \"goodput_gbps\": %.3f, \"goodput_per_flow_of_host_rate\": %.4f, \"busbw_gbps\": %.3f"
       ", \"drop_queue\": %" PRIu64 ", \"drop_loss\": %" PRIu64 ", \"drop_down\": %" PRIu64
       ", \"ce_marked\": %" PRIu64 ", \"retransmits\": %" PRIu64 ", \"timeouts\": %" PRIu64
       ", \"events\": %" PRIu64 ", \"wall_s\": %.3f}\n",
       o.transport.c_str(), o.workload.c_str(), n, o.topo.planes, o.paths, o.topo.seed, flows.size(), unfinished, failed,
       static_cast<double>(last) / 1000, percentile(fct_us, 0.5), percentile(fct_us, 0.99), goodput,
-      fct_us.empty() ? 0.0 : goodput / static_cast<double>(flows.size()) / host_rate, drop_queue,
+      fct_us.empty() ? 0.0 : goodput / static_cast<double>(flows.size()) / host_rate, busbw,
+      drop_queue,
       drop_loss, drop_down, ce, retx, timeouts, q.executed(), wall);
   return unfinished || failed ? 1 : 0;
 }

@@ -33,6 +33,13 @@ SCENARIOS = {
                              "--spines", "4", "--flow-kib", "1024"],
     "rocev2_loss1": ["--transport", "rocev2", "--hosts", "16", "--hosts-per-leaf", "4",
                      "--spines", "4", "--flow-kib", "1024", "--loss", "0.01"],
+    # Ring all-reduce of 4 MiB per host over 16 hosts, clean and at 1 % loss, and all-to-all.
+    "allreduce16": ["--workload", "allreduce", "--hosts", "16", "--hosts-per-leaf", "4",
+                    "--spines", "4", "--flow-kib", "4096"],
+    "allreduce16_loss1": ["--workload", "allreduce", "--hosts", "16", "--hosts-per-leaf", "4",
+                          "--spines", "4", "--flow-kib", "4096", "--loss", "0.01"],
+    "alltoall16": ["--workload", "alltoall", "--hosts", "16", "--hosts-per-leaf", "4",
+                   "--spines", "4", "--flow-kib", "1024"],
     # A leaf-spine link fails 20 us into the permutation.
     "core_failure": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
                      "2048", "--fail-core-link-at-us", "20"],
