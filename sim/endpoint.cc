@@ -30,7 +30,8 @@ class Endpoint::Sink final : public transport::TxSink {
     p.dst_ip = peer_ip;
     p.sport = sport;
     p.plane = plane;
-    p.payload.assign(buf_.begin(), buf_.begin() + len);
+    p.length = len;
+    p.head.assign(buf_.begin(), buf_.begin() + std::min(len, Packet::kHeadBytes));
     e_.topo_.uplink(e_.host_, plane)->send(std::move(p));
   }
 
@@ -68,7 +69,10 @@ void Endpoint::send(uint32_t to, uint32_t stream, uint32_t bytes, std::function<
 }
 
 void Endpoint::receive(Packet&& p) {
-  engine_->on_packet(transport::Time(q_.now()), p.src_ip, p.sport, p.ce, p.payload, p.plane);
+  // The payload as it arrived: headers, then bytes nobody reads.
+  rx_buf_.resize(p.length);
+  std::copy(p.head.begin(), p.head.end(), rx_buf_.begin());
+  engine_->on_packet(transport::Time(q_.now()), p.src_ip, p.sport, p.ce, rx_buf_, p.plane);
   kick();
 }
 

@@ -60,6 +60,7 @@ class Endpoint final : public HostModel, private transport::Host {
   uint64_t timer_gen_ = 0;
   bool wake_pending_ = false;
   uint64_t failed_ = 0, rx_bytes_ = 0;
+  std::vector<uint8_t> rx_buf_;
 };
 
 }  // namespace metaroce::sim

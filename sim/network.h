@@ -13,14 +13,19 @@
 
 namespace metaroce::sim {
 
-// One packet: what the transport wrote (the UDP payload) and the headers that route it.
+// One packet: the headers that route it, and of what the transport wrote (the UDP payload) its
+// length and first kHeadBytes, which hold every header: the payload after them means nothing
+// here (sim/endpoint.cc gathers none), so it does not travel, and a run at scale holds
+// headers, not megabytes of zeros, in its queues.
 struct Packet {
+  static constexpr uint32_t kHeadBytes = 256;
   uint32_t src_ip = 0, dst_ip = 0;
   uint16_t sport = 0;
   uint8_t plane = 0;
   bool ce = false;
-  std::vector<uint8_t> payload;
-  uint32_t wire_bytes() const { return static_cast<uint32_t>(payload.size()) + 42 + 4; }
+  uint32_t length = 0;        // UDP payload bytes
+  std::vector<uint8_t> head;  // its first min(length, kHeadBytes)
+  uint32_t wire_bytes() const { return length + 42 + 4; }
 };
 
 class Node {

@@ -106,10 +106,11 @@ void RoceEndpoint::emit(uint32_t dst_ip, uint16_t sport, uint8_t plane, uint8_t 
   p.dst_ip = dst_ip;
   p.sport = sport;
   p.plane = plane;
-  p.payload.assign(kHeader + len, 0);
-  p.payload[0] = type;
-  put32(&p.payload[4], qpn);
-  put32(&p.payload[8], psn);
+  p.length = kHeader + len;
+  p.head.assign(kHeader, 0);
+  p.head[0] = type;
+  put32(&p.head[4], qpn);
+  put32(&p.head[8], psn);
   topo_.uplink(host_, plane)->send(std::move(p));
 }
 
@@ -230,10 +231,10 @@ void RoceEndpoint::dcqcn_timer(Qp& qp) {
 }
 
 void RoceEndpoint::receive(Packet&& p) {
-  if (p.payload.size() < kHeader) return;
-  const uint8_t type = p.payload[0];
-  const uint32_t qpn = get32(&p.payload[4]);
-  const uint32_t psn = get32(&p.payload[8]);
+  if (p.head.size() < kHeader) return;
+  const uint8_t type = p.head[0];
+  const uint32_t qpn = get32(&p.head[4]);
+  const uint32_t psn = get32(&p.head[8]);
   if (type == kData) {
     Rx& rx = rx_[{p.src_ip, qpn}];
     // The notification point: a CE mark turns into a CNP, at most one per interval.
