@@ -4,7 +4,7 @@
 //
 //   metaroce-sim [--hosts N] [--hosts-per-leaf K] [--spines S] [--planes P] [--parallel L]
 //                [--gbps G] [--host-gbps G] [--delay-ns D] [--queue-kib Q] [--ecn-kib E]
-//                [--loss P] [--paths N] [--workload permutation|incast|allreduce|alltoall]
+//                [--loss P] [--paths N] [--rx-capacity-gbps G] [--workload permutation|incast|allreduce|alltoall]
 //                [--flow-kib B]
 //                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
 //                [--limit-ms L] [--transport metaroce|rocev2] [--roce-rto-us T]
@@ -31,6 +31,7 @@ namespace {
 struct Options {
   LeafSpineParams topo;
   uint32_t paths = 8;
+  uint32_t rx_capacity_mbps = 0;  // receivers' fair-share hints (congestion.md §3); 0: none
   std::string workload = "permutation";
   uint64_t flow_bytes = 1 << 20, msg_bytes = 64 << 10;
   uint32_t qps = 1;
@@ -74,6 +75,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--queue-kib") o.topo.host_link.queue_bytes = o.topo.fabric_link.queue_bytes = static_cast<uint32_t>(number(a.c_str(), v, 8, 1 << 20) * 1024);
     else if (a == "--ecn-kib") o.topo.host_link.ecn_bytes = o.topo.fabric_link.ecn_bytes = static_cast<uint32_t>(number(a.c_str(), v, 0, 1 << 20) * 1024);
     else if (a == "--loss") o.topo.fabric_link.loss = number(a.c_str(), v, 0, 0.5);
+    else if (a == "--rx-capacity-gbps")
+      o.rx_capacity_mbps = static_cast<uint32_t>(number(a.c_str(), v, 0, 4e6) * 1000);
     else if (a == "--paths") o.paths = static_cast<uint32_t>(number(a.c_str(), v, 1, 256));
     else if (a == "--workload") {
       o.workload = v;
@@ -131,6 +134,7 @@ int main(int argc, char** argv) {
   cfg.num_paths = static_cast<uint16_t>(o.paths);
   cfg.num_planes = static_cast<uint8_t>(o.topo.planes);
   cfg.seed = o.topo.seed;
+  cfg.rx_capacity_mbps = o.rx_capacity_mbps;
   std::vector<std::unique_ptr<HostModel>> hosts;
   for (uint32_t h = 0; h < o.topo.hosts; ++h) {
     if (o.transport == "metaroce") hosts.push_back(std::make_unique<Endpoint>(q, topo, h, cfg));
