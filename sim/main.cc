@@ -4,7 +4,8 @@
 //
 //   metaroce-sim [--hosts N] [--hosts-per-leaf K] [--spines S] [--planes P] [--parallel L]
 //                [--gbps G] [--host-gbps G] [--delay-ns D] [--queue-kib Q] [--ecn-kib E]
-//                [--loss P] [--paths N] [--rx-capacity-gbps G] [--workload permutation|incast|allreduce|alltoall]
+//                [--loss P] [--paths N] [--rx-capacity-gbps G] [--conn-window-init W]
+//                [--conn-window-max W] [--workload permutation|incast|allreduce|alltoall]
 //                [--flow-kib B]
 //                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
 //                [--limit-ms L] [--transport metaroce|rocev2] [--roce-rto-us T]
@@ -32,6 +33,7 @@ struct Options {
   LeafSpineParams topo;
   uint32_t paths = 8;
   uint32_t rx_capacity_mbps = 0;  // receivers' fair-share hints (congestion.md §3); 0: none
+  uint32_t conn_window_init = 0, conn_window_max = 0;  // 0: the transport's defaults
   std::string workload = "permutation";
   uint64_t flow_bytes = 1 << 20, msg_bytes = 64 << 10;
   uint32_t qps = 1;
@@ -77,6 +79,10 @@ Options parse(int argc, char** argv) {
     else if (a == "--loss") o.topo.fabric_link.loss = number(a.c_str(), v, 0, 0.5);
     else if (a == "--rx-capacity-gbps")
       o.rx_capacity_mbps = static_cast<uint32_t>(number(a.c_str(), v, 0, 4e6) * 1000);
+    else if (a == "--conn-window-init")
+      o.conn_window_init = static_cast<uint32_t>(number(a.c_str(), v, 2, 65534));
+    else if (a == "--conn-window-max")
+      o.conn_window_max = static_cast<uint32_t>(number(a.c_str(), v, 2, 65534));
     else if (a == "--paths") o.paths = static_cast<uint32_t>(number(a.c_str(), v, 1, 256));
     else if (a == "--workload") {
       o.workload = v;
@@ -135,6 +141,8 @@ int main(int argc, char** argv) {
   cfg.num_planes = static_cast<uint8_t>(o.topo.planes);
   cfg.seed = o.topo.seed;
   cfg.rx_capacity_mbps = o.rx_capacity_mbps;
+  if (o.conn_window_init) cfg.conn_window_init = o.conn_window_init;
+  if (o.conn_window_max) cfg.conn_window_max = o.conn_window_max;
   std::vector<std::unique_ptr<HostModel>> hosts;
   for (uint32_t h = 0; h < o.topo.hosts; ++h) {
     if (o.transport == "metaroce") hosts.push_back(std::make_unique<Endpoint>(q, topo, h, cfg));
