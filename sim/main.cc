@@ -8,6 +8,7 @@
 //                [--conn-window-max W] [--workload permutation|incast|allreduce|alltoall]
 //                [--flow-kib B]
 //                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
+//   --fail-core-link-at-us: the busiest leaf-spine link of plane 0 at that time goes down.
 //                [--limit-ms L] [--transport metaroce|rocev2] [--roce-rto-us T]
 #include <algorithm>
 #include <chrono>
@@ -199,8 +200,13 @@ int main(int argc, char** argv) {
     if (flows[f].at_start) start(f);
   if (o.fail_core_at_us >= 0) {
     q.at(static_cast<Ns>(o.fail_core_at_us * 1000), [&topo] {
-      // The first uplink of leaf 0 to spine 0 of plane 0.
-      topo.core_links(0).front()->set_up(false);
+      // The busiest leaf-spine link of plane 0 so far (by packets): one the run really uses,
+      // whichever transport (RoCEv2's one path per QP may avoid any given link).
+      std::vector<Link*> core = topo.core_links(0);
+      Link* busiest = *std::max_element(core.begin(), core.end(), [](Link* a, Link* b) {
+        return a->counters().packets < b->counters().packets;
+      });
+      busiest->set_up(false);
     });
   }
   q.run_until(o.limit_ns);
