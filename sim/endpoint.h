@@ -25,7 +25,8 @@ class Endpoint final : public HostModel, private transport::Host {
   void send(uint32_t to, uint32_t stream, uint32_t bytes, std::function<void(Ns)> done) override;
   void receive(Packet&& p) override;
   HostStats stats() const override {
-    return {engine_->stats().retransmits, engine_->stats().timeouts, failed_};
+    const transport::EngineStats& s = engine_->stats();
+    return {s.retransmits, s.timeouts, failed_, s.paths_failed, s.failover_resends, s.tail_probes};
   }
 
   const transport::Engine& engine() const { return *engine_; }

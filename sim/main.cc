@@ -5,7 +5,7 @@
 //   metaroce-sim [--hosts N] [--hosts-per-leaf K] [--spines S] [--planes P] [--parallel L]
 //                [--gbps G] [--host-gbps G] [--delay-ns D] [--queue-kib Q] [--ecn-kib E]
 //                [--loss P] [--paths N] [--rx-capacity-gbps G] [--conn-window-init W]
-//                [--conn-window-max W] [--workload permutation|incast|allreduce|alltoall]
+//                [--conn-window-max W] [--tail-probes N] [--workload permutation|incast|allreduce|alltoall]
 //                [--flow-kib B]
 //                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
 //   --fail-core-link-at-us: the busiest leaf-spine link of plane 0 at that time goes down.
@@ -35,6 +35,7 @@ struct Options {
   uint32_t paths = 8;
   uint32_t rx_capacity_mbps = 0;  // receivers' fair-share hints (congestion.md §3); 0: none
   uint32_t conn_window_init = 0, conn_window_max = 0;  // 0: the transport's defaults
+  uint32_t tail_probes = 0;
   std::string workload = "permutation";
   uint64_t flow_bytes = 1 << 20, msg_bytes = 64 << 10;
   uint32_t qps = 1;
@@ -84,6 +85,8 @@ Options parse(int argc, char** argv) {
       o.conn_window_init = static_cast<uint32_t>(number(a.c_str(), v, 2, 65534));
     else if (a == "--conn-window-max")
       o.conn_window_max = static_cast<uint32_t>(number(a.c_str(), v, 2, 65534));
+    else if (a == "--tail-probes")
+      o.tail_probes = static_cast<uint32_t>(number(a.c_str(), v, 1, 16));
     else if (a == "--paths") o.paths = static_cast<uint32_t>(number(a.c_str(), v, 1, 256));
     else if (a == "--workload") {
       o.workload = v;
@@ -144,6 +147,7 @@ int main(int argc, char** argv) {
   cfg.rx_capacity_mbps = o.rx_capacity_mbps;
   if (o.conn_window_init) cfg.conn_window_init = o.conn_window_init;
   if (o.conn_window_max) cfg.conn_window_max = o.conn_window_max;
+  if (o.tail_probes) cfg.tail_probes = static_cast<uint8_t>(o.tail_probes);
   std::vector<std::unique_ptr<HostModel>> hosts;
   for (uint32_t h = 0; h < o.topo.hosts; ++h) {
     if (o.transport == "metaroce") hosts.push_back(std::make_unique<Endpoint>(q, topo, h, cfg));
@@ -230,8 +234,11 @@ int main(int argc, char** argv) {
     drop_down += l->counters().drop_down;
     ce += l->counters().ce_marked;
   }
-  uint64_t retx = 0, timeouts = 0, failed = 0;
+  uint64_t retx = 0, timeouts = 0, failed = 0, paths_failed = 0, failover = 0, tlp = 0;
   for (const auto& h : hosts) {
+    paths_failed += h->stats().paths_failed;
+    failover += h->stats().failover_resends;
+    tlp += h->stats().tail_probes;
     retx += h->stats().retransmits;
     timeouts += h->stats().timeouts;
     failed += h->stats().failed;
@@ -251,11 +258,12 @@ int main(int argc, char** argv) {
       ", \"goodput_gbps\": %.3f, \"goodput_per_flow_of_host_rate\": %.4f, \"busbw_gbps\": %.3f"
       ", \"drop_queue\": %" PRIu64 ", \"drop_loss\": %" PRIu64 ", \"drop_down\": %" PRIu64
       ", \"ce_marked\": %" PRIu64 ", \"retransmits\": %" PRIu64 ", \"timeouts\": %" PRIu64
-      ", \"events\": %" PRIu64 ", \"wall_s\": %.3f}\n",
+      ", \"paths_failed\": %" PRIu64 ", \"failover_resends\": %" PRIu64
+      ", \"tail_probes\": %" PRIu64 ", \"events\": %" PRIu64 ", \"wall_s\": %.3f}\n",
       o.transport.c_str(), o.workload.c_str(), n, o.topo.planes, o.paths, o.topo.seed, flows.size(), unfinished, failed,
       static_cast<double>(last) / 1000, percentile(fct_us, 0.5), percentile(fct_us, 0.99), goodput,
       fct_us.empty() ? 0.0 : goodput / static_cast<double>(flows.size()) / host_rate, busbw,
       drop_queue,
-      drop_loss, drop_down, ce, retx, timeouts, q.executed(), wall);
+      drop_loss, drop_down, ce, retx, timeouts, paths_failed, failover, tlp, q.executed(), wall);
   return unfinished || failed ? 1 : 0;
 }

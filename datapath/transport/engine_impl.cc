@@ -1157,6 +1157,7 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
     if (now.count() - c.last_progress_ns > 2 * srtt_ref(c, tp)) c.progress_since_ns = now.count();
     c.last_progress_ns = now.count();
     c.tlp_spent = false;
+    c.tlp_count = 0;
     arm_tlp(now, c);
   }
 }
@@ -1512,7 +1513,7 @@ void EngineImpl::arm_tlp(Time now, Connection& c) {
   for (const TxPath& tp : c.tx) {
     if (tp.state == PathState::kActive && tp.in_flight) rtt = std::max<int64_t>(rtt, tp.srtt_ns);
   }
-  if (rtt) c.tlp_deadline = now + Time(2 * rtt);
+  if (rtt) c.tlp_deadline = now + Time((2 * rtt) << std::min<uint8_t>(c.tlp_count, 16));
 }
 
 // A busy path that answered nothing for two of its RTTs is suspected (§4.1): its packets go out
@@ -1521,7 +1522,7 @@ void EngineImpl::arm_tlp(Time now, Connection& c) {
 // recovered now; if it arrived, its ACK exposes any earlier hole on the path to the SACK rule.
 void EngineImpl::tail_probe(Time now, Connection& c) {
   c.tlp_deadline = Time::max();
-  c.tlp_spent = true;
+  c.tlp_spent = ++c.tlp_count >= std::max<uint8_t>(cfg_.tail_probes, 1);
   for (uint16_t p = 0; p < c.tx.size(); ++p) {
     TxPath& tp = c.tx[p];
     if (tp.state != PathState::kActive || tp.tail == kNil) continue;

@@ -159,7 +159,8 @@ struct Connection {
   bool rate_hints = true;                   // false: hints are recorded (last_hint_mbps) only
   bool closing = false;                     // close_lane: forgotten once nothing is in flight
   uint32_t last_hint_mbps = 0;              // the newest hint the peer sent
-  bool tlp_spent = false;                   // the tail probe fired; re-armed by progress
+  bool tlp_spent = false;                   // the tail probes fired; re-armed by progress
+  uint8_t tlp_count = 0;                    // tail probes since the last progress
   // Sender pacing to the peer's hint: credit in byte*8000 units (= Mbit/s * ns).
   uint32_t hint_mbps = 0;
   int64_t credit = 0;

@@ -559,8 +559,11 @@ TEST(Transport, LossOfTheLastPacketIsRecoveredByTailProbeWithinTwoRtts) {
   EXPECT_LT(tx[1]->tx_time - tx[0]->tx_time, f.cfg.rto_min);
 }
 
+// With one tail probe allowed (EngineConfig::tail_probes = 1), the RTO is what is left.
 TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByRto) {
-  Fabric f;
+  EngineConfig cfg = Fabric::default_config();
+  cfg.tail_probes = 1;
+  Fabric f(cfg);
   const uint64_t cookie = f.submit(0, 1, 0, 8 * kMtu);
   int dropped = 0;
   f.fate = drop_data_at(7 * kMtu, &dropped, 2);
@@ -580,6 +583,29 @@ TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByRto) {
   EXPECT_NE(tx[2]->sport, tx[1]->sport);
   EXPECT_GE(tx[2]->tx_time - tx[1]->tx_time, f.cfg.rto_min);
   EXPECT_LE(tx[2]->tx_time - tx[0]->tx_time, f.cfg.rto_initial);
+}
+
+// By default a second probe, twice the first's wait later, recovers it long before an RTO
+// (congestion.md §5): one probe left the slowest flows of a lossy permutation to RTOs.
+TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByTheSecondProbe) {
+  Fabric f;
+  ASSERT_GE(f.cfg.tail_probes, 2);
+  const uint64_t cookie = f.submit(0, 1, 0, 8 * kMtu);
+  int dropped = 0;
+  f.fate = drop_data_at(7 * kMtu, &dropped, 2);
+  f.run();
+  ASSERT_EQ(dropped, 2);
+  EXPECT_EQ(f.node[0].host.acked, std::vector<uint64_t>{cookie});
+  EXPECT_EQ(f.node[1].host.received.at({1, 0}), sent_bytes(f, 0, cookie));
+  const EngineStats& st = f.node[0].e->stats();
+  EXPECT_EQ(st.timeouts, 0u);
+  EXPECT_EQ(st.tail_probes, 2u);
+  auto tx = transmissions_of(f, 7 * kMtu);
+  ASSERT_EQ(tx.size(), 3u);
+  EXPECT_NE(tx[2]->sport, tx[1]->sport);
+  EXPECT_LT(tx[2]->tx_time - tx[0]->tx_time, f.cfg.rto_min);
+  // The second probe waited twice as long as the first.
+  EXPECT_GT(tx[2]->tx_time - tx[1]->tx_time, tx[1]->tx_time - tx[0]->tx_time);
 }
 
 TEST(Transport, PeerThatNeverAnswersFailsWithRetryExceeded) {
@@ -1996,7 +2022,9 @@ TEST(Lanes, PathsGrowAndShrinkMidTransferAndEveryByteArrivesOnce) {
   // After the shrink, new data went on paths 0..2 only (copies of what was in flight included).
   for (size_t i = mark; i < f.log.size(); ++i) {
     const Sent& s = f.log[i];
-    if (s.from == 0 && wire::is_data_opcode(s.pkt.base.opcode)) EXPECT_LT(s.pkt.base.path_id, 3);
+    if (s.from == 0 && wire::is_data_opcode(s.pkt.base.opcode)) {
+      EXPECT_LT(s.pkt.base.path_id, 3);
+    }
   }
   const auto ps = path_stats(*f.node[0].e, kIpB, 5);
   ASSERT_EQ(ps.size(), 3u);
@@ -2019,7 +2047,9 @@ TEST(Planes, APlaneSetDownCarriesNothingUntilItIsBackAndNothingFails) {
   for (size_t i = mark; i < f.log.size(); ++i)
     EXPECT_NE(f.log[i].plane, 2) << "packet " << i << " on the down plane";
   for (const auto& p : path_stats(*f.node[0].e, kIpB)) {
-    if (p.plane == 2) EXPECT_TRUE(p.plane_down) << p.path_id;
+    if (p.plane == 2) {
+      EXPECT_TRUE(p.plane_down) << p.path_id;
+    }
     EXPECT_EQ(p.failures, 0u) << "a plane that is down is not a path failure";
   }
   // Back: probed, then in service again.
@@ -2113,8 +2143,11 @@ TEST(Lanes, ALaneOutOfRateHintsRecordsThemButDoesNotPace) {
     f.run(60s);
     EXPECT_EQ(f.node[0].host.acked.size(), 200u);
     EXPECT_GT(conn_stats(*f.node[0].e, kIpB, 6).rate_hint_mbps, 0u) << hints;
-    if (hints) EXPECT_GT(f.node[0].e->stats().pacing_waits, 0u);
-    else EXPECT_EQ(f.node[0].e->stats().pacing_waits, 0u);
+    if (hints) {
+      EXPECT_GT(f.node[0].e->stats().pacing_waits, 0u);
+    } else {
+      EXPECT_EQ(f.node[0].e->stats().pacing_waits, 0u);
+    }
   }
 }
 
