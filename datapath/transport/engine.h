@@ -162,8 +162,10 @@ struct EngineConfig {
   bool tail_loss_probe = true;      // congestion.md §5
   // Tail probes (each after twice the previous wait) before only the RTO is left, until the
   // connection makes progress again. One probe let the slowest flows of a 64-host permutation at
-  // 5 % loss wait out RTOs: 0.47 of the clean goodput; three: 0.86 (docs/simulation.md).
-  uint8_t tail_probes = 3;
+  // 5 % loss wait out RTOs: 0.47 of the clean goodput; three: 0.86 (docs/simulation.md). Still
+  // 1 by default: with 3, a clean-clone CI run failed failover.sh once (ib_send_lat's server got
+  // RETRY_EXC on its last send after the busiest core link went down); not yet understood.
+  uint8_t tail_probes = 1;
   // RNR (congestion.md §6): back-off before a refused packet is resent, and how many RNR NAKs
   // one packet may collect before its message fails with kRnr (7 = retry forever, as verbs).
   Time rnr_delay = std::chrono::microseconds(1000);

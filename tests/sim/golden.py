@@ -27,6 +27,9 @@ SCENARIOS = {
     # 1 % random loss on every leaf-spine link.
     "loss1": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib", "1024",
               "--loss", "0.01"],
+    # The same with three tail probes before the RTO (not yet the default).
+    "loss1_tlp3": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
+                   "1024", "--loss", "0.01", "--tail-probes", "3"],
     # The RoCEv2 baseline (go-back-N, DCQCN, one path per QP) on the same permutation, and at
     # 1 % loss.
     "rocev2_permutation16": ["--transport", "rocev2", "--hosts", "16", "--hosts-per-leaf", "4",

@@ -559,7 +559,7 @@ TEST(Transport, LossOfTheLastPacketIsRecoveredByTailProbeWithinTwoRtts) {
   EXPECT_LT(tx[1]->tx_time - tx[0]->tx_time, f.cfg.rto_min);
 }
 
-// With one tail probe allowed (EngineConfig::tail_probes = 1), the RTO is what is left.
+// With one tail probe (EngineConfig::tail_probes = 1, the default), the RTO is what is left.
 TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByRto) {
   EngineConfig cfg = Fabric::default_config();
   cfg.tail_probes = 1;
@@ -585,11 +585,12 @@ TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByRto) {
   EXPECT_LE(tx[2]->tx_time - tx[0]->tx_time, f.cfg.rto_initial);
 }
 
-// By default a second probe, twice the first's wait later, recovers it long before an RTO
-// (congestion.md §5): one probe left the slowest flows of a lossy permutation to RTOs.
+// With tail_probes = 3 a second probe, twice the first's wait later, recovers it long before an
+// RTO (congestion.md §5): one probe left the slowest flows of a lossy permutation to RTOs.
 TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByTheSecondProbe) {
-  Fabric f;
-  ASSERT_GE(f.cfg.tail_probes, 2);
+  EngineConfig cfg = Fabric::default_config();
+  cfg.tail_probes = 3;
+  Fabric f(cfg);
   const uint64_t cookie = f.submit(0, 1, 0, 8 * kMtu);
   int dropped = 0;
   f.fate = drop_data_at(7 * kMtu, &dropped, 2);
