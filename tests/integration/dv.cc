@@ -39,17 +39,8 @@ struct Side {
 };
 
 ibv_context* open_dev(const char* name) {
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  ibv_context* ctx = nullptr;
-  for (int i = 0; list && i < n; ++i) {
-    if (std::strcmp(ibv_get_device_name(list[i]), name) == 0) {
-      CHECK(mrdv_is_supported(list[i]), "%s is not reported as a MetaRoCE device", name);
-      ctx = ibv_open_device(list[i]);
-    }
-  }
-  ibv_free_device_list(list);
-  if (!ctx) die("open device");
+  ibv_context* ctx = open_device_named(name);
+  CHECK(mrdv_is_supported(ctx->device), "%s is not reported as a MetaRoCE device", name);
   return ctx;
 }
 

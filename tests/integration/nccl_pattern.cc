@@ -114,13 +114,7 @@ void async_thread(ibv_context* ctx) {
 
 void open_side(Side& s, const std::string& dev) {
   if (ibv_fork_init()) die("ibv_fork_init");
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  if (!list) die("ibv_get_device_list");
-  for (int i = 0; i < n; ++i)
-    if (dev == ibv_get_device_name(list[i])) s.ctx = ibv_open_device(list[i]);
-  ibv_free_device_list(list);
-  if (!s.ctx) die("ibv_open_device");
+  s.ctx = open_device_named(dev);
   ibv_device_attr da;
   if (ibv_query_device(s.ctx, &da)) die("ibv_query_device");
   CHECK(da.max_qp >= s.nqps && da.max_qp_wr >= static_cast<int>(kSendDepth), "device limits");

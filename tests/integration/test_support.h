@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the verbs test programs of the integration suite share: a non-fatal CHECK that counts
-// failures, a fatal die(), and the TCP exchange two processes use to swap QP numbers and keys
+// failures, a fatal die(), opening a device by name, and the TCP exchange two processes use to swap QP numbers and keys
 // (as perftest and ibv_rc_pingpong do), and the RC connection sequence. Header-only; each program
 // sets kProgram.
 #pragma once
@@ -95,6 +95,19 @@ inline int tcp_open(const char* host, int port, bool server) {
     usleep(100000);
   }
   die("connect");
+}
+
+// Opens the device called `name` (fatal when there is none).
+inline ibv_context* open_device_named(const std::string& name) {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list) die("ibv_get_device_list");
+  ibv_context* ctx = nullptr;
+  for (int i = 0; i < n && !ctx; ++i)
+    if (name == ibv_get_device_name(list[i])) ctx = ibv_open_device(list[i]);
+  ibv_free_device_list(list);
+  if (!ctx) die("ibv_open_device");
+  return ctx;
 }
 
 // RESET -> INIT with the given remote access rights, on port 1.

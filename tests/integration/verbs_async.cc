@@ -41,14 +41,8 @@ struct Dev {
 };
 
 Dev open_dev(const char* name) {
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  if (!list) die("ibv_get_device_list");
   Dev d;
-  for (int i = 0; i < n; ++i)
-    if (std::strcmp(ibv_get_device_name(list[i]), name) == 0) d.ctx = ibv_open_device(list[i]);
-  ibv_free_device_list(list);
-  if (!d.ctx) die("ibv_open_device");
+  d.ctx = open_device_named(name);
   d.pd = ibv_alloc_pd(d.ctx);
   d.cq = ibv_create_cq(d.ctx, 256, nullptr, nullptr, 0);
   d.buf = static_cast<uint8_t*>(aligned_alloc(4096, kBuf));
