@@ -223,7 +223,7 @@ int Nic::modify_qp(Owner* o, const hostif::ModifyQpReq& req) {
 uint32_t Nic::lane_for(const QueuePair& qp) const {
   const hostif::SetQpPathsReq& p = qp.paths();
   if (p.flags & hostif::kQpIsolated) return kIsolatedLane | qp.qpn();
-  const uint32_t every = (1u << cfg_.engine.num_planes) - 1;
+  const uint32_t every = every_plane();
   const uint16_t n = p.num_paths ? p.num_paths : cfg_.engine.num_paths;
   const uint32_t mask = p.plane_mask ? p.plane_mask : every;
   const bool hints = !(p.flags & hostif::kQpNoRateHints);
@@ -251,8 +251,7 @@ void Nic::apply_lane(QueuePair* qp) {
 int Nic::set_qp_paths(Owner* o, const hostif::SetQpPathsReq& req) {
   QueuePair* qp = qp_of(req.qpn);
   if (!qp || qp->init().owner != o || qp->init().type != QpType::kRc) return EINVAL;
-  const uint32_t every = (1u << cfg_.engine.num_planes) - 1;
-  if (req.num_paths > wire::kMaxPathCount || (req.plane_mask & ~every) ||
+  if (req.num_paths > wire::kMaxPathCount || (req.plane_mask & ~every_plane()) ||
       (req.flags & ~uint32_t{hostif::kQpIsolated | hostif::kQpNoRateHints}))
     return EINVAL;
   qp->set_paths(req);
@@ -269,7 +268,7 @@ int Nic::query_qp_conn(Owner* o, uint32_t qpn, hostif::QpConnResp* out) const {
   out->peer_ip = qp->remote().ip;
   out->flags = p.flags;
   out->num_paths = p.num_paths ? p.num_paths : cfg_.engine.num_paths;
-  out->plane_mask = p.plane_mask ? p.plane_mask : (1u << cfg_.engine.num_planes) - 1;
+  out->plane_mask = p.plane_mask ? p.plane_mask : every_plane();
   if (!out->peer_ip) return 0;
   for (const QueuePair* q : qp_list_) {
     if (q->init().type == QpType::kRc && q->remote().ip == out->peer_ip && q->lane() == out->lane)

@@ -144,6 +144,8 @@ class Nic final : private transport::Host {
   uint32_t planes_up() const { return engine_->planes_up(); }
   // The lane a QP's settings give (wire.md §3.4): 0 for the defaults.
   uint32_t lane_for(const QueuePair& qp) const;
+  // The plane mask of every plane the device has.
+  uint32_t every_plane() const { return (1u << cfg_.engine.num_planes) - 1; }
   bool owns_anything(const Owner* o) const { return owned_by(o).any(); }
 
   // --- datapath (the runner's thread) ------------------------------------------------------
