@@ -117,6 +117,8 @@ void RoceEndpoint::emit(uint32_t dst_ip, uint16_t sport, uint8_t plane, uint8_t 
 // Sends at the DCQCN rate while the QP's outstanding bytes allow.
 void RoceEndpoint::pump(Qp& qp) {
   if (qp.pump_pending) return;
+  uint64_t outstanding = 0;  // counted once here, then kept as packets leave
+  for (uint32_t s = qp.una; s != qp.next; ++s) outstanding += qp.lens[s - qp.una];
   while (qp.next != qp.end) {
     if (q_.now() < qp.next_tx) {
       qp.pump_pending = true;
@@ -127,8 +129,6 @@ void RoceEndpoint::pump(Qp& qp) {
       });
       return;
     }
-    uint64_t outstanding = 0;
-    for (uint32_t s = qp.una; s != qp.next; ++s) outstanding += qp.lens[s - qp.una];
     if (outstanding >= p_.window) return;  // an ACK resumes it
     Link* up = topo_.uplink(host_, qp.plane);
     if (up->backlog() > 32 * 1024) {  // the NIC's port is full: as the transport's sink
@@ -143,6 +143,7 @@ void RoceEndpoint::pump(Qp& qp) {
     const uint32_t len = qp.lens[qp.next - qp.una];
     emit(qp.peer_ip, qp.sport, qp.plane, kData, qp.qpn, qp.next, len);
     ++qp.next;
+    outstanding += len;
     const uint32_t wire = len + kHeader + 46;
     qp.next_tx = q_.now() + static_cast<Ns>(wire * 8 / qp.rc);
     // DCQCN byte counter: a stage of increase every kByteCounter bytes.
