@@ -148,8 +148,12 @@ struct EngineConfig {
   uint64_t seed = 1;                // randomness: connection ids, tokens, entropy
   // Congestion control (docs/spec/congestion.md §2-§3). Windows count packets.
   uint32_t path_window_init = 16;   // per path, 1..64
-  uint32_t conn_window_init = 64;   // per connection, 2..conn_window_max
-  uint32_t conn_window_max = 256;   // per connection; sizes its in-flight record pool
+  // Per plane of a connection: each plane is its own network, so each starts at this (about
+  // one BDP) and grows to at most conn_window_max, 2..conn_window_max.
+  uint32_t conn_window_init = 64;
+  // Packets a connection may have in flight, all planes together: its in-flight records, which
+  // are allocated as they are first used (32 B each). 256 capped a connection at 1 MiB per RTT.
+  uint32_t conn_window_max = 4096;
   uint32_t rx_capacity_mbps = 0;    // our inbound capacity shared by fair-share hints; 0 = none
   Time hint_interval = std::chrono::microseconds(20);  // receiver's rate measurement period
   // Path failure (congestion.md §4): silent smoothed RTTs, while another path of the connection

@@ -100,6 +100,7 @@ EngineImpl::Connection* EngineImpl::find_conn(uint32_t peer_ip, uint32_t lane) c
 EngineImpl::Connection& EngineImpl::conn_for(uint32_t peer_ip, uint32_t lane) {
   if (auto it = conns_.find(conn_key(peer_ip, lane)); it != conns_.end()) {
     it->second->closing = false;  // a stream came back to it
+    touch(*it->second);
     return *it->second;
   }
   auto c = std::make_unique<Connection>();
@@ -123,15 +124,10 @@ EngineImpl::Connection& EngineImpl::conn_for(uint32_t peer_ip, uint32_t lane) {
   for (uint16_t p = 0; p < cfg_.num_paths; ++p) {
     c->tx[p].plane = plane_for(c->plane_mask, c->mask_planes, p);
   }
-  // One window per plane (congestion.md §2.1): the initial one shared by the planes in use.
-  c->plane_cwnd.fill(std::max(cfg_.conn_window_init / c->mask_planes, kMinConnWindow) * kWinUnit);
-  // The in-flight records: one pool per connection, sized by its largest window, threaded on
-  // a free list (congestion.md §7).
-  c->pool.resize(cfg_.conn_window_max);
-  for (uint32_t i = 0; i < cfg_.conn_window_max; ++i) {
-    c->pool[i].next = i + 1 < cfg_.conn_window_max ? static_cast<uint16_t>(i + 1) : kNil;
-  }
-  c->free_head = 0;
+  // One window per plane (congestion.md §2.1), each starting at one BDP of its own network.
+  c->plane_cwnd.fill(cfg_.conn_window_init * kWinUnit);
+  // The in-flight records: one pool per connection, threaded on a free list and grown as the
+  // windows use it, up to conn_window_max (congestion.md §7).
   c->rr_next = static_cast<uint16_t>(next_random() % cfg_.num_paths);
   Connection& ref = *c;
   conn_list_.push_back(c.get());
@@ -141,6 +137,7 @@ EngineImpl::Connection& EngineImpl::conn_for(uint32_t peer_ip, uint32_t lane) {
   for (uint16_t p = 0; p < ref.tx.size(); ++p) {
     if (!usable_plane(ref, ref.tx[p].plane)) fail_path(Time{0}, ref, p, false);
   }
+  touch(ref);
   return ref;
 }
 
@@ -158,6 +155,7 @@ bool EngineImpl::set_lane(Time now, uint32_t peer_ip, uint32_t lane, const LaneP
   const uint16_t paths = profile.num_paths ? profile.num_paths : cfg_.num_paths;
   if (lane == 0 || (mask & ~every) || paths > wire::kMaxPathCount) return false;
   apply_profile(now, conn_for(peer_ip, lane), paths, mask, profile.rate_hints);
+  settle();
   return true;
 }
 
@@ -218,6 +216,7 @@ void EngineImpl::reap_closed() {
       ++i;
       continue;
     }
+    drop_from_work(*c);
     by_id_.erase(c->conn_id);
     conn_list_.erase(conn_list_.begin() + static_cast<std::ptrdiff_t>(i));
     conns_.erase(conn_key(c->peer_ip, c->lane));
@@ -227,15 +226,16 @@ void EngineImpl::reap_closed() {
 void EngineImpl::set_plane_up(Time now, uint8_t plane, bool up) {
   if (plane >= 32 || plane_up(plane) == up) return;
   planes_up_ ^= 1u << plane;
-  if (up) return;  // its failed paths are probed again from the next poll_tx
   for (Connection* c : conn_list_) {
-    if (!(planes_up_ & c->plane_mask)) continue;  // its last plane: as a dead link (§4.7)
+    touch(*c);  // up: its failed paths there are probed again from the next poll_tx
+    if (up || !(planes_up_ & c->plane_mask)) continue;  // its last plane: as a dead link (§4.7)
     for (uint16_t p = 0; p < c->tx.size(); ++p) {
       if (c->tx[p].plane == plane && c->tx[p].state == PathState::kActive) {
         fail_path(now, *c, p, false);
       }
     }
   }
+  settle();
 }
 
 // Makes the connection if its first message has not yet: a QP with a peer may ask first.
@@ -246,6 +246,7 @@ uint16_t EngineImpl::repath(uint32_t peer_ip, uint32_t lane, uint16_t path) {
   uint16_t port = tp.port;
   while (port == tp.port) port = random_port();
   tp.port = port;
+  settle();
   return port;
 }
 
@@ -415,6 +416,7 @@ void EngineImpl::submit(const MessageDesc& msg) {
   else c.head = idx;
   c.tail = idx;
   if (c.cursor == kNoSlot) c.cursor = idx;
+  settle();
 }
 
 // Token bucket on the engine's clock: credit in Mbit/s * ns, a byte costs 8000 (congestion.md §3.3).
@@ -618,12 +620,21 @@ uint16_t EngineImpl::overflow_path(const Connection& c) const {
   return best;
 }
 
+// One more in-flight record, false at conn_window_max. The pool grows only here, where no
+// reference into it is held; a connection has as many records as it ever had in flight.
+bool EngineImpl::grow_pool(Connection& c) {
+  if (c.pool.size() >= cfg_.conn_window_max) return false;
+  c.pool.emplace_back();
+  c.free_head = static_cast<uint16_t>(c.pool.size() - 1);
+  return true;
+}
+
 bool EngineImpl::send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent) {
   c.pace_at = Time::min();
   while (c.cursor != kNoSlot) {
-    if (c.free_head == kNil) return true;  // conn_window_max records in all
     const uint16_t p = choose_path(c, now);
     if (p == kNoPath) return true;
+    if (c.free_head == kNil && !grow_pool(c)) return true;  // conn_window_max records in all
     detail::MsgSlot& s = slots_[c.cursor];
     const uint32_t len = seg_len(c.cursor, s.next_offset);
     if (c.hint_mbps) {
@@ -678,13 +689,15 @@ uint32_t EngineImpl::poll_tx(Time now, TxSink& sink) {
   acks_.erase(acks_.begin(), acks_.begin() + static_cast<std::ptrdiff_t>(i));
   if (!acks_.empty()) return sent;  // the sink is full
 
-  // 2. Probes of failed paths.
-  for (Connection* c : conn_list_) {
+  // 2. Probes of failed paths. Only connections that changed since they were last visited can
+  // have something to send (congestion.md §7.1): a path fails, a window opens, a message or a
+  // timer comes only through a call that touches its connection.
+  for (Connection* c : work_) {
     if (!c->failed_paths) continue;
     // Retired paths and those on a plane that is down are not probed.
     for (uint16_t p = 0; p < c->paths_used; ++p) {
       if (c->tx[p].state != PathState::kFailed || !usable_plane(*c, c->tx[p].plane)) continue;
-      if (!emit_probe(now, *c, p, sink)) return sent;
+      if (!emit_probe(now, *c, p, sink)) return finish_poll(sent);
       ++sent;
     }
   }
@@ -697,18 +710,30 @@ uint32_t EngineImpl::poll_tx(Time now, TxSink& sink) {
         !(d.flags & detail::kRetxQueued)) {
       continue;
     }
-    if (!emit_data(now, *r.conn, r.idx, sink, TxKind::kRetx)) return sent;
+    touch(*r.conn, false);
+    if (!emit_data(now, *r.conn, r.idx, sink, TxKind::kRetx)) return finish_poll(sent);
     ++sent;
   }
   retx_.clear();
   retx_head_ = 0;
 
-  // 4. Failover copies, then new packets, sprayed one by one over open paths (spec §6.1).
-  for (Connection* c : conn_list_) {
-    if (!send_moving(now, *c, sink, sent)) return sent;
-    if (!send_new(now, *c, sink, sent)) return sent;
+  // 4. Failover copies, then new packets, sprayed one by one over open paths (spec §6.1). A
+  // connection leaves the work list once visited; one that the sink stopped stays, first.
+  size_t visited = 0;
+  for (; visited < work_.size(); ++visited) {
+    Connection* c = work_[visited];
+    ++conn_visits_;
+    touch(*c, false);
+    if (!send_moving(now, *c, sink, sent) || !send_new(now, *c, sink, sent)) break;
     if (c->tlp_deadline == Time::max()) arm_tlp(now, *c);
+    c->queued = false;
   }
+  work_.erase(work_.begin(), work_.begin() + static_cast<std::ptrdiff_t>(visited));
+  return finish_poll(sent);
+}
+
+uint32_t EngineImpl::finish_poll(uint32_t sent) {
+  settle();
   return sent;
 }
 
@@ -735,8 +760,10 @@ void EngineImpl::on_packet(Time now, uint32_t peer_ip, uint16_t udp_src_port, bo
     Connection* c = find_conn(peer_ip);
     if (!c) ++stats_.drop_unknown_conn;
     else handle_probe(now, *c, udp_src_port, ecn_ce, plane, pkt);
+    if (c) touch(*c);
   }
   flush_completions();
+  settle();
 }
 
 EngineImpl::RecvDir* EngineImpl::find_dir(Connection& c, uint32_t conn_id) {
@@ -1019,6 +1046,7 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
     return;
   }
   Connection& c = *it->second;
+  touch(c);
   if (c.token != b.token) {
     ++stats_.drop_token;
     return;
@@ -1363,6 +1391,7 @@ void EngineImpl::flush_completions() {
 
 void EngineImpl::drop_stream(uint32_t src_stream) {
   for (Connection* c : conn_list_) {
+    touch(*c);
     for (uint32_t s = c->head; s != kNoSlot;) {
       const uint32_t next = slots_[s].next;
       if (slots_[s].m.src_stream == src_stream) {
@@ -1381,6 +1410,7 @@ void EngineImpl::drop_stream(uint32_t src_stream) {
       }
     }
   }
+  settle();
 }
 
 void EngineImpl::reject(const RxRef& ref, Syndrome why) {
@@ -1567,54 +1597,127 @@ void EngineImpl::expire(Time now, Connection& c, uint16_t path) {
 
 void EngineImpl::on_timer(Time now) {
   reap_closed();
-  for (Connection* c : conn_list_) {
-    for (uint16_t p = 0; p < c->tx.size(); ++p) {
-      TxPath& tp = c->tx[p];
-      if (tp.state == PathState::kActive) {
-        if (tp.in_flight == 0) {
-          tp.deadline = Time::max();
-          continue;
-        }
-        if (check_failure(now, *c, p)) continue;
-        if (tp.deadline <= now) expire(now, *c, p);
-      } else if (tp.state == PathState::kProbing && tp.deadline <= now) {
-        tp.state = PathState::kFailed;  // the next poll_tx sends another probe
-        tp.deadline = Time::max();
-      }
-    }
-    if (c->tlp_deadline <= now) tail_probe(now, *c);
-    if (c->rnr_deadline <= now) {
-      c->rnr_deadline = Time::max();
-      for (uint16_t p = 0; p < c->tx.size(); ++p) {
-        for (uint16_t idx = c->tx[p].head; idx != kNil; idx = c->pool[idx].next) {
-          TxDesc& d = c->pool[idx];
-          if (!(d.flags & detail::kRnrWait)) continue;
-          d.flags &= static_cast<uint8_t>(~detail::kRnrWait);
-          queue_retx(*c, idx);
-        }
-      }
-    }
-    if (c->park_deadline <= now) resume_parked(*c, now);
+  // Only the connections whose deadline has come (congestion.md §7.1).
+  due_now_.clear();
+  for (clean_heap_top(); !heap_.empty() && heap_.front().first <= now; clean_heap_top()) {
+    std::pop_heap(heap_.begin(), heap_.end(), std::greater<>{});
+    Connection* c = by_id_.at(heap_.back().second);
+    heap_.pop_back();
+    c->in_heap = false;
+    due_now_.push_back(c);
+  }
+  for (Connection* c : due_now_) {
+    timer_conn(now, *c);
+    touch(*c);
   }
   flush_completions();
+  settle();
+}
+
+void EngineImpl::timer_conn(Time now, Connection& c) {
+  ++conn_visits_;
+  for (uint16_t p = 0; p < c.tx.size(); ++p) {
+    TxPath& tp = c.tx[p];
+    if (tp.state == PathState::kActive) {
+      if (tp.in_flight == 0) {
+        tp.deadline = Time::max();
+        continue;
+      }
+      if (check_failure(now, c, p)) continue;
+      if (tp.deadline <= now) expire(now, c, p);
+    } else if (tp.state == PathState::kProbing && tp.deadline <= now) {
+      tp.state = PathState::kFailed;  // the next poll_tx sends another probe
+      tp.deadline = Time::max();
+    }
+  }
+  if (c.tlp_deadline <= now) tail_probe(now, c);
+  if (c.rnr_deadline <= now) {
+    c.rnr_deadline = Time::max();
+    for (uint16_t p = 0; p < c.tx.size(); ++p) {
+      for (uint16_t idx = c.tx[p].head; idx != kNil; idx = c.pool[idx].next) {
+        TxDesc& d = c.pool[idx];
+        if (!(d.flags & detail::kRnrWait)) continue;
+        d.flags &= static_cast<uint8_t>(~detail::kRnrWait);
+        queue_retx(c, idx);
+      }
+    }
+  }
+  if (c.park_deadline <= now) resume_parked(c, now);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scheduling (congestion.md §7.1)
+
+void EngineImpl::touch(Connection& c, bool work) {
+  if (!c.touched) {
+    c.touched = true;
+    touched_.push_back(&c);
+  }
+  if (work && !c.queued) {
+    c.queued = true;
+    work_.push_back(&c);
+  }
+}
+
+void EngineImpl::settle() {
+  for (size_t i = 0; i < touched_.size(); ++i) {  // no call below touches, but be safe
+    Connection& c = *touched_[i];
+    c.touched = false;
+    c.due = conn_due(c);
+    // The heap holds at most one live entry per connection, never later than its due: a due
+    // that moves later leaves the entry where it is, to be moved when it comes up.
+    if (c.due == Time::max() || (c.in_heap && c.heap_time <= c.due)) continue;
+    c.in_heap = true;
+    c.heap_time = c.due;
+    heap_.emplace_back(c.due, c.conn_id);
+    std::push_heap(heap_.begin(), heap_.end(), std::greater<>{});
+  }
+  touched_.clear();
+}
+
+void EngineImpl::clean_heap_top() const {
+  while (!heap_.empty()) {
+    const auto [t, id] = heap_.front();
+    auto it = by_id_.find(id);
+    Connection* c = it == by_id_.end() ? nullptr : it->second;
+    if (c && c->in_heap && c->heap_time == t && c->due == t) return;
+    std::pop_heap(heap_.begin(), heap_.end(), std::greater<>{});
+    heap_.pop_back();
+    if (!c || !c->in_heap || c->heap_time != t) continue;  // superseded, or its conn is gone
+    // The live entry of a connection whose due moved: moved with it.
+    c->in_heap = false;
+    if (c->due == Time::max()) continue;
+    c->in_heap = true;
+    c->heap_time = c->due;
+    heap_.emplace_back(c->due, id);
+    std::push_heap(heap_.begin(), heap_.end(), std::greater<>{});
+  }
+}
+
+void EngineImpl::drop_from_work(const Connection& c) {
+  if (c.queued) work_.erase(std::find(work_.begin(), work_.end(), &c));
+  if (c.touched) touched_.erase(std::find(touched_.begin(), touched_.end(), &c));
+}
+
+Time EngineImpl::conn_due(const Connection& c) const {
+  Time t = Time::max();
+  for (const TxPath& tp : c.tx) {
+    if (tp.state == PathState::kProbing) {
+      t = std::min(t, tp.deadline);
+      continue;
+    }
+    if (tp.state != PathState::kActive || tp.in_flight == 0) continue;
+    t = std::min({t, tp.deadline, fail_deadline(c, tp)});
+  }
+  if (c.in_flight) t = std::min({t, c.tlp_deadline, c.rnr_deadline});
+  t = std::min(t, c.park_deadline);
+  if (c.cursor != kNoSlot && c.pace_at != Time::min()) t = std::min(t, c.pace_at);
+  return t;
 }
 
 Time EngineImpl::next_deadline() const {
-  Time t = Time::max();
-  for (const Connection* c : conn_list_) {
-    for (const TxPath& tp : c->tx) {
-      if (tp.state == PathState::kProbing) {
-        t = std::min(t, tp.deadline);
-        continue;
-      }
-      if (tp.state != PathState::kActive || tp.in_flight == 0) continue;
-      t = std::min({t, tp.deadline, fail_deadline(*c, tp)});
-    }
-    if (c->in_flight) t = std::min({t, c->tlp_deadline, c->rnr_deadline});
-    t = std::min(t, c->park_deadline);
-    if (c->cursor != kNoSlot && c->pace_at != Time::min()) t = std::min(t, c->pace_at);
-  }
-  return t;
+  clean_heap_top();
+  return heap_.empty() ? Time::max() : heap_.front().first;
 }
 
 bool EngineImpl::idle() const {
@@ -1691,6 +1794,7 @@ ConnStats EngineImpl::conn_stats(uint32_t peer_ip, uint32_t lane) const {
   for (uint8_t pl = 0; pl < c.plane_cwnd.size(); ++pl)
     if ((c.plane_mask >> pl) & 1) s.window += c.plane_cwnd[pl] / kWinUnit;
   s.in_flight = c.in_flight;
+  s.records = static_cast<uint32_t>(c.pool.size());
   s.rate_hint_mbps = c.rate_hints ? c.hint_mbps : c.last_hint_mbps;
   for (uint16_t p = 0; p < c.paths_used; ++p) {
     if (c.tx[p].state == PathState::kActive && usable_plane(c, c.tx[p].plane)) ++s.paths_active;

@@ -158,6 +158,9 @@ struct Connection {
   uint32_t plane_mask = 0;
   bool rate_hints = true;                   // false: hints are recorded (last_hint_mbps) only
   bool closing = false;                     // close_lane: forgotten once nothing is in flight
+  bool in_heap = false;                     // scheduling, with due and heap_time
+  bool touched = false;                     // due is to be recomputed
+  bool queued = false;                      // on the engine's work list
   uint32_t last_hint_mbps = 0;              // the newest hint the peer sent
   bool tlp_spent = false;                   // the tail probes fired; re-armed by progress
   uint8_t tlp_count = 0;                    // tail probes since the last progress
@@ -178,8 +181,12 @@ struct Connection {
   uint32_t rx_heard_interval = 0;           // index of the last interval with arrivals, + 1
   uint32_t rx_rate_mbps = 0, rx_hint_mbps = 0;
   bool rx_frozen = false;                   // water-filling scratch
+  // Scheduling (congestion.md §7.1): the earliest of the connection's deadlines as of the last
+  // change, its entry in the engine's deadline heap, and whether poll_tx is to visit it.
+  Time due = Time::max();
+  Time heap_time = Time::max();             // of its live heap entry (in_heap)
   std::vector<TxPath> tx;
-  std::vector<TxDesc> pool;                 // conn_window_max records
+  std::vector<TxDesc> pool;                 // grown on demand, <= conn_window_max records
   std::vector<PathCounters> counters;
   std::vector<RecvDir> rx;
 };
@@ -213,6 +220,9 @@ class EngineImpl final : public Engine {
   const auto& decode_drops() const { return decode_drops_; }
   // Our data direction's id to a peer, 0 when there is none (tests, telemetry).
   uint32_t conn_id(uint32_t peer_ip) const;
+  // Connections looked at by timers and by poll_tx's sending step (tests: it must not grow with
+  // connections that have nothing to do).
+  uint64_t conn_visits() const { return conn_visits_; }
 
  private:
   using Connection = detail::Connection;
@@ -307,6 +317,18 @@ class EngineImpl final : public Engine {
   void arm_tlp(Time now, Connection& c);
   void flush_completions();
   void refill(Connection& c, Time now);
+  // Scheduling: only connections that changed are looked at again. touch(c, work): c changed,
+  // its deadline is recomputed at the next settle(); work: poll_tx visits it too. settle() ends
+  // every public call that can change a connection.
+  void touch(Connection& c, bool work = true);
+  void settle();
+  Time conn_due(const Connection& c) const;
+  void timer_conn(Time now, Connection& c);
+  // The heap's earliest entry made exact (stale entries dropped, early ones moved to their
+  // connection's due): then its time is the engine's next deadline.
+  void clean_heap_top() const;
+  void drop_from_work(const Connection& c);
+  uint32_t finish_poll(uint32_t sent);
 
   bool emit_ack(Time now, Connection& c, RecvDir& d, uint16_t path, TxSink& sink);
   bool emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, TxKind kind);
@@ -314,6 +336,7 @@ class EngineImpl final : public Engine {
   bool send_moving(Time now, Connection& c, TxSink& sink, uint32_t& sent);
   bool send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent);
   uint32_t alloc_slot();
+  bool grow_pool(Connection& c);
 
   EngineConfig cfg_;
   Host& host_;
@@ -326,6 +349,12 @@ class EngineImpl final : public Engine {
   uint32_t planes_up_ = UINT32_MAX;
   bool closing_ = false;  // some connection waits to be forgotten
   std::vector<Connection*> conn_list_;
+  std::vector<Connection*> touched_;        // since the last settle()
+  std::vector<Connection*> work_;           // for poll_tx, in the order they were touched
+  std::vector<Connection*> due_now_;        // on_timer scratch
+  using HeapEntry = std::pair<Time, uint32_t>;  // (when, conn_id): min-heap by time
+  mutable std::vector<HeapEntry> heap_;
+  uint64_t conn_visits_ = 0;
   std::vector<detail::MsgSlot> slots_;
   std::vector<uint32_t> free_slots_;
   std::vector<AckRef> acks_;

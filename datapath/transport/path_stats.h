@@ -49,6 +49,7 @@ struct ConnStats {
   // Sender side.
   uint32_t window = 0;          // connection congestion window, packets
   uint32_t in_flight = 0;       // unresolved packets (including ones waiting to fail over)
+  uint32_t records = 0;         // in-flight records allocated: the most it ever had in flight
   uint32_t rate_hint_mbps = 0;  // the peer's fair-share hint in force (we pace to it), 0 = none
   uint32_t paths_active = 0;
   uint32_t conn_id = 0;         // our direction's id on the wire

@@ -292,17 +292,18 @@ TEST(TransportSizes, CoreStructsStaySmall) {
               sizeof(RxPath), sizeof(RecvDir), sizeof(MsgSlot), sizeof(Connection));
   const EngineConfig cfg;
   std::printf("8-path connection: %zu B fixed + %zu B per path (send %zu + counters %zu + "
-              "receive %zu) + in-flight pool %u x %zu B\n",
+              "receive %zu) + %zu B per packet in flight, allocated as first used, <= %u\n",
               sizeof(Connection) + sizeof(RecvDir),
               sizeof(TxPath) + sizeof(PathCounters) + sizeof(RxPath), sizeof(TxPath),
-              sizeof(PathCounters), sizeof(RxPath), cfg.conn_window_max, sizeof(TxDesc));
+              sizeof(PathCounters), sizeof(RxPath), sizeof(TxDesc), cfg.conn_window_max);
   EXPECT_LE(sizeof(SackWindow), 48u);
   EXPECT_LE(sizeof(TxDesc), 32u);
   EXPECT_LE(sizeof(TxPath), 72u);
   EXPECT_LE(sizeof(RxPath), 160u);
-  // With the streams parked because the peer lost them, the lane profile, and a window per
-  // plane (16 planes: 96 bytes, what made planes add up linearly).
-  EXPECT_LE(sizeof(Connection), 384u);
+  // With the streams parked because the peer lost them, the lane profile, a window per plane
+  // (16 planes: 96 bytes, what made planes add up linearly) and its place in the deadline heap
+  // (16 bytes, what keeps timers from scanning every connection).
+  EXPECT_LE(sizeof(Connection), 400u);
   EXPECT_LE(sizeof(MsgSlot), 128u);  // the message, its QP's retry limits, its first send,
                                      // since when its stream is unreachable
 }
@@ -2155,6 +2156,93 @@ TEST(Lanes, ALaneOutOfRateHintsRecordsThemButDoesNotPace) {
 // Each plane its own bottleneck (a spine per plane): the planes add up. The connection window
 // must grow with its paths, or it caps a connection that ECN cuts on one plane at a time
 // (congestion.md §2.3).
+// Scheduling (congestion.md §7.1). Node 0 first exchanges a message with each of `idle` peers,
+// then sends to peer 1 through 2 ms in which everything it sends there is lost: RTOs, then
+// recovery. Returns how many times node 0's engine looked at a connection after the first
+// phase, and checks that the second message arrived.
+uint64_t visits_around_a_lossy_exchange(int idle) {
+  Net::Config nc;
+  nc.nodes = idle + 1;
+  nc.bottleneck_mbps = 0;
+  Net n(nc, {Net::config()});
+  for (int to = 1; to <= idle; ++to) n.submit(0, to, 1, 0, 4096);
+  n.run_idle(1s);
+  EXPECT_EQ(n.node[0].host->acked.size(), size_t(idle));
+  n.step();  // the ACKs just received queued each connection for one more look by poll_tx
+  auto* impl = dynamic_cast<EngineImpl*>(n.node[0].e.get());
+  const uint64_t before = impl->conn_visits();
+  const Time lossy_until = n.now + 2ms;
+  n.drop = [&](const NetPacket& p) { return p.from == 0 && p.to == 1 && n.now < lossy_until; };
+  n.submit(0, 1, 1, 1, 16 * 1024);
+  n.run_idle(n.now + 1s);
+  EXPECT_EQ(n.node[0].host->acked.size(), size_t(idle) + 1);
+  EXPECT_TRUE(n.node[0].host->failed.empty());
+  EXPECT_GT(n.node[0].e->stats().timeouts, 0u);
+  return impl->conn_visits() - before;
+}
+
+// Timers and the sending step look only at connections that have something due: with 300 idle
+// connections beside it, the one that loses its packets costs exactly what it costs alone (it
+// was every connection at every timer and every poll).
+TEST(Scheduling, IdleConnectionsCostNothingToTimersOrPolling) {
+  const uint64_t alone = visits_around_a_lossy_exchange(1);
+  const uint64_t crowd = visits_around_a_lossy_exchange(300);
+  std::printf("connection visits: 1 connection %lu, beside 299 idle ones %lu\n",
+              (unsigned long)alone, (unsigned long)crowd);
+  EXPECT_GT(alone, 0u);
+  EXPECT_EQ(crowd, alone);
+}
+
+// The engine's next deadline is the earliest of its connections', as they change: a message on
+// one connection among many brings it forward, its ACK moves it back to none.
+TEST(Scheduling, NextDeadlineFollowsTheEarliestConnection) {
+  Net::Config nc;
+  nc.nodes = 6;
+  nc.bottleneck_mbps = 0;
+  Net n(nc, {Net::config()});
+  for (int to = 1; to < 6; ++to) n.submit(0, to, 1, 0, 1024);
+  n.run_idle(1s);
+  Engine& e = *n.node[0].e;
+  EXPECT_EQ(e.next_deadline(), Time::max());
+  n.drop = [](const NetPacket& p) { return p.from == 0; };
+  n.submit(0, 3, 1, 1, 1024);
+  e.poll_tx(n.now, *n.node[0].sink);
+  const Time rto_at = e.next_deadline();
+  EXPECT_GT(rto_at, n.now);
+  EXPECT_LE(rto_at, n.now + 2ms);  // rto_initial 1 ms (the fail timer needs other paths' progress)
+  n.drop = nullptr;
+  n.run_idle(n.now + 1s);
+  EXPECT_EQ(n.node[0].host->acked.size(), 6u);
+  EXPECT_EQ(e.next_deadline(), Time::max());
+}
+
+// The in-flight records are allocated as a connection first needs them: a lone message takes
+// one, and a bulk transfer over 8 paths of 64 packets each can have 512 in flight (the fixed
+// pool of 256 capped a connection at 1 MiB per round trip).
+TEST(Scheduling, InFlightRecordsGrowWithUseBeyondTheOldCap) {
+  EngineConfig cfg = Net::config(8);
+  cfg.path_window_init = kPathWindow;
+  cfg.conn_window_init = 1024;
+  Net::Config nc;
+  nc.bottleneck_mbps = 0;
+  nc.prop = 100us;  // a long round trip: the windows, not the wire, limit
+  Net n(nc, {cfg});
+  n.submit(0, 1, 1, 0, 1024);
+  n.run_idle(1s);
+  EXPECT_EQ(conn_stats(*n.node[0].e, n.node[1].ip).records, 1u);
+  uint32_t peak = 0;
+  n.on_arrival = [&](const NetPacket&, Time) {
+    peak = std::max(peak, conn_stats(*n.node[0].e, n.node[1].ip).in_flight);
+  };
+  submit_bulk(n, 0, 1, 2, 32, 64 * 1024);  // 2 MiB, 2048 packets
+  n.run_idle(n.now + 1s);
+  expect_exactly_once(n, 0, 1);
+  const ConnStats cs = conn_stats(*n.node[0].e, n.node[1].ip);
+  std::printf("peak in flight %u, records %u\n", peak, cs.records);
+  EXPECT_EQ(peak, 8 * kPathWindow);
+  EXPECT_EQ(cs.records, 8 * kPathWindow);
+}
+
 TEST(Planes, GoodputGrowsLinearlyWithPlanesThatAreEachABottleneck) {
   // 8 paths in all (the device default: one path per plane at 8 planes), then 8 per plane.
   for (uint16_t paths_per_plane : {0, 8}) {
