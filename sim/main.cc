@@ -36,6 +36,8 @@ struct Options {
   uint32_t rx_capacity_mbps = 0;  // receivers' fair-share hints (congestion.md §3); 0: none
   uint32_t conn_window_init = 0, conn_window_max = 0;  // 0: the transport's defaults
   uint32_t tail_probes = 0;
+  double hint_interval_us = 0;   // 0: the transport's default
+  double fair_bin_us = 0;        // incast fairness bins; 0: one base RTT
   std::string workload = "permutation";
   uint64_t flow_bytes = 1 << 20, msg_bytes = 64 << 10;
   uint32_t qps = 1;
@@ -43,6 +45,20 @@ struct Options {
   Ns limit_ns = 1'000'000'000;
   std::string transport = "metaroce";
   RoceParams roce;
+};
+
+// Watches what a host receives, then hands it on.
+class RxTap final : public Node {
+ public:
+  RxTap(Node* inner, std::function<void(const Packet&)> fn) : inner_(inner), fn_(std::move(fn)) {}
+  void receive(Packet&& p) override {
+    fn_(p);
+    inner_->receive(std::move(p));
+  }
+
+ private:
+  Node* inner_;
+  std::function<void(const Packet&)> fn_;
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -87,6 +103,8 @@ Options parse(int argc, char** argv) {
       o.conn_window_max = static_cast<uint32_t>(number(a.c_str(), v, 2, 65534));
     else if (a == "--tail-probes")
       o.tail_probes = static_cast<uint32_t>(number(a.c_str(), v, 1, 16));
+    else if (a == "--hint-interval-us") o.hint_interval_us = number(a.c_str(), v, 0.1, 1e6);
+    else if (a == "--fair-bin-us") o.fair_bin_us = number(a.c_str(), v, 0.01, 1e6);
     else if (a == "--paths") o.paths = static_cast<uint32_t>(number(a.c_str(), v, 1, 256));
     else if (a == "--workload") {
       o.workload = v;
@@ -148,12 +166,26 @@ int main(int argc, char** argv) {
   if (o.conn_window_init) cfg.conn_window_init = o.conn_window_init;
   if (o.conn_window_max) cfg.conn_window_max = o.conn_window_max;
   if (o.tail_probes) cfg.tail_probes = static_cast<uint8_t>(o.tail_probes);
+  if (o.hint_interval_us > 0)
+    cfg.hint_interval = transport::Time(static_cast<int64_t>(o.hint_interval_us * 1000));
   std::vector<std::unique_ptr<HostModel>> hosts;
   for (uint32_t h = 0; h < o.topo.hosts; ++h) {
     if (o.transport == "metaroce") hosts.push_back(std::make_unique<Endpoint>(q, topo, h, cfg));
     else hosts.push_back(std::make_unique<RoceEndpoint>(q, topo, h, o.topo.planes,
                                                         o.topo.host_link.gbps, o.roce));
   }
+
+  // Incast fairness: what reaches host 0 from each sender, per bin of one base RTT (by default:
+  // the propagation delay of a path across the spine and back).
+  const Ns base_rtt = 8 * o.topo.fabric_link.delay_ns;
+  const Ns bin = o.fair_bin_us > 0 ? static_cast<Ns>(o.fair_bin_us * 1000) : std::max<Ns>(base_rtt, 1);
+  std::vector<std::vector<uint64_t>> rx_bins;  // [bin][sender]
+  RxTap tap(hosts[0].get(), [&](const Packet& p) {
+    const size_t b = static_cast<size_t>(q.now() / bin);
+    if (rx_bins.size() <= b) rx_bins.resize(b + 1, std::vector<uint64_t>(o.topo.hosts, 0));
+    rx_bins[b][Topology::host_of(p.src_ip)] += p.length;
+  });
+  if (o.workload == "incast") topo.attach(0, &tap);
 
   // Who sends to whom: a random derangement (permutation); everyone to host 0 (incast); ring
   // all-reduce of a --flow-kib buffer per host (2(N-1) steps of buffer/N to the next host, each
@@ -251,6 +283,49 @@ int main(int argc, char** argv) {
                                  static_cast<double>(last)
                            : 0;
   const double host_rate = o.topo.host_link.gbps * o.topo.planes;  // a port per plane
+  std::string extra;
+  if (o.workload == "incast") {
+    // Jain's index of the senders' shares in each bin while every sender is still sending
+    // (the bins before the first flow finished); settled: the first bin from which it stays
+    // >= 0.99, in base RTTs.
+    Ns first_done = INT64_MAX;
+    for (const Flow& f : flows) first_done = std::min(first_done, f.done < 0 ? INT64_MAX : f.done);
+    std::vector<double> jains;
+    for (size_t b = 0; b < rx_bins.size() && static_cast<Ns>(b + 1) * bin <= first_done; ++b) {
+      double sum = 0, sq = 0;
+      for (uint32_t i = 1; i < n; ++i) {
+        sum += static_cast<double>(rx_bins[b][i]);
+        sq += static_cast<double>(rx_bins[b][i]) * static_cast<double>(rx_bins[b][i]);
+      }
+      jains.push_back(sq > 0 ? sum * sum / ((n - 1) * sq) : 0);
+    }
+    size_t settled = jains.size();
+    while (settled > 0 && jains[settled - 1] >= 0.99) --settled;
+    double min_after2 = 1;
+    for (size_t b = 0; b < jains.size(); ++b)
+      if (static_cast<Ns>(b) * bin >= 2 * base_rtt) min_after2 = std::min(min_after2, jains[b]);
+    // The senders' shares from 2 base RTTs on until the first flow finishes, as one window.
+    std::vector<double> share(n, 0);
+    for (size_t b = 0; b < jains.size(); ++b)
+      if (static_cast<Ns>(b) * bin >= 2 * base_rtt)
+        for (uint32_t i = 1; i < n; ++i) share[i] += static_cast<double>(rx_bins[b][i]);
+    double ssum = 0, ssq = 0;
+    for (uint32_t i = 1; i < n; ++i) {
+      ssum += share[i];
+      ssq += share[i] * share[i];
+    }
+    const double jain_after2 = ssq > 0 ? ssum * ssum / ((n - 1) * ssq) : 0;
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  ", \"fair_bin_us\": %.3f, \"fair_bins\": %zu, \"jain_first_bins\": [%.4f, %.4f, %.4f, %.4f]"
+                  ", \"jain_settled_rtts\": %.2f, \"jain_min_after_2rtt\": %.4f, \"jain_after_2rtt\": %.4f",
+                  static_cast<double>(bin) / 1000, jains.size(), jains.size() > 0 ? jains[0] : 0,
+                  jains.size() > 1 ? jains[1] : 0, jains.size() > 2 ? jains[2] : 0,
+                  jains.size() > 3 ? jains[3] : 0,
+                  jains.size() == settled ? -1.0 : static_cast<double>(settled * bin) / static_cast<double>(base_rtt),
+                  min_after2, jain_after2);
+    extra = buf;
+  }
   std::printf(
       "{\"transport\": \"%s\", \"workload\": \"%s\", \"hosts\": %u, \"planes\": %u, \"paths\": %u, \"seed\": %" PRIu64
       ", \"flows\": %zu, \"unfinished\": %" PRIu64 ", \"failed_messages\": %" PRIu64
@@ -259,11 +334,12 @@ int main(int argc, char** argv) {
       ", \"drop_queue\": %" PRIu64 ", \"drop_loss\": %" PRIu64 ", \"drop_down\": %" PRIu64
       ", \"ce_marked\": %" PRIu64 ", \"retransmits\": %" PRIu64 ", \"timeouts\": %" PRIu64
       ", \"paths_failed\": %" PRIu64 ", \"failover_resends\": %" PRIu64
-      ", \"tail_probes\": %" PRIu64 ", \"events\": %" PRIu64 ", \"wall_s\": %.3f}\n",
+      ", \"tail_probes\": %" PRIu64 ", \"events\": %" PRIu64 ", \"wall_s\": %.3f%s}\n",
       o.transport.c_str(), o.workload.c_str(), n, o.topo.planes, o.paths, o.topo.seed, flows.size(), unfinished, failed,
       static_cast<double>(last) / 1000, percentile(fct_us, 0.5), percentile(fct_us, 0.99), goodput,
       fct_us.empty() ? 0.0 : goodput / static_cast<double>(flows.size()) / host_rate, busbw,
       drop_queue,
-      drop_loss, drop_down, ce, retx, timeouts, paths_failed, failover, tlp, q.executed(), wall);
+      drop_loss, drop_down, ce, retx, timeouts, paths_failed, failover, tlp, q.executed(), wall,
+      extra.c_str());
   return unfinished || failed ? 1 : 0;
 }

@@ -103,7 +103,9 @@ class Topology {
  public:
   Topology(EventQueue& q, Rng& rng, const LeafSpineParams& p);
   ~Topology();
-  static uint32_t ip_of(uint32_t host) { return 0x0a000001 + host; }
+  // Simulated hosts are numbered in 198.18.0.0/15, the benchmarking range (up to 131,070).
+  static uint32_t ip_of(uint32_t host) { return 0xc6120001 + host; }
+  static uint32_t host_of(uint32_t ip) { return ip - 0xc6120001; }
   // Where host h's packets of plane p enter the network, and where the network delivers them.
   Link* uplink(uint32_t host, uint32_t plane) { return up_[plane * hosts_ + host]; }
   void attach(uint32_t host, Node* n) { hosts_nodes_[host] = n; }
