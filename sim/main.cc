@@ -10,6 +10,8 @@
 //                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
 //   --fail-core-link-at-us: the busiest leaf-spine link of plane 0 at that time goes down.
 //                [--limit-ms L] [--transport metaroce|rocev2] [--roce-rto-us T]
+//                [--pfc] [--pfc-xoff-kib X] [--pfc-xon-kib X]
+//   --pfc: lossless fabric (PFC on every link, hosts' NICs included); off by default.
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -43,6 +45,7 @@ struct Options {
   Ns limit_ns = 1'000'000'000;
   std::string transport = "metaroce";
   RoceParams roce;
+  PfcParams pfc;
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -66,6 +69,10 @@ Options parse(int argc, char** argv) {
   o.topo.host_link.delay_ns = o.topo.fabric_link.delay_ns = 1000;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--pfc") {  // the one option without a value
+      o.pfc.on = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(("option " + a + " needs a value").c_str());
     const char* v = argv[++i];
     if (a == "--hosts") o.topo.hosts = static_cast<uint32_t>(number("--hosts", v, 2, 1 << 16));
@@ -102,10 +109,14 @@ Options parse(int argc, char** argv) {
       o.transport = v;
       if (o.transport != "metaroce" && o.transport != "rocev2") usage("--transport: metaroce or rocev2");
     } else if (a == "--roce-rto-us") o.roce.rto_ns = static_cast<Ns>(number(a.c_str(), v, 1, 1e7) * 1000);
+    else if (a == "--pfc-xoff-kib") o.pfc.xoff_bytes = static_cast<uint32_t>(number(a.c_str(), v, 1, 1 << 16) * 1024);
+    else if (a == "--pfc-xon-kib") o.pfc.xon_bytes = static_cast<uint32_t>(number(a.c_str(), v, 0, 1 << 16) * 1024);
     else if (a == "--limit-ms") o.limit_ns = static_cast<Ns>(number(a.c_str(), v, 0.001, 1e7) * 1e6);
     else usage(("unknown option " + a).c_str());
   }
   if (o.topo.hosts % o.topo.hosts_per_leaf) usage("--hosts must be a multiple of --hosts-per-leaf");
+  if (o.pfc.xon_bytes > o.pfc.xoff_bytes) usage("--pfc-xon-kib must be at most --pfc-xoff-kib");
+  o.topo.host_link.pfc = o.topo.fabric_link.pfc = o.pfc;
   return o;
 }
 
@@ -129,6 +140,27 @@ double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5))];
+}
+
+// PFC's figures: pause frames sent, time transmitters spent paused (all of them, and hosts' NICs
+// alone), packets past a headroom (0 unless it is too small), the most bytes held for one link.
+void print_pfc(Topology& topo, const LeafSpineParams& p) {
+  uint64_t frames = 0, headroom = 0;
+  Ns paused = 0, host_paused = 0;
+  uint32_t held = 0;
+  for (const auto& l : topo.links()) {
+    frames += l->counters().pause_frames;
+    headroom += l->counters().drop_headroom;
+    held = std::max(held, l->counters().max_held);
+    paused += l->paused_ns();
+  }
+  for (uint32_t pl = 0; pl < p.planes; ++pl)
+    for (uint32_t h = 0; h < p.hosts; ++h) host_paused += topo.uplink(h, pl)->paused_ns();
+  std::printf(", \"pfc_pause_frames\": %" PRIu64 ", \"pfc_paused_us\": %.3f"
+              ", \"pfc_host_paused_us\": %.3f, \"pfc_headroom_drops\": %" PRIu64
+              ", \"pfc_max_held_kib\": %.1f",
+              frames, static_cast<double>(paused) / 1000, static_cast<double>(host_paused) / 1000,
+              headroom, held / 1024.0);
 }
 
 }  // namespace
@@ -259,11 +291,13 @@ int main(int argc, char** argv) {
       ", \"drop_queue\": %" PRIu64 ", \"drop_loss\": %" PRIu64 ", \"drop_down\": %" PRIu64
       ", \"ce_marked\": %" PRIu64 ", \"retransmits\": %" PRIu64 ", \"timeouts\": %" PRIu64
       ", \"paths_failed\": %" PRIu64 ", \"failover_resends\": %" PRIu64
-      ", \"tail_probes\": %" PRIu64 ", \"events\": %" PRIu64 ", \"wall_s\": %.3f}\n",
+      ", \"tail_probes\": %" PRIu64 ", \"events\": %" PRIu64 ", \"wall_s\": %.3f",
       o.transport.c_str(), o.workload.c_str(), n, o.topo.planes, o.paths, o.topo.seed, flows.size(), unfinished, failed,
       static_cast<double>(last) / 1000, percentile(fct_us, 0.5), percentile(fct_us, 0.99), goodput,
       fct_us.empty() ? 0.0 : goodput / static_cast<double>(flows.size()) / host_rate, busbw,
       drop_queue,
       drop_loss, drop_down, ce, retx, timeouts, paths_failed, failover, tlp, q.executed(), wall);
+  if (o.pfc.on) print_pfc(topo, o.topo);
+  std::printf("}\n");
   return unfinished || failed ? 1 : 0;
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Links, ECMP switches and the leaf-spine topology of the simulator.
+// Links (with PFC when asked), ECMP switches and the leaf-spine topology of the simulator.
 #include "sim/network.h"
 
 #include <algorithm>
@@ -8,7 +8,10 @@ namespace metaroce::sim {
 
 uint32_t Link::backlog() const {
   const Ns ahead = busy_until_ - q_.now();
-  return ahead <= 0 ? 0 : static_cast<uint32_t>(static_cast<double>(ahead) * p_.gbps / 8);
+  // Without PFC all of it; with PFC what is left of the frame being sent, then the FIFO.
+  const uint32_t sending =
+      ahead <= 0 ? 0 : static_cast<uint32_t>(static_cast<double>(ahead) * p_.gbps / 8);
+  return p_.pfc.on ? static_cast<uint32_t>(fifo_bytes_) + sending : sending;
 }
 
 Ns Link::drains_to(uint32_t bytes) const {
@@ -18,6 +21,10 @@ Ns Link::drains_to(uint32_t bytes) const {
 }
 
 void Link::send(Packet&& pkt) {
+  if (p_.pfc.on) {
+    send_fifo(std::move(pkt));
+    return;
+  }
   if (!up_) {
     ++c_.drop_down;
     return;
@@ -53,6 +60,110 @@ void Link::send(Packet&& pkt) {
     }
     to->receive(std::move(*shared));
   });
+}
+
+// What may arrive over this link once its far end has sent PAUSE: the frame that crossed xoff,
+// a link delay of line rate while the PAUSE travels, the frame the transmitter had begun, and
+// the link delay of bytes already on the wire.
+uint32_t Link::headroom_limit() const {
+  const auto wire = static_cast<uint32_t>(static_cast<double>(p_.delay_ns) * p_.gbps / 8);
+  return p_.pfc.xoff_bytes + 2 * wire + 2 * PfcParams::kMaxFrame;
+}
+
+void Link::send_fifo(Packet&& pkt) {
+  if (!up_) {
+    ++c_.drop_down;
+    return;
+  }
+  const uint32_t size = pkt.wire_bytes();
+  // Lossless: a switch holds what its upstream link brought, up to that link's headroom (a
+  // packet past it is a sizing bug, counted so that it shows); a host's NIC holds what its
+  // transport committed (the transport stops at kNicQueue).
+  if (Link* in = pkt.via) {
+    if (in->held_ + size > in->headroom_limit()) {
+      ++c_.drop_queue;
+      ++in->c_.drop_headroom;
+      return;
+    }
+  }
+  if (p_.loss > 0 && rng_.uniform() < p_.loss) {
+    ++c_.drop_loss;
+    return;
+  }
+  const uint32_t ahead = backlog();
+  if (ahead > p_.ecn_bytes) {
+    pkt.ce = true;
+    ++c_.ce_marked;
+  }
+  c_.max_backlog = std::max(c_.max_backlog, ahead + size);
+  ++c_.packets;
+  c_.bytes += size;
+  if (pkt.via) pkt.via->hold(size);
+  fifo_bytes_ += size;
+  fifo_.push_back(std::move(pkt));
+  if (!tx_busy_ && !paused_) start_tx();
+}
+
+void Link::start_tx() {
+  on_tx_ = std::move(fifo_.front());
+  fifo_.pop_front();
+  const uint32_t size = on_tx_.wire_bytes();
+  fifo_bytes_ -= size;
+  tx_busy_ = true;
+  busy_until_ = q_.now() + static_cast<Ns>(size * 8 / p_.gbps);
+  q_.at(busy_until_, [this] { tx_done(); });
+}
+
+void Link::tx_done() {
+  Packet pkt = std::move(on_tx_);
+  tx_busy_ = false;
+  // Its last bit has left: the switch it waited in frees its buffer.
+  if (pkt.via) pkt.via->release(pkt.wire_bytes());
+  if (up_) {
+    auto shared = std::make_shared<Packet>(std::move(pkt));
+    q_.at(q_.now() + p_.delay_ns, [this, shared] { arrive(shared); });
+  } else {
+    ++c_.drop_down;
+  }
+  if (!fifo_.empty() && !paused_) start_tx();
+}
+
+void Link::arrive(std::shared_ptr<Packet> pkt) {
+  if (!up_) {
+    ++c_.drop_down;
+    return;
+  }
+  pkt->via = this;
+  to_->receive(std::move(*pkt));
+}
+
+void Link::hold(uint32_t bytes) {
+  held_ += bytes;
+  c_.max_held = std::max(c_.max_held, held_);
+  if (!xoff_sent_ && held_ > p_.pfc.xoff_bytes) {
+    xoff_sent_ = true;
+    ++c_.pause_frames;
+    q_.at(q_.now() + p_.delay_ns, [this] { set_paused(true); });
+  }
+}
+
+void Link::release(uint32_t bytes) {
+  held_ -= bytes;
+  if (xoff_sent_ && held_ <= p_.pfc.xon_bytes) {
+    xoff_sent_ = false;
+    q_.at(q_.now() + p_.delay_ns, [this] { set_paused(false); });
+  }
+}
+
+void Link::set_paused(bool paused) {
+  if (paused == paused_) return;
+  paused_ = paused;
+  if (paused) {
+    paused_since_ = q_.now();
+    return;
+  }
+  paused_ns_ += q_.now() - paused_since_;
+  if (!tx_busy_ && !fifo_.empty()) start_tx();
 }
 
 void Switch::route(uint32_t dst_ip, std::vector<Link*> links) {

@@ -46,6 +46,12 @@ SCENARIOS = {
     # A leaf-spine link fails 20 us into the permutation.
     "core_failure": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
                      "2048", "--fail-core-link-at-us", "20"],
+    # A 15:1 incast of 1 MiB each over a lossless fabric (PFC), RoCEv2 and ours: no drops.
+    "rocev2_incast16_pfc": ["--transport", "rocev2", "--hosts", "16", "--hosts-per-leaf", "4",
+                            "--spines", "4", "--workload", "incast", "--flow-kib", "1024",
+                            "--pfc"],
+    "incast16_pfc": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--workload",
+                     "incast", "--flow-kib", "1024", "--pfc"],
 }
 VOLATILE = {"wall_s"}
 
