@@ -8,10 +8,14 @@
 //                [--conn-window-max W] [--tail-probes N] [--workload permutation|incast|allreduce|alltoall]
 //                [--flow-kib B]
 //                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
-//   --fail-core-link-at-us: the busiest leaf-spine link of plane 0 at that time goes down.
+//   --fail-core-link-at-us: the busiest leaf-spine (fat-tree: aggregation-core) link of plane 0
+//     at that time goes down.
 //                [--limit-ms L] [--transport metaroce|rocev2] [--roce-rto-us T]
 //                [--pfc] [--pfc-xoff-kib X] [--pfc-xon-kib X]
 //   --pfc: lossless fabric (PFC on every link, hosts' NICs included); off by default.
+//                [--topology leafspine|fattree] [--k K]
+//   --topology fattree: k-ary three-tier fat-tree (k even), k^3/4 hosts; --hosts, if given,
+//     must agree; --hosts-per-leaf, --spines and --parallel do not apply.
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -33,7 +37,7 @@ using namespace metaroce::sim;
 namespace {
 
 struct Options {
-  LeafSpineParams topo;
+  TopologyParams topo;
   uint32_t paths = 8;
   uint32_t rx_capacity_mbps = 0;  // receivers' fair-share hints (congestion.md §3); 0: none
   uint32_t conn_window_init = 0, conn_window_max = 0;  // 0: the transport's defaults
@@ -46,6 +50,7 @@ struct Options {
   std::string transport = "metaroce";
   RoceParams roce;
   PfcParams pfc;
+  bool hosts_given = false;
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -75,7 +80,10 @@ Options parse(int argc, char** argv) {
     }
     if (i + 1 >= argc) usage(("option " + a + " needs a value").c_str());
     const char* v = argv[++i];
-    if (a == "--hosts") o.topo.hosts = static_cast<uint32_t>(number("--hosts", v, 2, 1 << 16));
+    if (a == "--hosts") {
+      o.topo.hosts = static_cast<uint32_t>(number("--hosts", v, 2, 1 << 16));
+      o.hosts_given = true;
+    }
     else if (a == "--hosts-per-leaf") o.topo.hosts_per_leaf = static_cast<uint32_t>(number(a.c_str(), v, 1, 1024));
     else if (a == "--spines") o.topo.spines = static_cast<uint32_t>(number(a.c_str(), v, 1, 1024));
     else if (a == "--planes") o.topo.planes = static_cast<uint32_t>(number(a.c_str(), v, 1, 16));
@@ -109,10 +117,22 @@ Options parse(int argc, char** argv) {
       o.transport = v;
       if (o.transport != "metaroce" && o.transport != "rocev2") usage("--transport: metaroce or rocev2");
     } else if (a == "--roce-rto-us") o.roce.rto_ns = static_cast<Ns>(number(a.c_str(), v, 1, 1e7) * 1000);
+    else if (a == "--topology") {
+      if (std::strcmp(v, "leafspine") == 0) o.topo.kind = TopologyKind::kLeafSpine;
+      else if (std::strcmp(v, "fattree") == 0) o.topo.kind = TopologyKind::kFatTree;
+      else usage("--topology: leafspine or fattree");
+    } else if (a == "--k") o.topo.k = static_cast<uint32_t>(number(a.c_str(), v, 2, 64));
     else if (a == "--pfc-xoff-kib") o.pfc.xoff_bytes = static_cast<uint32_t>(number(a.c_str(), v, 1, 1 << 16) * 1024);
     else if (a == "--pfc-xon-kib") o.pfc.xon_bytes = static_cast<uint32_t>(number(a.c_str(), v, 0, 1 << 16) * 1024);
     else if (a == "--limit-ms") o.limit_ns = static_cast<Ns>(number(a.c_str(), v, 0.001, 1e7) * 1e6);
     else usage(("unknown option " + a).c_str());
+  }
+  if (o.topo.kind == TopologyKind::kFatTree) {
+    if (o.topo.k % 2) usage("--k must be even");
+    const uint32_t hosts = o.topo.k * o.topo.k * o.topo.k / 4;
+    if (o.hosts_given && o.topo.hosts != hosts) usage("--hosts must be k^3/4 on a fat-tree");
+    o.topo.hosts = hosts;
+    o.topo.hosts_per_leaf = o.topo.k / 2;  // per edge switch; not used to build it
   }
   if (o.topo.hosts % o.topo.hosts_per_leaf) usage("--hosts must be a multiple of --hosts-per-leaf");
   if (o.pfc.xon_bytes > o.pfc.xoff_bytes) usage("--pfc-xon-kib must be at most --pfc-xoff-kib");
@@ -144,7 +164,7 @@ double percentile(std::vector<double> v, double q) {
 
 // PFC's figures: pause frames sent, time transmitters spent paused (all of them, and hosts' NICs
 // alone), packets past a headroom (0 unless it is too small), the most bytes held for one link.
-void print_pfc(Topology& topo, const LeafSpineParams& p) {
+void print_pfc(Topology& topo, const TopologyParams& p) {
   uint64_t frames = 0, headroom = 0;
   Ns paused = 0, host_paused = 0;
   uint32_t held = 0;
@@ -236,7 +256,7 @@ int main(int argc, char** argv) {
     if (flows[f].at_start) start(f);
   if (o.fail_core_at_us >= 0) {
     q.at(static_cast<Ns>(o.fail_core_at_us * 1000), [&topo] {
-      // The busiest leaf-spine link of plane 0 so far (by packets): one the run really uses,
+      // The busiest core link of plane 0 so far (by packets): one the run really uses,
       // whichever transport (RoCEv2's one path per QP may avoid any given link).
       std::vector<Link*> core = topo.core_links(0);
       Link* busiest = *std::max_element(core.begin(), core.end(), [](Link* a, Link* b) {
@@ -297,6 +317,8 @@ int main(int argc, char** argv) {
       fct_us.empty() ? 0.0 : goodput / static_cast<double>(flows.size()) / host_rate, busbw,
       drop_queue,
       drop_loss, drop_down, ce, retx, timeouts, paths_failed, failover, tlp, q.executed(), wall);
+  if (o.topo.kind == TopologyKind::kFatTree)
+    std::printf(", \"topology\": \"fattree\", \"k\": %u", o.topo.k);
   if (o.pfc.on) print_pfc(topo, o.topo);
   std::printf("}\n");
   return unfinished || failed ? 1 : 0;

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Links (with PFC when asked), ECMP switches and the leaf-spine topology of the simulator.
+// Links (with PFC when asked), ECMP switches and the leaf-spine and fat-tree topologies of the
+// simulator.
 #include "sim/network.h"
 
 #include <algorithm>
@@ -200,17 +201,23 @@ class Topology::HostPort final : public Node {
   uint32_t host_;
 };
 
-Topology::Topology(EventQueue& q, Rng& rng, const LeafSpineParams& p)
+Topology::Topology(EventQueue& q, Rng& rng, const TopologyParams& p)
     : q_(q), rng_(rng), hosts_(p.hosts) {
-  const uint32_t leaves = (p.hosts + p.hosts_per_leaf - 1) / p.hosts_per_leaf;
   hosts_nodes_.assign(p.hosts, nullptr);
   up_.assign(size_t{p.hosts} * p.planes, nullptr);
   core_.resize(p.planes);
   for (uint32_t h = 0; h < p.hosts; ++h) ports_.push_back(std::make_unique<HostPort>(*this, h));
-  auto link = [&](LinkParams lp, Node* to, std::string name) {
-    links_.push_back(std::make_unique<Link>(q_, rng_, lp, to, std::move(name)));
-    return links_.back().get();
-  };
+  if (p.kind == TopologyKind::kFatTree) build_fat_tree(p);
+  else build_leaf_spine(p);
+}
+
+Link* Topology::link(const LinkParams& lp, Node* to, std::string name) {
+  links_.push_back(std::make_unique<Link>(q_, rng_, lp, to, std::move(name)));
+  return links_.back().get();
+}
+
+void Topology::build_leaf_spine(const TopologyParams& p) {
+  const uint32_t leaves = (p.hosts + p.hosts_per_leaf - 1) / p.hosts_per_leaf;
   for (uint32_t pl = 0; pl < p.planes; ++pl) {
     const std::string pn = "p" + std::to_string(pl) + ".";
     std::vector<Switch*> leaf, spine;
@@ -245,6 +252,73 @@ Topology::Topology(EventQueue& q, Rng& rng, const LeafSpineParams& p)
       for (uint32_t s = 0; s < p.spines; ++s) spine[s]->route(ip_of(h), spine_down[s * leaves + l]);
     }
     for (uint32_t l = 0; l < leaves; ++l) leaf[l]->set_default(leaf_up[l]);
+  }
+}
+
+// Al-Fares et al. 2008, section 3: pod p holds edge switches (p, e) and aggregation switches
+// (p, a), e, a < k/2, every edge joined to every aggregation switch of its pod; aggregation
+// switch (p, a) joins cores a*k/2 .. a*k/2 + k/2 - 1; host h sits on edge (h / (k/2)^2,
+// h % (k/2)^2 / (k/2)). The paper's two-level tables become: up by ECMP until a switch has the
+// destination below it, then down along the one way there.
+void Topology::build_fat_tree(const TopologyParams& p) {
+  const uint32_t k = p.k, half = k / 2, per_pod = half * half;
+  for (uint32_t pl = 0; pl < p.planes; ++pl) {
+    const std::string pn = "p" + std::to_string(pl) + ".";
+    // Each switch's ECMP seed drawn from one generator: unrelated seeds, so that a switch's
+    // choice does not repeat the one above or below it (no polarisation).
+    Rng seeds(p.seed * 1000003 + uint64_t{pl} * 100003);
+    std::vector<Switch*> edge, agg, core;  // edge[pod * half + e], agg[pod * half + a]
+    auto make = [&](std::vector<Switch*>& v, uint32_t n) {
+      for (uint32_t i = 0; i < n; ++i) {
+        switches_.push_back(std::make_unique<Switch>(seeds.next()));
+        v.push_back(switches_.back().get());
+      }
+    };
+    make(edge, k * half);
+    make(agg, k * half);
+    make(core, per_pod);
+    // agg_down[(p * half + a) * half + e]: aggregation (p, a) -> edge (p, e);
+    // core_down[c * k + p]: core c -> the aggregation switch of pod p it joins.
+    std::vector<Link*> agg_down(size_t{k} * half * half), core_down(size_t{per_pod} * k);
+    for (uint32_t pod = 0; pod < k; ++pod) {
+      for (uint32_t e = 0; e < half; ++e) {
+        std::vector<Link*> up;
+        for (uint32_t a = 0; a < half; ++a) {
+          const std::string id =
+              std::to_string(pod) + "." + std::to_string(e) + "-" + std::to_string(a);
+          up.push_back(link(p.fabric_link, agg[pod * half + a], pn + "edgeup" + id));
+          agg_down[(pod * half + a) * half + e] =
+              link(p.fabric_link, edge[pod * half + e], pn + "aggdown" + id);
+        }
+        edge[pod * half + e]->set_default(std::move(up));
+      }
+      for (uint32_t a = 0; a < half; ++a) {
+        std::vector<Link*> up;
+        for (uint32_t j = 0; j < half; ++j) {
+          const uint32_t c = a * half + j;
+          const std::string id =
+              std::to_string(pod) + "." + std::to_string(a) + "-" + std::to_string(c);
+          Link* u = link(p.fabric_link, core[c], pn + "aggup" + id);
+          Link* d = link(p.fabric_link, agg[pod * half + a], pn + "coredown" + id);
+          up.push_back(u);
+          core_down[size_t{c} * k + pod] = d;
+          core_[pl].push_back(u);
+          core_[pl].push_back(d);
+        }
+        agg[pod * half + a]->set_default(std::move(up));
+      }
+    }
+    for (uint32_t h = 0; h < p.hosts; ++h) {
+      const uint32_t pod = h / per_pod, e = h % per_pod / half;
+      const std::string hn = pn + "host" + std::to_string(h);
+      Switch* sw = edge[pod * half + e];
+      up_[pl * p.hosts + h] = link(p.host_link, sw, hn + ".up");
+      sw->route(ip_of(h), {link(p.host_link, ports_[h].get(), hn + ".down")});
+      for (uint32_t a = 0; a < half; ++a)
+        agg[pod * half + a]->route(ip_of(h), {agg_down[(pod * half + a) * half + e]});
+      for (uint32_t c = 0; c < per_pod; ++c)
+        core[c]->route(ip_of(h), {core_down[size_t{c} * k + pod]});
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The simulated network: unidirectional links (rate, delay, a finite FIFO with an ECN marking
 // threshold, tail drop, random loss, failure, optionally PFC) between nodes, switches that
-// forward by ECMP on the 5-tuple, and a leaf-spine topology of P independent planes
+// forward by ECMP on the 5-tuple, and a leaf-spine or fat-tree topology of P independent planes
 // (docs/simulation.md).
 #pragma once
 
@@ -135,29 +135,40 @@ class Switch final : public Node {
   std::vector<Link*> default_;
 };
 
-// Two-tier leaf-spine, one copy per plane: hosts_per_leaf hosts on each leaf, every leaf joined
-// to every spine by `parallel` links each way. Host h (IPv4 10.0.0.0 + h + 1) has one uplink and
-// one downlink per plane.
-struct LeafSpineParams {
+// The fabric, one copy per plane. Host h (IPv4 10.0.0.0 + h + 1) has one uplink and one
+// downlink per plane.
+//   leafspine: two tiers, hosts_per_leaf hosts on each leaf, every leaf joined to every spine
+//     by `parallel` links each way.
+//   fattree: three tiers, k-ary (Al-Fares et al., SIGCOMM 2008): k pods of k/2 edge and k/2
+//     aggregation switches, (k/2)^2 core switches, k^3/4 hosts (k/2 per edge switch). Edge and
+//     aggregation switches spread upward traffic by ECMP; downward, each has one way.
+enum class TopologyKind { kLeafSpine, kFatTree };
+
+struct TopologyParams {
+  TopologyKind kind = TopologyKind::kLeafSpine;
   uint32_t hosts = 16, hosts_per_leaf = 4, spines = 2, planes = 1, parallel = 1;
+  uint32_t k = 4;  // fattree only
   LinkParams host_link, fabric_link;
   uint64_t seed = 1;
 };
 
 class Topology {
  public:
-  Topology(EventQueue& q, Rng& rng, const LeafSpineParams& p);
+  Topology(EventQueue& q, Rng& rng, const TopologyParams& p);
   ~Topology();
   static uint32_t ip_of(uint32_t host) { return 0x0a000001 + host; }
   // Where host h's packets of plane p enter the network, and where the network delivers them.
   Link* uplink(uint32_t host, uint32_t plane) { return up_[plane * hosts_ + host]; }
   void attach(uint32_t host, Node* n) { hosts_nodes_[host] = n; }
   std::vector<std::unique_ptr<Link>>& links() { return links_; }
-  // Core links (leaf <-> spine) of one plane, for failures.
+  // Core links of one plane, for failures: leaf <-> spine, or aggregation <-> core.
   std::vector<Link*> core_links(uint32_t plane) const;
 
  private:
   class HostPort;
+  Link* link(const LinkParams& lp, Node* to, std::string name);
+  void build_leaf_spine(const TopologyParams& p);
+  void build_fat_tree(const TopologyParams& p);
 
   EventQueue& q_;
   Rng& rng_;

@@ -52,6 +52,13 @@ SCENARIOS = {
                             "--pfc"],
     "incast16_pfc": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--workload",
                      "incast", "--flow-kib", "1024", "--pfc"],
+    # A k = 4 fat-tree (16 hosts, 20 switches): the permutation over ours and RoCEv2, and the
+    # busiest aggregation-core link failing 20 us in.
+    "fattree4": ["--topology", "fattree", "--k", "4", "--flow-kib", "1024"],
+    "rocev2_fattree4": ["--transport", "rocev2", "--topology", "fattree", "--k", "4",
+                        "--flow-kib", "1024"],
+    "fattree4_core_failure": ["--topology", "fattree", "--k", "4", "--flow-kib", "2048",
+                              "--fail-core-link-at-us", "20"],
 }
 VOLATILE = {"wall_s"}
 
