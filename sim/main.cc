@@ -16,6 +16,10 @@
 //                [--topology leafspine|fattree] [--k K]
 //   --topology fattree: k-ary three-tier fat-tree (k even), k^3/4 hosts; --hosts, if given,
 //     must agree; --hosts-per-leaf, --spines and --parallel do not apply.
+//                [--background-load F] [--background-flow-kib B]
+//   --background-load: besides the workload, each host sends flows to random hosts (Poisson
+//     arrivals, F of its rate; --background-flow-kib each, or heavy-tailed sizes); counted apart,
+//     and the run ends when the workload is done.
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -27,6 +31,7 @@
 #include <vector>
 
 #include "datapath/transport/engine.h"
+#include "sim/background.h"
 #include "sim/endpoint.h"
 #include "sim/network.h"
 #include "sim/rocev2.h"
@@ -51,6 +56,8 @@ struct Options {
   RoceParams roce;
   PfcParams pfc;
   bool hosts_given = false;
+  double background_load = 0;
+  uint64_t background_flow_bytes = 0;  // 0: heavy-tailed
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -122,6 +129,9 @@ Options parse(int argc, char** argv) {
       else if (std::strcmp(v, "fattree") == 0) o.topo.kind = TopologyKind::kFatTree;
       else usage("--topology: leafspine or fattree");
     } else if (a == "--k") o.topo.k = static_cast<uint32_t>(number(a.c_str(), v, 2, 64));
+    else if (a == "--background-load") o.background_load = number(a.c_str(), v, 0, 1);
+    else if (a == "--background-flow-kib")
+      o.background_flow_bytes = static_cast<uint64_t>(number(a.c_str(), v, 1, 1 << 20) * 1024);
     else if (a == "--pfc-xoff-kib") o.pfc.xoff_bytes = static_cast<uint32_t>(number(a.c_str(), v, 1, 1 << 16) * 1024);
     else if (a == "--pfc-xon-kib") o.pfc.xon_bytes = static_cast<uint32_t>(number(a.c_str(), v, 0, 1 << 16) * 1024);
     else if (a == "--limit-ms") o.limit_ns = static_cast<Ns>(number(a.c_str(), v, 0.001, 1e7) * 1e6);
@@ -183,6 +193,22 @@ void print_pfc(Topology& topo, const TopologyParams& p) {
               headroom, held / 1024.0);
 }
 
+// Background traffic's figures, apart from the workload's; under incast, also of its victims:
+// background flows that do not go to its receiver (host 0), slowed only by sharing the fabric
+// with it (head-of-line blocking, under PFC).
+void print_background(const Background& bg, const Options& o) {
+  const std::vector<double> fct = bg.fct_us();
+  std::printf(", \"background_load\": %.3f, \"bg_flows\": %" PRIu64 ", \"bg_unfinished\": %" PRIu64
+              ", \"bg_mean_kib\": %.1f, \"bg_fct_p50_us\": %.3f, \"bg_fct_p99_us\": %.3f",
+              o.background_load, bg.flows(), bg.flows() - fct.size(), bg.mean_bytes() / 1024,
+              percentile(fct, 0.5), percentile(fct, 0.99));
+  if (o.workload == "incast") {
+    const std::vector<double> v = bg.fct_us([](uint32_t to) { return to != 0; });
+    std::printf(", \"bg_victim_fct_p50_us\": %.3f, \"bg_victim_fct_p99_us\": %.3f",
+                percentile(v, 0.5), percentile(v, 0.99));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -238,17 +264,32 @@ int main(int argc, char** argv) {
         flows[dep].then.push_back(f);
       }
   }
+  // Background flows, if asked: the run ends when the workload's last flow is done.
+  std::unique_ptr<Background> background;
+  size_t workload_left = flows.size();
+  if (o.background_load > 0) {
+    BackgroundParams bp;
+    bp.load = o.background_load;
+    bp.host_gbps = o.topo.host_link.gbps * o.topo.planes;
+    bp.flow_bytes = o.background_flow_bytes;
+    bp.msg_bytes = o.msg_bytes;
+    bp.first_stream = o.qps + 1;  // the workload's streams are 1..qps
+    bp.seed = o.topo.seed;
+    background = std::make_unique<Background>(q, hosts, bp);
+    background->start();
+  }
   std::function<void(size_t)> start = [&](size_t f) {
     Flow& fl = flows[f];
     for (uint64_t off = 0; off < fl.bytes; off += o.msg_bytes) {
       const auto len = static_cast<uint32_t>(std::min(o.msg_bytes, fl.bytes - off));
       const uint32_t stream = 1 + static_cast<uint32_t>((off / o.msg_bytes) % o.qps);
-      hosts[fl.from]->send(fl.to, stream, len, [&flows, &start, f, len](Ns t) {
+      hosts[fl.from]->send(fl.to, stream, len, [&, f, len](Ns t) {
         Flow& x = flows[f];
         x.acked += len;
         if (x.acked != x.bytes) return;
         x.done = t;
         for (size_t g : x.then) start(g);
+        if (--workload_left == 0 && background) q.stop();
       });
     }
   };
@@ -320,6 +361,7 @@ int main(int argc, char** argv) {
   if (o.topo.kind == TopologyKind::kFatTree)
     std::printf(", \"topology\": \"fattree\", \"k\": %u", o.topo.k);
   if (o.pfc.on) print_pfc(topo, o.topo);
+  if (background) print_background(*background, o);
   std::printf("}\n");
   return unfinished || failed ? 1 : 0;
 }

@@ -59,6 +59,14 @@ SCENARIOS = {
                         "--flow-kib", "1024"],
     "fattree4_core_failure": ["--topology", "fattree", "--k", "4", "--flow-kib", "2048",
                               "--fail-core-link-at-us", "20"],
+    # Background flows (heavy-tailed sizes, 20 % of each host's rate) beside the permutation,
+    # and 10 % beside the 15:1 incast over PFC, where they are its head-of-line victims.
+    "background16": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
+                     "1024", "--background-load", "0.2"],
+    "rocev2_incast16_pfc_background": ["--transport", "rocev2", "--hosts", "16",
+                                       "--hosts-per-leaf", "4", "--spines", "4", "--workload",
+                                       "incast", "--flow-kib", "1024", "--pfc",
+                                       "--background-load", "0.1"],
 }
 VOLATILE = {"wall_s"}
 
