@@ -8,7 +8,8 @@
 namespace metaroce::sim {
 
 namespace {
-// What the NIC lets wait in front of its port before the transport must stop (a few packets).
+// What the NIC lets wait in front of its port before the transport must stop (a few packets);
+// a port that PFC pauses fills to it and holds the transport there.
 constexpr uint32_t kNicQueue = 32 * 1024;
 }  // namespace
 

@@ -16,19 +16,23 @@ class EventQueue {
  public:
   void at(Ns t, std::function<void()> fn) { heap_.push({t < now_ ? now_ : t, seq_++, std::move(fn)}); }
   Ns now() const { return now_; }
-  // Runs events up to and including `until`; false when none is left.
+  // Runs events up to and including `until`, or until an event calls stop(); false when none is
+  // left.
   bool run_until(Ns until) {
-    while (!heap_.empty() && heap_.top().t <= until) {
+    while (!stopped_ && !heap_.empty() && heap_.top().t <= until) {
       Event e = std::move(const_cast<Event&>(heap_.top()));
       heap_.pop();
       now_ = e.t;
       ++executed_;
       e.fn();
     }
+    if (stopped_) return !heap_.empty();
     if (now_ < until && heap_.empty()) return false;
     now_ = std::max(now_, until);
     return !heap_.empty();
   }
+  // Ends run_until after the event that calls it (a run that ends before its queue drains).
+  void stop() { stopped_ = true; }
   bool empty() const { return heap_.empty(); }
   uint64_t executed() const { return executed_; }
 
@@ -47,6 +51,7 @@ class EventQueue {
   Ns now_ = 0;
   uint64_t seq_ = 0;
   uint64_t executed_ = 0;
+  bool stopped_ = false;
 };
 
 // splitmix64: the simulator's only randomness (loss, ECMP seeds, permutations).

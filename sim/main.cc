@@ -8,8 +8,18 @@
 //                [--conn-window-max W] [--tail-probes N] [--workload permutation|incast|allreduce|alltoall]
 //                [--flow-kib B]
 //                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
-//   --fail-core-link-at-us: the busiest leaf-spine link of plane 0 at that time goes down.
+//   --fail-core-link-at-us: the busiest leaf-spine (fat-tree: aggregation-core) link of plane 0
+//     at that time goes down.
 //                [--limit-ms L] [--transport metaroce|rocev2] [--roce-rto-us T]
+//                [--pfc] [--pfc-xoff-kib X] [--pfc-xon-kib X]
+//   --pfc: lossless fabric (PFC on every link, hosts' NICs included); off by default.
+//                [--topology leafspine|fattree] [--k K]
+//   --topology fattree: k-ary three-tier fat-tree (k even), k^3/4 hosts; --hosts, if given,
+//     must agree; --hosts-per-leaf, --spines and --parallel do not apply.
+//                [--background-load F] [--background-flow-kib B]
+//   --background-load: besides the workload, each host sends flows to random hosts (Poisson
+//     arrivals, F of its rate; --background-flow-kib each, or heavy-tailed sizes); counted apart,
+//     and the run ends when the workload is done.
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -21,6 +31,7 @@
 #include <vector>
 
 #include "datapath/transport/engine.h"
+#include "sim/background.h"
 #include "sim/endpoint.h"
 #include "sim/network.h"
 #include "sim/rocev2.h"
@@ -31,7 +42,7 @@ using namespace metaroce::sim;
 namespace {
 
 struct Options {
-  LeafSpineParams topo;
+  TopologyParams topo;
   uint32_t paths = 8;
   uint32_t rx_capacity_mbps = 0;  // receivers' fair-share hints (congestion.md §3); 0: none
   uint32_t conn_window_init = 0, conn_window_max = 0;  // 0: the transport's defaults
@@ -45,6 +56,10 @@ struct Options {
   Ns limit_ns = 1'000'000'000;
   std::string transport = "metaroce";
   RoceParams roce;
+  PfcParams pfc;
+  bool hosts_given = false;
+  double background_load = 0;
+  uint64_t background_flow_bytes = 0;  // 0: heavy-tailed
 };
 
 // Watches what a host receives, then hands it on.
@@ -82,9 +97,16 @@ Options parse(int argc, char** argv) {
   o.topo.host_link.delay_ns = o.topo.fabric_link.delay_ns = 1000;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--pfc") {  // the one option without a value
+      o.pfc.on = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(("option " + a + " needs a value").c_str());
     const char* v = argv[++i];
-    if (a == "--hosts") o.topo.hosts = static_cast<uint32_t>(number("--hosts", v, 2, 1 << 16));
+    if (a == "--hosts") {
+      o.topo.hosts = static_cast<uint32_t>(number("--hosts", v, 2, 1 << 16));
+      o.hosts_given = true;
+    }
     else if (a == "--hosts-per-leaf") o.topo.hosts_per_leaf = static_cast<uint32_t>(number(a.c_str(), v, 1, 1024));
     else if (a == "--spines") o.topo.spines = static_cast<uint32_t>(number(a.c_str(), v, 1, 1024));
     else if (a == "--planes") o.topo.planes = static_cast<uint32_t>(number(a.c_str(), v, 1, 16));
@@ -120,10 +142,29 @@ Options parse(int argc, char** argv) {
       o.transport = v;
       if (o.transport != "metaroce" && o.transport != "rocev2") usage("--transport: metaroce or rocev2");
     } else if (a == "--roce-rto-us") o.roce.rto_ns = static_cast<Ns>(number(a.c_str(), v, 1, 1e7) * 1000);
+    else if (a == "--topology") {
+      if (std::strcmp(v, "leafspine") == 0) o.topo.kind = TopologyKind::kLeafSpine;
+      else if (std::strcmp(v, "fattree") == 0) o.topo.kind = TopologyKind::kFatTree;
+      else usage("--topology: leafspine or fattree");
+    } else if (a == "--k") o.topo.k = static_cast<uint32_t>(number(a.c_str(), v, 2, 64));
+    else if (a == "--background-load") o.background_load = number(a.c_str(), v, 0, 1);
+    else if (a == "--background-flow-kib")
+      o.background_flow_bytes = static_cast<uint64_t>(number(a.c_str(), v, 1, 1 << 20) * 1024);
+    else if (a == "--pfc-xoff-kib") o.pfc.xoff_bytes = static_cast<uint32_t>(number(a.c_str(), v, 1, 1 << 16) * 1024);
+    else if (a == "--pfc-xon-kib") o.pfc.xon_bytes = static_cast<uint32_t>(number(a.c_str(), v, 0, 1 << 16) * 1024);
     else if (a == "--limit-ms") o.limit_ns = static_cast<Ns>(number(a.c_str(), v, 0.001, 1e7) * 1e6);
     else usage(("unknown option " + a).c_str());
   }
+  if (o.topo.kind == TopologyKind::kFatTree) {
+    if (o.topo.k % 2) usage("--k must be even");
+    const uint32_t hosts = o.topo.k * o.topo.k * o.topo.k / 4;
+    if (o.hosts_given && o.topo.hosts != hosts) usage("--hosts must be k^3/4 on a fat-tree");
+    o.topo.hosts = hosts;
+    o.topo.hosts_per_leaf = o.topo.k / 2;  // per edge switch; not used to build it
+  }
   if (o.topo.hosts % o.topo.hosts_per_leaf) usage("--hosts must be a multiple of --hosts-per-leaf");
+  if (o.pfc.xon_bytes > o.pfc.xoff_bytes) usage("--pfc-xon-kib must be at most --pfc-xoff-kib");
+  o.topo.host_link.pfc = o.topo.fabric_link.pfc = o.pfc;
   return o;
 }
 
@@ -147,6 +188,43 @@ double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5))];
+}
+
+// PFC's figures: pause frames sent, time transmitters spent paused (all of them, and hosts' NICs
+// alone), packets past a headroom (0 unless it is too small), the most bytes held for one link.
+void print_pfc(Topology& topo, const TopologyParams& p) {
+  uint64_t frames = 0, headroom = 0;
+  Ns paused = 0, host_paused = 0;
+  uint32_t held = 0;
+  for (const auto& l : topo.links()) {
+    frames += l->counters().pause_frames;
+    headroom += l->counters().drop_headroom;
+    held = std::max(held, l->counters().max_held);
+    paused += l->paused_ns();
+  }
+  for (uint32_t pl = 0; pl < p.planes; ++pl)
+    for (uint32_t h = 0; h < p.hosts; ++h) host_paused += topo.uplink(h, pl)->paused_ns();
+  std::printf(", \"pfc_pause_frames\": %" PRIu64 ", \"pfc_paused_us\": %.3f"
+              ", \"pfc_host_paused_us\": %.3f, \"pfc_headroom_drops\": %" PRIu64
+              ", \"pfc_max_held_kib\": %.1f",
+              frames, static_cast<double>(paused) / 1000, static_cast<double>(host_paused) / 1000,
+              headroom, held / 1024.0);
+}
+
+// Background traffic's figures, apart from the workload's; under incast, also of its victims:
+// background flows that do not go to its receiver (host 0), slowed only by sharing the fabric
+// with it (head-of-line blocking, under PFC).
+void print_background(const Background& bg, const Options& o) {
+  const std::vector<double> fct = bg.fct_us();
+  std::printf(", \"background_load\": %.3f, \"bg_flows\": %" PRIu64 ", \"bg_unfinished\": %" PRIu64
+              ", \"bg_mean_kib\": %.1f, \"bg_fct_p50_us\": %.3f, \"bg_fct_p99_us\": %.3f",
+              o.background_load, bg.flows(), bg.flows() - fct.size(), bg.mean_bytes() / 1024,
+              percentile(fct, 0.5), percentile(fct, 0.99));
+  if (o.workload == "incast") {
+    const std::vector<double> v = bg.fct_us([](uint32_t to) { return to != 0; });
+    std::printf(", \"bg_victim_fct_p50_us\": %.3f, \"bg_victim_fct_p99_us\": %.3f",
+                percentile(v, 0.5), percentile(v, 0.99));
+  }
 }
 
 }  // namespace
@@ -176,8 +254,9 @@ int main(int argc, char** argv) {
   }
 
   // Incast fairness: what reaches host 0 from each sender, per bin of one base RTT (by default:
-  // the propagation delay of a path across the spine and back).
-  const Ns base_rtt = 8 * o.topo.fabric_link.delay_ns;
+  // the propagation delay of a path across the top tier and back: 4 links each way on a
+  // leaf-spine, 6 on a fat-tree).
+  const Ns base_rtt = (o.topo.kind == TopologyKind::kFatTree ? 12 : 8) * o.topo.fabric_link.delay_ns;
   const Ns bin = o.fair_bin_us > 0 ? static_cast<Ns>(o.fair_bin_us * 1000) : std::max<Ns>(base_rtt, 1);
   std::vector<std::vector<uint64_t>> rx_bins;  // [bin][sender]
   RxTap tap(hosts[0].get(), [&](const Packet& p) {
@@ -218,17 +297,32 @@ int main(int argc, char** argv) {
         flows[dep].then.push_back(f);
       }
   }
+  // Background flows, if asked: the run ends when the workload's last flow is done.
+  std::unique_ptr<Background> background;
+  size_t workload_left = flows.size();
+  if (o.background_load > 0) {
+    BackgroundParams bp;
+    bp.load = o.background_load;
+    bp.host_gbps = o.topo.host_link.gbps * o.topo.planes;
+    bp.flow_bytes = o.background_flow_bytes;
+    bp.msg_bytes = o.msg_bytes;
+    bp.first_stream = o.qps + 1;  // the workload's streams are 1..qps
+    bp.seed = o.topo.seed;
+    background = std::make_unique<Background>(q, hosts, bp);
+    background->start();
+  }
   std::function<void(size_t)> start = [&](size_t f) {
     Flow& fl = flows[f];
     for (uint64_t off = 0; off < fl.bytes; off += o.msg_bytes) {
       const auto len = static_cast<uint32_t>(std::min(o.msg_bytes, fl.bytes - off));
       const uint32_t stream = 1 + static_cast<uint32_t>((off / o.msg_bytes) % o.qps);
-      hosts[fl.from]->send(fl.to, stream, len, [&flows, &start, f, len](Ns t) {
+      hosts[fl.from]->send(fl.to, stream, len, [&, f, len](Ns t) {
         Flow& x = flows[f];
         x.acked += len;
         if (x.acked != x.bytes) return;
         x.done = t;
         for (size_t g : x.then) start(g);
+        if (--workload_left == 0 && background) q.stop();
       });
     }
   };
@@ -236,7 +330,7 @@ int main(int argc, char** argv) {
     if (flows[f].at_start) start(f);
   if (o.fail_core_at_us >= 0) {
     q.at(static_cast<Ns>(o.fail_core_at_us * 1000), [&topo] {
-      // The busiest leaf-spine link of plane 0 so far (by packets): one the run really uses,
+      // The busiest core link of plane 0 so far (by packets): one the run really uses,
       // whichever transport (RoCEv2's one path per QP may avoid any given link).
       std::vector<Link*> core = topo.core_links(0);
       Link* busiest = *std::max_element(core.begin(), core.end(), [](Link* a, Link* b) {
@@ -334,12 +428,17 @@ int main(int argc, char** argv) {
       ", \"drop_queue\": %" PRIu64 ", \"drop_loss\": %" PRIu64 ", \"drop_down\": %" PRIu64
       ", \"ce_marked\": %" PRIu64 ", \"retransmits\": %" PRIu64 ", \"timeouts\": %" PRIu64
       ", \"paths_failed\": %" PRIu64 ", \"failover_resends\": %" PRIu64
-      ", \"tail_probes\": %" PRIu64 ", \"events\": %" PRIu64 ", \"wall_s\": %.3f%s}\n",
+      ", \"tail_probes\": %" PRIu64 ", \"events\": %" PRIu64 ", \"wall_s\": %.3f%s",
       o.transport.c_str(), o.workload.c_str(), n, o.topo.planes, o.paths, o.topo.seed, flows.size(), unfinished, failed,
       static_cast<double>(last) / 1000, percentile(fct_us, 0.5), percentile(fct_us, 0.99), goodput,
       fct_us.empty() ? 0.0 : goodput / static_cast<double>(flows.size()) / host_rate, busbw,
       drop_queue,
       drop_loss, drop_down, ce, retx, timeouts, paths_failed, failover, tlp, q.executed(), wall,
       extra.c_str());
+  if (o.topo.kind == TopologyKind::kFatTree)
+    std::printf(", \"topology\": \"fattree\", \"k\": %u", o.topo.k);
+  if (o.pfc.on) print_pfc(topo, o.topo);
+  if (background) print_background(*background, o);
+  std::printf("}\n");
   return unfinished || failed ? 1 : 0;
 }

@@ -131,7 +131,9 @@ void RoceEndpoint::pump(Qp& qp) {
     }
     if (outstanding >= p_.window) return;  // an ACK resumes it
     Link* up = topo_.uplink(host_, qp.plane);
-    if (up->backlog() > 32 * 1024) {  // the NIC's port is full: as the transport's sink
+    // The NIC's port is full (as the transport's sink sees it), or paused by PFC: the QP holds
+    // its packets until the port drains.
+    if (up->backlog() > 32 * 1024) {
       qp.pump_pending = true;
       Qp* x = &qp;
       q_.at(up->drains_to(16 * 1024), [this, x] {

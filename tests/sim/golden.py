@@ -27,9 +27,11 @@ SCENARIOS = {
     # 1 % random loss on every leaf-spine link.
     "loss1": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib", "1024",
               "--loss", "0.01"],
-    # The same with three tail probes before the RTO (not yet the default).
-    "loss1_tlp3": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
-                   "1024", "--loss", "0.01", "--tail-probes", "3"],
+    # 5 % loss, with one tail probe (the default) and three before the RTO: where they differ.
+    "loss5": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
+              "1024", "--loss", "0.05"],
+    "loss5_tlp3": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
+                   "1024", "--loss", "0.05", "--tail-probes", "3"],
     # The RoCEv2 baseline (go-back-N, DCQCN, one path per QP) on the same permutation, and at
     # 1 % loss.
     "rocev2_permutation16": ["--transport", "rocev2", "--hosts", "16", "--hosts-per-leaf", "4",
@@ -46,6 +48,27 @@ SCENARIOS = {
     # A leaf-spine link fails 20 us into the permutation.
     "core_failure": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
                      "2048", "--fail-core-link-at-us", "20"],
+    # A 15:1 incast of 1 MiB each over a lossless fabric (PFC), RoCEv2 and ours: no drops.
+    "rocev2_incast16_pfc": ["--transport", "rocev2", "--hosts", "16", "--hosts-per-leaf", "4",
+                            "--spines", "4", "--workload", "incast", "--flow-kib", "1024",
+                            "--pfc"],
+    "incast16_pfc": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--workload",
+                     "incast", "--flow-kib", "1024", "--pfc"],
+    # A k = 4 fat-tree (16 hosts, 20 switches): the permutation over ours and RoCEv2, and the
+    # busiest aggregation-core link failing 20 us in.
+    "fattree4": ["--topology", "fattree", "--k", "4", "--flow-kib", "1024"],
+    "rocev2_fattree4": ["--transport", "rocev2", "--topology", "fattree", "--k", "4",
+                        "--flow-kib", "1024"],
+    "fattree4_core_failure": ["--topology", "fattree", "--k", "4", "--flow-kib", "2048",
+                              "--fail-core-link-at-us", "20"],
+    # Background flows (heavy-tailed sizes, 20 % of each host's rate) beside the permutation,
+    # and 10 % beside the 15:1 incast over PFC, where they are its head-of-line victims.
+    "background16": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
+                     "1024", "--background-load", "0.2"],
+    "rocev2_incast16_pfc_background": ["--transport", "rocev2", "--hosts", "16",
+                                       "--hosts-per-leaf", "4", "--spines", "4", "--workload",
+                                       "incast", "--flow-kib", "1024", "--pfc",
+                                       "--background-load", "0.1"],
 }
 VOLATILE = {"wall_s"}
 
