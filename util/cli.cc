@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "datapath/fabric/fabric_control.h"
+#include "datapath/fabric/idle_policy.h"
 #ifdef METAROCE_HAVE_DPDK
 #include "datapath/fabric/fabric_runner.h"
 #endif
@@ -141,6 +142,10 @@ constexpr const char* kFabricHelp =
     "  --loss PROB  --delay USEC  --reorder PROB  --reorder-delay USEC   core links\n"
     "  --seed N              loss/reorder draws and ECMP hash (default 1)\n"
     "  --seconds S           stop after S seconds (default: until SIGTERM/SIGINT or `stop`)\n"
+    "  --spin adaptive|always  idle policy, as metaroced's: adaptive (default) polls --spin-us N\n"
+    "                        microseconds (100) after the last frame, then naps, each nap 1 us\n"
+    "                        longer, up to --max-nap-us N (1000); always never sleeps (lowest\n"
+    "                        latency, a whole core)\n"
     "\n"
     "set: --plane P (default all), --link coreN|edgeN|N (default all links of the plane);\n"
     "SETTING: loss=PROB delay=USEC rate=R reorder=PROB reorder_delay=USEC ecn=BYTES\n"
@@ -984,7 +989,8 @@ Outcome fabric_run(const std::vector<std::string>& args, const Context& ctx) {
   auto parsed = parse_args("fabric run", args,
                            {"--endpoints", "--planes", "--links-per-plane", "--rate", "--edge-rate",
                             "--queue", "--ecn-threshold", "--loss", "--delay", "--reorder",
-                            "--reorder-delay", "--seed", "--seconds"},
+                            "--reorder-delay", "--seed", "--seconds", "--spin", "--spin-us",
+                            "--max-nap-us"},
                            {}, &error);
   if (!parsed) return error;
   if (parsed->help) {
@@ -1065,6 +1071,27 @@ Outcome fabric_run(const std::vector<std::string>& args, const Context& ctx) {
       return fail("bad --seconds '" + v + "': expected 0 < S <= 86400");
   }
   if (auto bad = c.validate(); !bad.empty()) return fail("fabric run: " + bad);
+  // The idle policy, in metaroced's words (--spin, --spin-us).
+  fabric::IdlePolicy idle;
+  if (opt.count("--spin")) {
+    const auto spin = fabric::parse_spin_policy(opt["--spin"]);
+    if (!spin) return fail("bad --spin '" + opt["--spin"] + "': expected adaptive or always");
+    idle.spin = *spin;
+  }
+  if (opt.count("--spin-us")) {
+    if (!number("--spin-us", 0, 1'000'000, &usec)) return fail(err);
+    idle.spin_before_sleep = std::chrono::microseconds(usec);
+  }
+  if (opt.count("--max-nap-us")) {
+    if (!number("--max-nap-us", 1, 1'000'000, &usec)) return fail(err);
+    idle.max_nap = std::chrono::microseconds(usec);
+  }
+  for (const char* key : {"--spin-us", "--max-nap-us"}) {
+    if (idle.spin == fabric::SpinPolicy::kAlways && opt.count(key))
+      return fail(std::string("fabric run: ") + key +
+                  " applies to --spin adaptive only (always never naps)");
+  }
+  if (auto bad = idle.validate(); !bad.empty()) return fail("fabric run: " + bad);
 #ifdef METAROCE_HAVE_DPDK
   if (!ctx.is_root && !writable(ctx.rundir))
     return fail("permission denied: cannot write " + ctx.rundir + " (run as root)");
@@ -1073,6 +1100,7 @@ Outcome fabric_run(const std::vector<std::string>& args, const Context& ctx) {
   ro.rundir = ctx.rundir;
   ro.config = c;
   ro.seconds = seconds;
+  ro.idle = idle;
   std::string why;
   if (fabric::run_fabric(ro, *ctx.out, &why) != 0) return fail("fabric " + name + ": " + why);
   return ok();

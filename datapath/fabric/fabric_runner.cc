@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The DPDK side of the fabric emulator: EAL, one memif server port per endpoint and plane, the
-// polling loop that feeds the core and backs off when idle, the state folder and control socket.
+// polling loop that feeds the core and backs off when idle (idle_policy.h), the state folder and
+// control socket.
 #include "datapath/fabric/fabric_runner.h"
 
 #include <fcntl.h>
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "datapath/fabric/fabric_control.h"
+#include "datapath/fabric/idle_policy.h"
 
 namespace metaroce::fabric {
 namespace {
@@ -298,6 +300,16 @@ class Trace {
   Clock::time_point next_{};
 };
 
+// The idle policy in the start-up line, so that a log says what the latencies were taken with.
+std::string idle_text(const IdlePolicy& p) {
+  if (p.spin == SpinPolicy::kAlways) return "--spin always (never sleeps)";
+  auto us = [](Nanos t) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(t).count());
+  };
+  return "--spin adaptive (polls " + us(p.spin_before_sleep) + " us, then naps up to " +
+         us(p.max_nap) + " us)";
+}
+
 bool pid_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 }  // namespace
@@ -312,6 +324,7 @@ int run_fabric(const RunOptions& o, std::ostream& out, std::string* err) {
   FabricConfig config = o.config;
   config.max_in_flight = std::min(config.max_in_flight, kMaxInFlight);
   if (auto bad = config.validate(); !bad.empty()) return fail(bad);
+  if (auto bad = o.idle.validate(); !bad.empty()) return fail(bad);
 
   // The state folder: refuse a live fabric of the same name, clear a dead one's leftovers.
   const std::string dir = state_dir(o.rundir, o.name);
@@ -411,7 +424,7 @@ int run_fabric(const RunOptions& o, std::ostream& out, std::string* err) {
       << " planes, " << config.links_per_plane << " core links per plane; memif sockets "
       << socket_name(o.name, 0, 0) << " .. "
       << socket_name(o.name, config.endpoints - 1, config.planes - 1) << "; control " << dir
-      << "/" << kControlSocket << std::endl;
+      << "/" << kControlSocket << "; idle " << idle_text(o.idle) << std::endl;
 
   MbufSink sink(pool, &ports, config.planes);
   int status = 0;
@@ -424,6 +437,7 @@ int run_fabric(const RunOptions& o, std::ostream& out, std::string* err) {
                               : Clock::time_point::max();
     auto next_control = start, next_link = start;
     Trace trace;
+    auto last_work = start;
     uint32_t idle = 0;
     bool stop = false;
     rte_mbuf* bufs[kBurst];
@@ -482,31 +496,22 @@ int run_fabric(const RunOptions& o, std::ostream& out, std::string* err) {
         }
       }
 
-      // Back-off: these hosts have two cores shared with the endpoints' progress threads.
+      // Back-off (o.idle): these hosts have two cores shared with the endpoints' progress threads.
       if (received != 0 || delivered != 0) {
+        last_work = wall;
         idle = 0;
         continue;
       }
-      ++idle;
-      // A trace sample is due no later than its interval: naps never overshoot it.
-      const Nanos nap_limit =
-          trace.active() ? std::clamp<Nanos>(std::chrono::duration_cast<Nanos>(trace.next() - wall),
-                                             Nanos{0}, std::chrono::milliseconds(1))
-                         : std::chrono::milliseconds(1);
-      const auto next = fabric.next_event();
-      if (!next) {
-        if (idle > 64) {
-          const auto nap = std::chrono::microseconds(std::min<uint32_t>(idle, 1000));
-          std::this_thread::sleep_for(std::min<Nanos>(nap, nap_limit));
-        } else {
-          sched_yield();
-        }
-      } else if (*next - now > std::chrono::microseconds(200)) {
-        std::this_thread::sleep_for(std::min<Nanos>(*next - now - std::chrono::microseconds(100),
-                                                    nap_limit));
-      } else {
+      IdleState st;
+      st.idle_for = std::chrono::duration_cast<Nanos>(wall - last_work);
+      if (idle != UINT32_MAX) ++idle;  // a fabric spinning for hours must not wrap to short naps
+      st.empty_passes = idle;
+      if (const auto next = fabric.next_event()) st.until_event = *next - now;
+      if (trace.active()) st.until_sample = std::chrono::duration_cast<Nanos>(trace.next() - wall);
+      if (const Nanos nap = idle_wait(o.idle, st); nap > Nanos::zero())
+        std::this_thread::sleep_for(nap);
+      else
         sched_yield();
-      }
     }
     out << handle_request(fabric, "stat", std::chrono::duration_cast<Nanos>(Clock::now() - start),
                           &stop).substr(3)

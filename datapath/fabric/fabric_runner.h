@@ -7,6 +7,7 @@
 #include <string>
 
 #include "datapath/fabric/fabric.h"
+#include "datapath/fabric/idle_policy.h"
 
 namespace metaroce::fabric {
 
@@ -15,6 +16,7 @@ struct RunOptions {
   std::string rundir;   // state goes to state_dir(rundir, name)
   FabricConfig config;  // must validate()
   double seconds = 0;   // 0: until SIGTERM/SIGINT or a `stop` request
+  IdlePolicy idle;      // must validate(); what the polling thread does when nothing moves
 };
 
 // Initialises EAL in this process (it can never be initialised again here), runs the fabric

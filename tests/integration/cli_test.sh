@@ -72,6 +72,42 @@ after=$(cd "$SYS" && find . | sort | xargs -d '\n' md5sum 2>/dev/null || true)
 [ "$before" = "$after" ] || fail "a rejected command changed the run dir"
 pass "bad input rejected, nothing changed"
 
+# fabric run: a bad idle policy is refused, naming the option, before anything starts (no EAL,
+# no state folder); a good one is what the fabric says it runs with.
+expect_says() {
+  local want=$1 text=$2; shift 2
+  expect "$want" "$@"
+  local err; err=$("$@" 2>&1 >/dev/null) || true
+  [[ $err == *"$text"* ]] || fail "'$*' does not say '$text': $err"
+}
+fab=cli$$
+expect_says 1 "bad --spin 'nap': expected adaptive or always" "$M" fabric run $fab --endpoints 2 --planes 1 --spin nap
+expect_says 1 "bad --spin-us '-1'" "$M" fabric run $fab --endpoints 2 --planes 1 --spin-us -1
+expect_says 1 "bad --spin-us '1000001'" "$M" fabric run $fab --endpoints 2 --planes 1 --spin-us 1000001
+expect_says 1 "bad --max-nap-us '0'" "$M" fabric run $fab --endpoints 2 --planes 1 --max-nap-us 0
+expect_says 1 "--spin-us applies to --spin adaptive only" \
+  "$M" fabric run $fab --endpoints 2 --planes 1 --spin always --spin-us 50
+expect_says 1 "--max-nap-us applies to --spin adaptive only" \
+  "$M" fabric run $fab --endpoints 2 --planes 1 --spin always --max-nap-us 10
+expect_says 2 "--spin needs a value" "$M" fabric run $fab --endpoints 2 --planes 1 --spin
+[ ! -e "$RUN/fabric/$fab" ] || fail "a refused fabric run left its state folder"
+pass "fabric run refuses bad idle policies"
+got=0; out=$("$M" fabric run $fab --endpoints 2 --planes 1 --spin always --seconds 0.3 2>&1) || got=$?
+if [[ $out == *"built without DPDK"* ]]; then
+  pass "fabric run idle policies not started (built without DPDK)"
+else
+  [ "$got" = 0 ] && [[ $out == *"idle --spin always (never sleeps)"* ]] ||
+    fail "fabric run --spin always: status $got, '$out'"
+  out=$("$M" fabric run $fab --endpoints 2 --planes 1 --spin-us 20 --max-nap-us 200 --seconds 0.3 2>&1) ||
+    fail "fabric run --spin-us 20 --max-nap-us 200: $out"
+  [[ $out == *"idle --spin adaptive (polls 20 us, then naps up to 200 us)"* ]] ||
+    fail "fabric run does not report its adaptive policy: $out"
+  out=$("$M" fabric run $fab --endpoints 2 --planes 1 --seconds 0.3 2>&1) || fail "fabric run: $out"
+  [[ $out == *"idle --spin adaptive (polls 100 us, then naps up to 1000 us)"* ]] ||
+    fail "fabric run's default idle policy changed: $out"
+  pass "fabric run starts with the idle policy it was given"
+fi
+
 if command -v setpriv >/dev/null; then
   got=0; err=$(setpriv --reuid=65534 --regid=65534 --clear-groups "$M" link add mr3 --dpdk net_memif3 \
     --ip 198.18.77.3/24 2>&1) || got=$?

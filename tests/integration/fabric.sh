@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # End-to-end check of the fabric emulator over DPDK memif: `metaroce fabric run` with 2 endpoints
 # and 2 planes, fabric_probe attached to all four ports, then forwarding and ECMP spraying, random
-# loss, a black-holed link changed live, and ECN marking under congestion, each checked both from
-# what the probe received and from `metaroce fabric stat --json`. Usage: fabric.sh BUILD_DIR.
+# loss, a black-holed link changed live, ECN marking under congestion, and the trace under both
+# idle policies, each checked both from what the probe received and from `metaroce fabric stat
+# --json`. Usage: fabric.sh BUILD_DIR.
 set -euo pipefail
 
 BUILD=$(cd "${1:?usage: $0 BUILD_DIR}" && pwd)
@@ -55,6 +56,21 @@ stop_fabric() {
 }
 
 probe() { timeout 60 "$PROBE" --fabric "$FAB" --endpoints 2 --planes 2 "$@"; }
+
+# ctl REQUEST: one request on the control socket (the runner's own `trace`); its reply body.
+ctl() {
+  "$PY" - "$METAROCE_RUNDIR/fabric/$FAB/control" "$1" <<'EOF'
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(5)
+s.connect(sys.argv[1])
+s.sendall(sys.argv[2].encode() + b"\n")
+s.shutdown(socket.SHUT_WR)
+reply = b"".join(iter(lambda: s.recv(65536), b"")).decode()
+print(reply, end="")
+sys.exit(0 if reply.startswith("ok") else 1)
+EOF
+}
 
 # check 'PYTHON EXPRESSION' PROBE_JSON STAT_JSON: p = probe result, s = stat, with helpers.
 check() {
@@ -131,4 +147,27 @@ check "marks counted on the links, queues held above the threshold" \
 check "the byte-bounded queue never exceeded its size" \
   'max(l["max_queue_bytes"] for l in links) <= 65536' "$P" "$S"
 stop_fabric
+
+# 5. The trace under both idle policies: a fabric that never sleeps (--spin always) still
+#    samples at its interval, and one that naps wakes for its samples; either way the last
+#    sample, taken once the probe has gone, accounts for every byte the links forwarded.
+for spin in always adaptive; do
+  start_fabric --links-per-plane 2 --spin "$spin"
+  TRACE="$METAROCE_RUNDIR/trace-$spin"
+  ctl "trace 1000 $TRACE" >/dev/null || fail "trace request refused"
+  probe --count 500 >/dev/null || fail "probe under --spin $spin"
+  S=$("$M" fabric stat "$FAB" --json)
+  ctl "trace off" >/dev/null || fail "trace off refused"
+  T=$("$PY" - "$TRACE" <<'EOF'
+import json, sys
+lines = [l.split() for l in open(sys.argv[1]) if not l.startswith("#")]
+cols, rows = lines[0], [[int(v) for v in l] for l in lines[1:] if len(l) == len(lines[0])]
+out = [i for i, c in enumerate(cols) if c.endswith(".bytes_out")]
+print(json.dumps({"rows": len(rows), "bytes_out": sum(rows[-1][i] for i in out) if rows else -1}))
+EOF
+  ) || fail "trace $TRACE unreadable"
+  check "--spin $spin: the trace's last sample accounts for every byte forwarded" \
+    'p["rows"] >= 2 and p["bytes_out"] == total("bytes_out") > 0' "$T" "$S"
+  stop_fabric
+done
 echo "PASS fabric"

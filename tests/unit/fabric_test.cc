@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests of the fabric emulator's core on a virtual clock: forwarding, ECMP, queues, ECN marking,
-// loss, reordering, black holes, and the control protocol that changes a live fabric.
+// loss, reordering, black holes, the control protocol that changes a live fabric, and the idle
+// policy of the runner's polling thread.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "datapath/fabric/fabric.h"
 #include "datapath/fabric/fabric_control.h"
+#include "datapath/fabric/idle_policy.h"
 #include "datapath/wire/bytes.h"
 #include "datapath/wire/frame.h"
 
@@ -508,6 +510,89 @@ TEST(FabricControl, NamesAndStateFolder) {
   EXPECT_FALSE(check_fabric_name(std::string(kMaxFabricNameLen + 1, 'a'), &err));
   EXPECT_EQ(socket_name("f", 1, 0), "metaroce-fabric-f-e1-p0");
   EXPECT_EQ(state_dir("/run/metaroce", "f"), "/run/metaroce/fabric/f");
+}
+
+// --- the idle policy of the polling thread ------------------------------------------------------
+
+IdleState idle_after(Nanos idle_for, uint32_t passes) {
+  IdleState s;
+  s.idle_for = idle_for;
+  s.empty_passes = passes;
+  return s;
+}
+
+TEST(IdlePolicy, AlwaysNeverSleepsWhateverIsIdleOrDue) {
+  IdlePolicy p;
+  p.spin = SpinPolicy::kAlways;
+  for (IdleState s : {idle_after(0ns, 1), idle_after(10s, 4'000'000'000u)}) {
+    EXPECT_EQ(idle_wait(p, s), 0ns);
+    s.until_event = 5s;
+    EXPECT_EQ(idle_wait(p, s), 0ns);
+    s.until_sample = 3s;
+    EXPECT_EQ(idle_wait(p, s), 0ns);
+  }
+}
+
+TEST(IdlePolicy, AdaptivePollsForSpinUsThenNapsLongerEachPassUpToMaxNap) {
+  IdlePolicy p;  // the default: 100 us of polling, naps up to 1 ms
+  EXPECT_EQ(p.spin, SpinPolicy::kAdaptive);
+  EXPECT_EQ(idle_wait(p, idle_after(99us, 60)), 0ns);
+  EXPECT_EQ(idle_wait(p, idle_after(100us, 60)), 60us);
+  EXPECT_EQ(idle_wait(p, idle_after(160us, 61)), 61us);
+  EXPECT_EQ(idle_wait(p, idle_after(2s, 5000)), 1ms);
+  p.spin_before_sleep = 0us;
+  p.max_nap = 20us;
+  EXPECT_EQ(idle_wait(p, idle_after(0us, 1)), 1us);
+  EXPECT_EQ(idle_wait(p, idle_after(1ms, 100)), 20us);
+}
+
+TEST(IdlePolicy, AdaptiveSpinPhaseComesFirstEvenWithAFrameDueLater) {
+  IdlePolicy p;
+  p.spin_before_sleep = 500us;
+  IdleState s = idle_after(400us, 10);
+  s.until_event = 800us;
+  EXPECT_EQ(idle_wait(p, s), 0ns);
+  s.idle_for = 500us;
+  EXPECT_EQ(idle_wait(p, s), 700us);  // wakes a margin before the frame is due
+}
+
+TEST(IdlePolicy, AdaptiveSleepsTowardsATimedFrameButPollsForANearOne) {
+  IdlePolicy p;
+  IdleState s = idle_after(1ms, 500);
+  s.until_event = 150us;
+  EXPECT_EQ(idle_wait(p, s), 0ns);
+  s.until_event = 5ms;
+  EXPECT_EQ(idle_wait(p, s), 1ms);  // never longer than max_nap, however far the frame
+}
+
+TEST(IdlePolicy, AdaptiveNapsNeverOvershootTheTraceSample) {
+  IdlePolicy p;
+  IdleState s = idle_after(1s, 5000);
+  s.until_sample = 300us;
+  EXPECT_EQ(idle_wait(p, s), 300us);
+  s.until_event = 5ms;
+  EXPECT_EQ(idle_wait(p, s), 300us);
+  s.until_sample = -20us;  // overdue: poll, the next pass samples it
+  EXPECT_EQ(idle_wait(p, s), 0ns);
+}
+
+TEST(IdlePolicy, ParsesTheEngineWordsAndValidatesRanges) {
+  EXPECT_EQ(parse_spin_policy("adaptive"), SpinPolicy::kAdaptive);
+  EXPECT_EQ(parse_spin_policy("always"), SpinPolicy::kAlways);
+  for (const char* bad : {"", "spin", "Always", "nap", "adaptive "})
+    EXPECT_FALSE(parse_spin_policy(bad)) << bad;
+  EXPECT_STREQ(spin_policy_name(SpinPolicy::kAlways), "always");
+  EXPECT_STREQ(spin_policy_name(SpinPolicy::kAdaptive), "adaptive");
+  IdlePolicy p;
+  EXPECT_EQ(p.validate(), "");
+  p.max_nap = 0us;
+  EXPECT_NE(p.validate(), "");
+  p.max_nap = kMaxNapLimit;
+  EXPECT_EQ(p.validate(), "");
+  p.spin_before_sleep = kMaxSpinBeforeSleep + 1us;
+  EXPECT_NE(p.validate(), "");
+  p.spin_before_sleep = -1us;
+  EXPECT_NE(p.validate(), "");
 }
 
 }  // namespace
