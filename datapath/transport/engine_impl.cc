@@ -1643,6 +1643,9 @@ void EngineImpl::timer_conn(Time now, Connection& c) {
     }
   }
   if (c.park_deadline <= now) resume_parked(c, now);
+  // Its pacing wait is over: it is on the work list, and poll_tx paces it afresh. Left in its
+  // deadline, a host whose transmit queue is full would be woken again at once, for ever.
+  if (c.pace_at != Time::min() && c.pace_at <= now) c.pace_at = Time::min();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1806,6 +1809,27 @@ ConnStats EngineImpl::conn_stats(uint32_t peer_ip, uint32_t lane) const {
   s.rx_rate_mbps = c.rx_rate_mbps;
   s.rx_hint_mbps = c.rx_hint_mbps;
   return s;
+}
+
+EngineImpl::Footprint EngineImpl::footprint() const {
+  Footprint f;
+  for (const Connection* c : conn_list_) {
+    ++f.connections;
+    f.conn_bytes += sizeof(Connection) + c->parked.capacity() * sizeof(uint32_t) +
+                    c->rx.capacity() * sizeof(RecvDir);
+    f.tx_paths += c->tx.size();
+    f.tx_path_bytes += c->tx.capacity() * sizeof(TxPath) +
+                       c->counters.capacity() * sizeof(detail::PathCounters);
+    for (const RecvDir& d : c->rx) {
+      f.rx_paths += d.paths.size();
+      f.rx_path_bytes += d.paths.capacity() * sizeof(RxPath);
+    }
+    f.records += c->pool.size();
+    f.record_bytes += c->pool.capacity() * sizeof(TxDesc);
+  }
+  f.msg_slots = slots_.size();
+  f.slot_bytes = slots_.capacity() * sizeof(detail::MsgSlot);
+  return f;
 }
 
 std::vector<uint32_t> EngineImpl::lanes(uint32_t peer_ip) const {

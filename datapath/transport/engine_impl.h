@@ -223,6 +223,14 @@ class EngineImpl final : public Engine {
   // Connections looked at by timers and by poll_tx's sending step (tests: it must not grow with
   // connections that have nothing to do).
   uint64_t conn_visits() const { return conn_visits_; }
+  // What the engine's state takes, by kind, from its containers' capacities (the simulator's
+  // memory per connection and per path; docs/simulation.md).
+  struct Footprint {
+    uint64_t connections = 0, tx_paths = 0, rx_paths = 0, records = 0, msg_slots = 0;
+    uint64_t conn_bytes = 0, tx_path_bytes = 0, rx_path_bytes = 0, record_bytes = 0,
+             slot_bytes = 0;
+  };
+  Footprint footprint() const;
 
  private:
   using Connection = detail::Connection;

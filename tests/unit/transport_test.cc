@@ -1229,6 +1229,41 @@ TEST(FairShare, PacingShowsInNextDeadline) {
   EXPECT_GT(n.node[1].e->stats().pacing_waits, 100u);
 }
 
+// The pacing wait ends while the host's transmit queue is full: the timer that ends it must not
+// leave the deadline in the past, or a host that polls again at the deadline spins at one
+// instant for ever (a simulated all-to-all with hints did).
+TEST(FairShare, APacingWaitThatEndsBehindAFullQueueLeavesNoDeadlineInThePast) {
+  std::vector<EngineConfig> cfgs;
+  EngineConfig rx = Net::config();
+  rx.rx_capacity_mbps = 2000;
+  cfgs.push_back(rx);
+  cfgs.push_back(Net::config());
+  Net::Config nc;
+  nc.nodes = 3;
+  nc.bottleneck_mbps = 0;
+  Net n(nc, cfgs);
+  submit_bulk(n, 1, 0, 1, 16, 64 * 1024);
+  n.run_until(300us);
+  ASSERT_GT(conn_stats(*n.node[1].e, n.node[0].ip).rate_hint_mbps, 0u);
+  struct Full : TxSink {
+    std::span<uint8_t> begin(uint32_t, uint8_t) override { return {}; }
+    void commit(uint32_t, uint16_t, uint8_t, uint32_t) override {}
+  } full;
+  Engine& e = *n.node[1].e;
+  e.poll_tx(n.now, *n.node[1].sink);  // sends what the credit allows, then waits for credit
+  const Time paced = e.next_deadline();
+  ASSERT_GT(paced, n.now);
+  // Another connection with data to send is ahead of it when the queue is full.
+  n.submit(1, 2, 2, 0, 64 * 1024);
+  e.on_timer(paced);
+  e.poll_tx(paced, full);
+  EXPECT_GT(e.next_deadline(), paced);
+  // Once the queue has room, sending goes on.
+  n.run_idle(n.now + 1s);
+  expect_exactly_once(n, 1, 0);
+  expect_exactly_once(n, 1, 2);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Path failure
 
