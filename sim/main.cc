@@ -8,6 +8,9 @@
 //                [--conn-window-max W] [--tail-probes N] [--workload permutation|incast|allreduce|alltoall]
 //                [--flow-kib B]
 //                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
+//                [--hint-interval-us T] [--fair-bin-us T] [--memory on|off]
+//   --fair-bin-us: incast fairness bins (default one base RTT); --memory on: the transport's
+//     state per connection and per path at the end, and the peak RSS.
 //   --fail-core-link-at-us: the busiest leaf-spine (fat-tree: aggregation-core) link of plane 0
 //     at that time goes down.
 //                [--limit-ms L] [--transport metaroce|rocev2] [--roce-rto-us T]
@@ -30,7 +33,10 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include "datapath/transport/engine.h"
+#include "datapath/transport/engine_impl.h"
 #include "sim/background.h"
 #include "sim/endpoint.h"
 #include "sim/network.h"
@@ -49,6 +55,7 @@ struct Options {
   uint32_t tail_probes = 0;
   double hint_interval_us = 0;   // 0: the transport's default
   double fair_bin_us = 0;        // incast fairness bins; 0: one base RTT
+  bool mem = false;              // --memory on: the transport's state and the peak RSS
   std::string workload = "permutation";
   uint64_t flow_bytes = 1 << 20, msg_bytes = 64 << 10;
   uint32_t qps = 1;
@@ -126,7 +133,10 @@ Options parse(int argc, char** argv) {
     else if (a == "--tail-probes")
       o.tail_probes = static_cast<uint32_t>(number(a.c_str(), v, 1, 16));
     else if (a == "--hint-interval-us") o.hint_interval_us = number(a.c_str(), v, 0.1, 1e6);
-    else if (a == "--fair-bin-us") o.fair_bin_us = number(a.c_str(), v, 0.01, 1e6);
+    else if (a == "--memory") {
+      if (std::strcmp(v, "on") && std::strcmp(v, "off")) usage("--memory: on or off");
+      o.mem = !std::strcmp(v, "on");
+    } else if (a == "--fair-bin-us") o.fair_bin_us = number(a.c_str(), v, 0.01, 1e6);
     else if (a == "--paths") o.paths = static_cast<uint32_t>(number(a.c_str(), v, 1, 256));
     else if (a == "--workload") {
       o.workload = v;
@@ -378,6 +388,42 @@ int main(int argc, char** argv) {
                            : 0;
   const double host_rate = o.topo.host_link.gbps * o.topo.planes;  // a port per plane
   std::string extra;
+  if (o.transport == "metaroce" && o.mem) {
+    // The transport's state at the end of the run, from its containers (hash indices aside),
+    // and the process's peak resident size (links, queues and the event queue included).
+    transport::EngineImpl::Footprint t;
+    for (const auto& h : hosts) {
+      const auto* e = dynamic_cast<const transport::EngineImpl*>(&static_cast<Endpoint&>(*h).engine());
+      if (!e) continue;
+      const auto f = e->footprint();
+      t.connections += f.connections;
+      t.tx_paths += f.tx_paths;
+      t.rx_paths += f.rx_paths;
+      t.records += f.records;
+      t.conn_bytes += f.conn_bytes;
+      t.tx_path_bytes += f.tx_path_bytes;
+      t.rx_path_bytes += f.rx_path_bytes;
+      t.record_bytes += f.record_bytes;
+      t.slot_bytes += f.slot_bytes;
+    }
+    auto per = [](uint64_t bytes, uint64_t n) { return n ? static_cast<double>(bytes) / static_cast<double>(n) : 0.0; };
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  ", \"connections\": %" PRIu64 ", \"bytes_per_connection\": %.0f"
+                  ", \"tx_paths\": %" PRIu64 ", \"bytes_per_tx_path\": %.0f"
+                  ", \"rx_paths\": %" PRIu64 ", \"bytes_per_rx_path\": %.0f"
+                  ", \"records\": %" PRIu64 ", \"record_bytes\": %" PRIu64
+                  ", \"transport_mib\": %.1f, \"max_rss_mib\": %.1f",
+                  t.connections, per(t.conn_bytes, t.connections), t.tx_paths,
+                  per(t.tx_path_bytes, t.tx_paths), t.rx_paths, per(t.rx_path_bytes, t.rx_paths),
+                  t.records, t.record_bytes,
+                  static_cast<double>(t.conn_bytes + t.tx_path_bytes + t.rx_path_bytes +
+                                      t.record_bytes + t.slot_bytes) / (1 << 20),
+                  static_cast<double>(ru.ru_maxrss) / 1024);
+    extra = buf;
+  }
   if (o.workload == "incast") {
     // Jain's index of the senders' shares in each bin while every sender is still sending
     // (the bins before the first flow finished); settled: the first bin from which it stays
@@ -418,7 +464,7 @@ int main(int argc, char** argv) {
                   jains.size() > 3 ? jains[3] : 0,
                   jains.size() == settled ? -1.0 : static_cast<double>(settled * bin) / static_cast<double>(base_rtt),
                   min_after2, jain_after2);
-    extra = buf;
+    extra += buf;
   }
   std::printf(
       "{\"transport\": \"%s\", \"workload\": \"%s\", \"hosts\": %u, \"planes\": %u, \"paths\": %u, \"seed\": %" PRIu64
