@@ -629,9 +629,16 @@ bool EngineImpl::grow_pool(Connection& c) {
   return true;
 }
 
-bool EngineImpl::send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent) {
+bool EngineImpl::send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent, bool& more) {
   c.pace_at = Time::min();
-  while (c.cursor != kNoSlot) {
+  more = false;
+  // c.turn_sent: what it sent of its turn, kept when the sink stopped it mid-turn.
+  for (; c.cursor != kNoSlot; ++c.turn_sent) {
+    if (c.turn_sent >= kTxBurst) {  // its turn is over; the work list comes back to it
+      c.turn_sent = 0;
+      more = true;
+      return true;
+    }
     const uint16_t p = choose_path(c, now);
     if (p == kNoPath) return true;
     if (c.free_head == kNil && !grow_pool(c)) return true;  // conn_window_max records in all
@@ -717,16 +724,25 @@ uint32_t EngineImpl::poll_tx(Time now, TxSink& sink) {
   retx_.clear();
   retx_head_ = 0;
 
-  // 4. Failover copies, then new packets, sprayed one by one over open paths (spec §6.1). A
-  // connection leaves the work list once visited; one that the sink stopped stays, first.
+  // 4. Failover copies, then new packets, sprayed one by one over open paths (spec §6.1).
+  // Connections take turns of kTxBurst new packets, as a NIC arbitrates among its queue pairs:
+  // sending each connection its whole window in turn made a host's peers receive from all
+  // hosts in the same order, a rolling incast (congestion.md §7.1). A connection leaves the
+  // work list once it has nothing more it may send; one that the sink stopped stays, first.
   size_t visited = 0;
   for (; visited < work_.size(); ++visited) {
     Connection* c = work_[visited];
     ++conn_visits_;
     touch(*c, false);
-    if (!send_moving(now, *c, sink, sent) || !send_new(now, *c, sink, sent)) break;
+    bool more = false;
+    if (!send_moving(now, *c, sink, sent) || !send_new(now, *c, sink, sent, more)) break;
     if (c->tlp_deadline == Time::max()) arm_tlp(now, *c);
-    c->queued = false;
+    if (more) {
+      work_.push_back(c);  // another turn, after the others
+    } else {
+      c->queued = false;
+      c->turn_sent = 0;
+    }
   }
   work_.erase(work_.begin(), work_.begin() + static_cast<std::ptrdiff_t>(visited));
   return finish_poll(sent);

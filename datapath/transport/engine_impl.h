@@ -29,6 +29,7 @@ inline constexpr uint32_t kMinConnWindow = 2; // packets
 inline constexpr uint32_t kActiveIntervals = 3;  // a sender counts for hints this many intervals
 inline constexpr uint32_t kHintPercent = 95;  // hints share this much of rx_capacity_mbps
 inline constexpr uint32_t kPaceBurst = 2;     // packets a paced connection may send back to back
+inline constexpr uint8_t kTxBurst = 8;        // new packets per connection per turn in poll_tx
 inline constexpr uint8_t kRnrInfinite = 7;
 inline constexpr uint16_t kNoPath = UINT16_MAX;
 inline constexpr uint8_t kMaxPlanes = 16;     // a device's ports (nic::kMaxPlanes)
@@ -161,6 +162,7 @@ struct Connection {
   bool in_heap = false;                     // scheduling, with due and heap_time
   bool touched = false;                     // due is to be recomputed
   bool queued = false;                      // on the engine's work list
+  uint8_t turn_sent = 0;                    // new packets sent in its current turn (kTxBurst)
   uint32_t last_hint_mbps = 0;              // the newest hint the peer sent
   bool tlp_spent = false;                   // the tail probes fired; re-armed by progress
   uint8_t tlp_count = 0;                    // tail probes since the last progress
@@ -342,7 +344,8 @@ class EngineImpl final : public Engine {
   bool emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, TxKind kind);
   bool emit_probe(Time now, Connection& c, uint16_t path, TxSink& sink);
   bool send_moving(Time now, Connection& c, TxSink& sink, uint32_t& sent);
-  bool send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent);
+  // false: the sink is full. more: the connection's turn ended with packets it may still send.
+  bool send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent, bool& more);
   uint32_t alloc_slot();
   bool grow_pool(Connection& c);
 

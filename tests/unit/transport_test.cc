@@ -2278,6 +2278,44 @@ TEST(Scheduling, InFlightRecordsGrowWithUseBeyondTheOldCap) {
   EXPECT_EQ(cs.records, 8 * kPathWindow);
 }
 
+// A sender with data for several peers gives them turns of kTxBurst packets, as a NIC
+// arbitrates among its QPs, even when its transmit queue stops it mid-turn: each peer's whole
+// window in turn made every host of an all-to-all send to the same peer at once (64 hosts:
+// 3.1 ms, 272k drops; with turns 0.53 ms, 17k).
+TEST(Scheduling, ConnectionsTakeTurnsOfABurstEvenWhenTheQueueStopsThem) {
+  Net::Config nc;
+  nc.nodes = 4;
+  nc.bottleneck_mbps = 0;
+  Net n(nc, {Net::config()});
+  for (int to = 1; to < 4; ++to) submit_bulk(n, 0, to, 1, 4, 64 * 1024);
+  // A queue that takes 5 packets per poll: turns of 8 span polls.
+  struct Small : TxSink {
+    TxSink& next;
+    int room = 0;
+    explicit Small(TxSink& s) : next(s) {}
+    std::span<uint8_t> begin(uint32_t len, uint8_t plane) override {
+      return room > 0 ? next.begin(len, plane) : std::span<uint8_t>{};
+    }
+    void commit(uint32_t ip, uint16_t sport, uint8_t plane, uint32_t len) override {
+      --room;
+      next.commit(ip, sport, plane, len);
+    }
+  } small(*n.node[0].sink);
+  for (int poll = 0; poll < 10; ++poll) {
+    small.room = 5;
+    n.node[0].e->poll_tx(n.now, small);
+  }
+  n.run_until(n.now + 10us);  // what was sent arrives, in the order it left
+  std::vector<int> order;
+  for (const auto& d : n.delivered)
+    if (d.from == 0 && order.size() < 48) order.push_back(d.to);
+  ASSERT_EQ(order.size(), 48u);
+  for (size_t i = 0; i < order.size(); ++i)
+    EXPECT_EQ(order[i], 1 + int(i / kTxBurst) % 3) << "packet " << i;
+  n.run_idle(n.now + 1s);
+  for (int to = 1; to < 4; ++to) expect_exactly_once(n, 0, to);
+}
+
 TEST(Planes, GoodputGrowsLinearlyWithPlanesThatAreEachABottleneck) {
   // 8 paths in all (the device default: one path per plane at 8 planes), then 8 per plane.
   for (uint16_t paths_per_plane : {0, 8}) {
