@@ -1214,10 +1214,19 @@ void EngineImpl::congestion_on_ack(Time now, Connection& c, uint16_t path, uint3
   TxPath& tp = c.tx[path];
   const int64_t rtt = std::max<int64_t>(srtt_ref(c, tp), 1000);
   const bool settled = now.count() - tp.last_md_ns >= rtt;
+  // The fraction of the path's packets that came back CE-marked, smoothed per packet (DCTCP's
+  // alpha, gain 1/16): a path starts at 1, so its first marks halve it; marks that are rare cut
+  // it by as little. An ACK may cover many packets; its marks count as the newest.
+  const uint32_t n = std::max<uint32_t>(newly, 1), m = std::min<uint32_t>(ce, n);
+  uint32_t a = tp.alpha;
+  for (uint32_t i = n - std::min<uint32_t>(n, 64); i < n; ++i)
+    a = a - (a >> kAlphaShift) + ((i >= n - m ? kAlphaOne : 0) >> kAlphaShift);
+  tp.alpha = static_cast<uint16_t>(a);
   if (ce) {
     if (!settled) return;
     const uint32_t old = tp.cwnd;
-    tp.cwnd = std::max(old / 2, kWinUnit);
+    const uint32_t cut = static_cast<uint32_t>(uint64_t{old} * tp.alpha / (2 * kAlphaOne));
+    tp.cwnd = std::max(old - cut, kWinUnit);
     uint32_t& pw = c.plane_cwnd[tp.plane];
     const uint32_t dec = std::min(old - tp.cwnd, pw / 2);
     pw = std::max(pw - dec, kMinConnWindow * kWinUnit);
@@ -1535,6 +1544,7 @@ bool EngineImpl::out_of_retries(const Connection& c, const TxDesc& d, Time now) 
 void EngineImpl::path_recovered(Time now, Connection& c, uint16_t path, int64_t sample) {
   TxPath& tp = c.tx[path];
   tp.state = PathState::kActive;
+  tp.alpha = kAlphaOne;  // a new route: its marks are to be learnt again
   --c.failed_paths;
   ++stats_.paths_recovered;
   // A new route: its own RTT, a fresh window.

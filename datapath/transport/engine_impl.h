@@ -25,6 +25,8 @@ inline constexpr uint32_t kMaxRecvDirs = 64;  // directions (peer conn_ids) kept
 inline constexpr uint8_t kMaxBackoff = 16;
 inline constexpr uint16_t kEphemeralPortBase = 49152;
 inline constexpr uint32_t kWinUnit = 256;     // windows are fixed point, 1/256 packet
+inline constexpr uint16_t kAlphaOne = 1024;   // a path's CE fraction is fixed point, 1/1024
+inline constexpr uint16_t kAlphaShift = 4;    // its gain: 1/16 per ACK
 inline constexpr uint32_t kMinConnWindow = 2; // packets
 inline constexpr uint32_t kActiveIntervals = 3;  // a sender counts for hints this many intervals
 inline constexpr uint32_t kHintPercent = 95;  // hints share this much of rx_capacity_mbps
@@ -87,6 +89,7 @@ struct TxPath {
   PathState state = PathState::kActive;
   uint8_t backoff = 0;           // RTO back-off; probe back-off while probing
   uint8_t plane = 0;             // from the connection's plane mask (congestion.md §4.7)
+  uint16_t alpha = kAlphaOne;    // smoothed fraction of its ACKs that echoed CE (§2.2)
   Time deadline = Time::max();   // RTO while active, next probe while probing
   int64_t last_progress_ns = 0;  // last ACK progress, or first send after idle; probing: since
   int64_t last_md_ns = INT64_MIN / 2;  // last multiplicative decrease (ECN)
