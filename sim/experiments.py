@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""The seed's experiments in the simulator, MetaRoCE and RoCEv2 side by side (docs/simulation.md).
+
+    sim/experiments.py build/sim/metaroce-sim OUTDIR [--only NAME ...] [--quick]
+
+Runs each experiment's scenarios one after another (they are deterministic: the same binary gives
+the same figures on any machine; only wall_s differs), writes OUTDIR/NAME.json with every run's
+arguments and output, OUTDIR/NAME.dat for gnuplot, and OUTDIR/NAME.svg when gnuplot is installed.
+--quick: 16 hosts instead of 64, for a look in seconds.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+FABRIC64 = ["--hosts", "64", "--hosts-per-leaf", "8", "--spines", "8"]
+FABRIC16 = ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4"]
+G400 = ["--gbps", "400", "--host-gbps", "400"]
+G100 = ["--gbps", "100", "--host-gbps", "100"]
+LOSSES = [0, 0.001, 0.01, 0.05, 0.1]
+ROCE_LIMIT = ["--limit-ms", "200"]  # RoCEv2 under heavy loss: report what finished by then
+
+
+def run(sim, args):
+    p = subprocess.run([sim] + args, capture_output=True, text=True, timeout=1800)
+    try:
+        out = json.loads(p.stdout)
+    except json.JSONDecodeError:
+        sys.exit(f"metaroce-sim {' '.join(args)} printed no result:\n{p.stderr}")
+    out["args"] = args
+    print(f"  {' '.join(args)}\n    -> completion {out['completion_us']} us, unfinished "
+          f"{out['unfinished']}, wall {out['wall_s']} s", flush=True)
+    return out
+
+
+def collective(sim, fabric, workload, kib):
+    """All-reduce or all-to-all at each loss rate: ours (1 and 3 tail probes), RoCEv2."""
+    rows = []
+    base = fabric + G400 + ["--paths", "8", "--workload", workload, "--flow-kib", str(kib)]
+    for loss in LOSSES:
+        row = {"loss": loss}
+        for name, extra in [("metaroce", []), ("metaroce_tlp3", ["--tail-probes", "3"]),
+                            ("rocev2", ["--transport", "rocev2"] + ROCE_LIMIT)]:
+            row[name] = run(sim, base + ["--loss", str(loss)] + extra)
+        rows.append(row)
+    for name in ["metaroce", "metaroce_tlp3", "rocev2"]:
+        clean = rows[0][name]["completion_us"]
+        for r in rows:
+            r[name]["kept"] = (clean / r[name]["completion_us"]
+                               if r[name]["completion_us"] and not r[name]["unfinished"] else 0)
+    return rows
+
+
+def planes(sim, fabric, kib):
+    """P = 1, 2, 4, 8 planes, 8 paths per plane, 100 Gbit/s: a permutation whose flows grow with
+    P (each plane carries the same), the same with fixed flows, and all-to-all (N(N-1)
+    connections)."""
+    rows = []
+    for p in [1, 2, 4, 8]:
+        base = fabric + G100 + ["--planes", str(p), "--paths", str(8 * p)]
+        rows.append({
+            "planes": p,
+            "scaled": run(sim, base + ["--flow-kib", str(kib * p)]),
+            "fixed": run(sim, base + ["--flow-kib", str(kib)]),
+            "alltoall": run(sim, base + ["--workload", "alltoall", "--flow-kib", str(kib * p)]),
+            "rocev2": run(sim, base[:-2] + ["--transport", "rocev2", "--flow-kib", str(kib * p)]
+                          + ROCE_LIMIT),
+        })
+    for kind in ["scaled", "fixed", "alltoall", "rocev2"]:
+        one = rows[0][kind]["goodput_gbps"]
+        for r in rows:
+            r[kind]["of_linear"] = r[kind]["goodput_gbps"] / (one * r["planes"]) if one else 0
+    return rows
+
+
+def incast(sim, fabric, kib):
+    base = fabric + G400 + ["--paths", "8", "--workload", "incast", "--flow-kib", str(kib)]
+    cases = [
+        ("metaroce, no hints", []),
+        ("metaroce, hints", ["--rx-capacity-gbps", "400"]),
+        ("metaroce, hints every 8 us", ["--rx-capacity-gbps", "400", "--hint-interval-us", "8"]),
+        ("metaroce, hints, PFC", ["--rx-capacity-gbps", "400", "--pfc"]),
+        ("rocev2", ["--transport", "rocev2"] + ROCE_LIMIT),
+        ("rocev2, PFC", ["--transport", "rocev2", "--pfc"] + ROCE_LIMIT),
+    ]
+    return [{"case": name, "run": run(sim, base + extra + ["--fair-bin-us", "40"])}
+            for name, extra in cases]
+
+
+def failure(sim, fabric, kib):
+    base = fabric + G400 + ["--paths", "8", "--workload", "allreduce", "--flow-kib", str(kib)]
+    rows = []
+    at_us = None
+    for name, extra in [("metaroce", []), ("rocev2", ["--transport", "rocev2", "--limit-ms", "20"])]:
+        clean = run(sim, base + extra)
+        at_us = at_us or round(clean["completion_us"] / 3)  # a third into ours, for both
+        failed = run(sim, base + extra + ["--fail-core-link-at-us", str(at_us)])
+        rows.append({"transport": name, "fail_at_us": at_us, "clean": clean, "failed": failed})
+    return rows
+
+
+def write_dat(out, name, header, lines):
+    with open(os.path.join(out, name + ".dat"), "w") as f:
+        f.write("# " + header + "\n")
+        for line in lines:
+            f.write(" ".join(str(x) for x in line) + "\n")
+
+
+PLOTS = {
+    "allreduce": ("All-reduce throughput kept under random loss (64 hosts, 400 Gbit/s)",
+                  "loss on every core link (%)", "kept (of the run without loss)",
+                  [(2, "MetaRoCE"), (3, "MetaRoCE, 3 tail probes"), (4, "RoCEv2")], True),
+    "alltoall": ("All-to-all throughput kept under random loss (64 hosts, 400 Gbit/s)",
+                 "loss on every core link (%)", "kept (of the run without loss)",
+                 [(2, "MetaRoCE"), (3, "MetaRoCE, 3 tail probes"), (4, "RoCEv2")], True),
+    "planes": ("Goodput against planes (64 hosts, 100 Gbit/s per plane)", "planes",
+               "of P x one plane", [(2, "MetaRoCE permutation"), (3, "MetaRoCE, fixed flows"),
+                                    (4, "MetaRoCE all-to-all"), (5, "RoCEv2, a QP per plane")],
+               False),
+}
+
+
+def plot(out, name):
+    if name not in PLOTS or not shutil.which("gnuplot"):
+        return
+    title, xl, yl, series, logx = PLOTS[name]
+    dat = os.path.join(out, name + ".dat")
+    cmds = [
+        "set terminal svg size 640,400 dynamic font 'sans,11'",
+        f"set output '{os.path.join(out, name + '.svg')}'",
+        f"set title '{title}'", f"set xlabel '{xl}'", f"set ylabel '{yl}'",
+        "set key bottom left" if logx else "set key top right", "set grid", "set yrange [0:1.15]",
+    ]
+    if logx:
+        cmds += ["set logscale x", "set xrange [0.05:20]"]
+    else:
+        cmds += ["set xrange [0.5:8.5]", "set xtics (1, 2, 4, 8)"]
+    xcol = "($1 == 0 ? 0.07 : $1)" if logx else "1"
+    cmds.append("plot " + ", ".join(
+        f"'{dat}' using {xcol}:{col} with linespoints title '{t}'" for col, t in series))
+    subprocess.run(["gnuplot"], input="\n".join(cmds) + "\n", text=True, check=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("sim")
+    ap.add_argument("out")
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    fabric = FABRIC16 if a.quick else FABRIC64
+    exps = {
+        "allreduce": lambda: collective(a.sim, fabric, "allreduce", 16384 if a.quick else 65536),
+        "alltoall": lambda: collective(a.sim, fabric, "alltoall", 4096 if a.quick else 16384),
+        "planes": lambda: planes(a.sim, fabric, 4096 if a.quick else 16384),
+        "incast": lambda: incast(a.sim, fabric, 1024),
+        "failure": lambda: failure(a.sim, fabric, 16384 if a.quick else 65536),
+    }
+    for name, fn in exps.items():
+        if a.only and name not in a.only:
+            continue
+        print(f"{name}:", flush=True)
+        rows = fn()
+        with open(os.path.join(a.out, name + ".json"), "w") as f:
+            json.dump(rows, f, indent=1)
+        if name in ("allreduce", "alltoall"):
+            write_dat(a.out, name, "loss% metaroce metaroce_tlp3 rocev2 (kept)",
+                      [(r["loss"] * 100, round(r["metaroce"]["kept"], 4),
+                        round(r["metaroce_tlp3"]["kept"], 4), round(r["rocev2"]["kept"], 4))
+                       for r in rows])
+        elif name == "planes":
+            write_dat(a.out, name, "planes scaled fixed alltoall rocev2 (of linear)",
+                      [(r["planes"], round(r["scaled"]["of_linear"], 4),
+                        round(r["fixed"]["of_linear"], 4), round(r["alltoall"]["of_linear"], 4),
+                        round(r["rocev2"]["of_linear"], 4)) for r in rows])
+        plot(a.out, name)
+
+
+if __name__ == "__main__":
+    main()
