@@ -21,6 +21,18 @@ Ns Link::drains_to(uint32_t bytes) const {
   return q_.now() + static_cast<Ns>((b - bytes) * 8 / p_.gbps) + 1;
 }
 
+// A packet that joins the queue: CE-marked if more than the marking threshold is ahead of it,
+// and counted.
+void Link::admit(Packet& pkt, uint32_t ahead, uint32_t size) {
+  if (ahead > p_.ecn_bytes) {
+    pkt.ce = true;
+    ++c_.ce_marked;
+  }
+  c_.max_backlog = std::max(c_.max_backlog, ahead + size);
+  ++c_.packets;
+  c_.bytes += size;
+}
+
 void Link::send(Packet&& pkt) {
   if (p_.pfc.on) {
     send_fifo(std::move(pkt));
@@ -40,13 +52,7 @@ void Link::send(Packet&& pkt) {
     ++c_.drop_loss;
     return;
   }
-  if (ahead > p_.ecn_bytes) {
-    pkt.ce = true;
-    ++c_.ce_marked;
-  }
-  c_.max_backlog = std::max(c_.max_backlog, ahead + size);
-  ++c_.packets;
-  c_.bytes += size;
+  admit(pkt, ahead, size);
   const Ns start = std::max(q_.now(), busy_until_);
   busy_until_ = start + static_cast<Ns>(size * 8 / p_.gbps);
   const Ns arrival = busy_until_ + p_.delay_ns;
@@ -91,14 +97,7 @@ void Link::send_fifo(Packet&& pkt) {
     ++c_.drop_loss;
     return;
   }
-  const uint32_t ahead = backlog();
-  if (ahead > p_.ecn_bytes) {
-    pkt.ce = true;
-    ++c_.ce_marked;
-  }
-  c_.max_backlog = std::max(c_.max_backlog, ahead + size);
-  ++c_.packets;
-  c_.bytes += size;
+  admit(pkt, backlog(), size);
   if (pkt.via) pkt.via->hold(size);
   fifo_bytes_ += size;
   fifo_.push_back(std::move(pkt));

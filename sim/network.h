@@ -94,6 +94,7 @@ class Link {
 
  private:
   void send_fifo(Packet&& pkt);
+  void admit(Packet& pkt, uint32_t ahead, uint32_t size);
   void start_tx();
   void tx_done();
   void arrive(std::shared_ptr<Packet> pkt);

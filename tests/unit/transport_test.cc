@@ -1205,15 +1205,18 @@ void fair_share_test(int senders) {
   EXPECT_GT(n.node[1].e->stats().pacing_waits, 0u);
 }
 
+// Node 0 shares rx_capacity_mbps among its senders by hints; the other nodes are plain.
+std::vector<EngineConfig> hinting_receiver(uint32_t rx_capacity_mbps) {
+  EngineConfig rx = Net::config();
+  rx.rx_capacity_mbps = rx_capacity_mbps;
+  return {rx, Net::config()};
+}
+
 TEST(FairShare, TwoSendersReachTheirSharesWithinTwoRttsOfTheFirstHint) { fair_share_test(2); }
 TEST(FairShare, FourSendersReachTheirSharesWithinTwoRttsOfTheFirstHint) { fair_share_test(4); }
 
 TEST(FairShare, ASenderUsingLessThanItsShareLeavesTheRestToTheOthers) {
-  std::vector<EngineConfig> cfgs;
-  EngineConfig rx = Net::config();
-  rx.rx_capacity_mbps = 10000;
-  cfgs.push_back(rx);
-  cfgs.push_back(Net::config());
+  const std::vector<EngineConfig> cfgs = hinting_receiver(10000);
   Net::Config nc;
   nc.nodes = 4;
   Net n(nc, cfgs);
@@ -1240,11 +1243,7 @@ TEST(FairShare, ASenderUsingLessThanItsShareLeavesTheRestToTheOthers) {
 TEST(FairShare, PacingShowsInNextDeadline) {
   // One sender, hint far below the link: packets leave spaced by the hint, and the engine asks
   // to be woken for the next one.
-  std::vector<EngineConfig> cfgs;
-  EngineConfig rx = Net::config();
-  rx.rx_capacity_mbps = 2000;
-  cfgs.push_back(rx);
-  cfgs.push_back(Net::config());
+  const std::vector<EngineConfig> cfgs = hinting_receiver(2000);
   Net::Config nc;
   nc.bottleneck_mbps = 0;
   Net n(nc, cfgs);
@@ -1275,11 +1274,7 @@ TEST(FairShare, PacingShowsInNextDeadline) {
 // leave the deadline in the past, or a host that polls again at the deadline spins at one
 // instant for ever (a simulated all-to-all with hints did).
 TEST(FairShare, APacingWaitThatEndsBehindAFullQueueLeavesNoDeadlineInThePast) {
-  std::vector<EngineConfig> cfgs;
-  EngineConfig rx = Net::config();
-  rx.rx_capacity_mbps = 2000;
-  cfgs.push_back(rx);
-  cfgs.push_back(Net::config());
+  const std::vector<EngineConfig> cfgs = hinting_receiver(2000);
   Net::Config nc;
   nc.nodes = 3;
   nc.bottleneck_mbps = 0;
