@@ -8,7 +8,8 @@
 //                [--conn-window-max W] [--tail-probes N] [--workload permutation|incast|allreduce|alltoall]
 //                [--flow-kib B]
 //                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
-//                [--hint-interval-us T] [--fair-bin-us T] [--memory on|off]
+//                [--hint-interval-us T] [--fair-bin-us T] [--memory on|off] [--slices S]
+//   --slices: all-reduce steps as S pipelined slices each, as NCCL moves a ring (default 1).
 //   --fair-bin-us: incast fairness bins (default one base RTT); --memory on: the transport's
 //     state per connection and per path at the end, and the peak RSS.
 //   --fail-core-link-at-us: the busiest leaf-spine (fat-tree: aggregation-core) link of plane 0
@@ -59,6 +60,7 @@ struct Options {
   std::string workload = "permutation";
   uint64_t flow_bytes = 1 << 20, msg_bytes = 64 << 10;
   uint32_t qps = 1;
+  uint32_t slices = 1;  // all-reduce: slices per step's chunk (NCCL-like pipelining)
   double fail_core_at_us = -1;
   Ns limit_ns = 1'000'000'000;
   std::string transport = "metaroce";
@@ -145,6 +147,7 @@ Options parse(int argc, char** argv) {
         usage("--workload: permutation, incast, allreduce or alltoall");
     } else if (a == "--flow-kib") o.flow_bytes = static_cast<uint64_t>(number(a.c_str(), v, 1, 1 << 30) * 1024);
     else if (a == "--msg-kib") o.msg_bytes = static_cast<uint64_t>(number(a.c_str(), v, 1, 1 << 20) * 1024);
+    else if (a == "--slices") o.slices = static_cast<uint32_t>(number(a.c_str(), v, 1, 64));
     else if (a == "--qps") o.qps = static_cast<uint32_t>(number(a.c_str(), v, 1, 1024));
     else if (a == "--fail-core-link-at-us") o.fail_core_at_us = number(a.c_str(), v, 0, 1e9);
     else if (a == "--seed") o.topo.seed = static_cast<uint64_t>(number(a.c_str(), v, 0, 1e18));
@@ -183,6 +186,7 @@ struct Flow {
   uint64_t bytes = 0, acked = 0;
   Ns done = -1;
   std::vector<size_t> then;  // flows that start when this one is done (a collective's steps)
+  uint32_t waits = 1;        // of the flows that name it in `then`, how many must be done
   bool at_start = true;
 };
 
@@ -295,17 +299,28 @@ int main(int argc, char** argv) {
       for (uint32_t j = 0; j < n; ++j)
         if (i != j) flows.push_back(flow(i, j, std::max<uint64_t>(o.flow_bytes / (n - 1), 1)));
   } else {
+    // Each step's chunk goes as --slices slices, as NCCL pipelines a ring through its buffer
+    // slots: slice k of (step st, host i) waits for slice k of (st - 1, host i - 1), the data it
+    // forwards, and, with more than one slice, for its own slice k of step st - 1 (the slot
+    // it reuses at the next host). One slice: each step waits for the whole previous chunk.
     const uint64_t chunk = std::max<uint64_t>(o.flow_bytes / n, 1);
-    const uint32_t steps = 2 * (n - 1);
+    const uint32_t steps = 2 * (n - 1), sl = o.slices;
+    const uint64_t slice = std::max<uint64_t>(chunk / sl, 1);
+    auto idx = [&](uint32_t st, uint32_t i, uint32_t k) { return (size_t{st} * n + i) * sl + k; };
     for (uint32_t st = 0; st < steps; ++st)
-      for (uint32_t i = 0; i < n; ++i) flows.push_back(flow(i, (i + 1) % n, chunk));
-    // Flow (step st, host i) waits for (st - 1, host i - 1): the chunk it forwards.
+      for (uint32_t i = 0; i < n; ++i)
+        for (uint32_t k = 0; k < sl; ++k) flows.push_back(flow(i, (i + 1) % n, slice));
     for (uint32_t st = 1; st < steps; ++st)
-      for (uint32_t i = 0; i < n; ++i) {
-        const size_t f = size_t{st} * n + i, dep = size_t{st - 1} * n + (i + n - 1) % n;
-        flows[f].at_start = false;
-        flows[dep].then.push_back(f);
-      }
+      for (uint32_t i = 0; i < n; ++i)
+        for (uint32_t k = 0; k < sl; ++k) {
+          const size_t f = idx(st, i, k);
+          flows[f].at_start = false;
+          flows[idx(st - 1, (i + n - 1) % n, k)].then.push_back(f);
+          if (sl > 1) {
+            flows[f].waits = 2;
+            flows[idx(st - 1, i, k)].then.push_back(f);
+          }
+        }
   }
   // Background flows, if asked: the run ends when the workload's last flow is done.
   std::unique_ptr<Background> background;
@@ -331,7 +346,8 @@ int main(int argc, char** argv) {
         x.acked += len;
         if (x.acked != x.bytes) return;
         x.done = t;
-        for (size_t g : x.then) start(g);
+        for (size_t g : x.then)
+          if (--flows[g].waits == 0) start(g);
         if (--workload_left == 0 && background) q.stop();
       });
     }

@@ -1215,8 +1215,9 @@ void EngineImpl::congestion_on_ack(Time now, Connection& c, uint16_t path, uint3
   const int64_t rtt = std::max<int64_t>(srtt_ref(c, tp), 1000);
   const bool settled = now.count() - tp.last_md_ns >= rtt;
   // The fraction of the path's packets that came back CE-marked, smoothed per packet (DCTCP's
-  // alpha, gain 1/16): a path starts at 1, so its first marks halve it; marks that are rare cut
-  // it by as little. An ACK may cover many packets; its marks count as the newest.
+  // alpha, gain 1/16, from 1): a path whose packets are all marked halves, marks that are rare
+  // cut it by as little (congestion.md §2.2). An ACK may cover many packets; its marks count as
+  // the newest.
   const uint32_t n = std::max<uint32_t>(newly, 1), m = std::min<uint32_t>(ce, n);
   uint32_t a = tp.alpha;
   for (uint32_t i = n - std::min<uint32_t>(n, 64); i < n; ++i)
