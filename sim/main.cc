@@ -270,8 +270,10 @@ int main(int argc, char** argv) {
   // Incast fairness: what reaches host 0 from each sender, per bin of one base RTT (by default:
   // the propagation delay of a path across the top tier and back: 4 links each way on a
   // leaf-spine, 6 on a fat-tree).
-  const Ns base_rtt = (o.topo.kind == TopologyKind::kFatTree ? 12 : 8) * o.topo.fabric_link.delay_ns;
-  const Ns bin = o.fair_bin_us > 0 ? static_cast<Ns>(o.fair_bin_us * 1000) : std::max<Ns>(base_rtt, 1);
+  const Ns base_rtt =
+      (o.topo.kind == TopologyKind::kFatTree ? 12 : 8) * o.topo.fabric_link.delay_ns;
+  const Ns bin =
+      o.fair_bin_us > 0 ? static_cast<Ns>(o.fair_bin_us * 1000) : std::max<Ns>(base_rtt, 1);
   std::vector<std::vector<uint64_t>> rx_bins;  // [bin][sender]
   RxTap tap(hosts[0].get(), [&](const Packet& p) {
     const size_t b = static_cast<size_t>(q.now() / bin);
@@ -409,7 +411,8 @@ int main(int argc, char** argv) {
     // and the process's peak resident size (links, queues and the event queue included).
     transport::EngineImpl::Footprint t;
     for (const auto& h : hosts) {
-      const auto* e = dynamic_cast<const transport::EngineImpl*>(&static_cast<Endpoint&>(*h).engine());
+      const auto& engine = static_cast<Endpoint&>(*h).engine();
+      const auto* e = dynamic_cast<const transport::EngineImpl*>(&engine);
       if (!e) continue;
       const auto f = e->footprint();
       t.connections += f.connections;
@@ -422,7 +425,9 @@ int main(int argc, char** argv) {
       t.record_bytes += f.record_bytes;
       t.slot_bytes += f.slot_bytes;
     }
-    auto per = [](uint64_t bytes, uint64_t n) { return n ? static_cast<double>(bytes) / static_cast<double>(n) : 0.0; };
+    auto per = [](uint64_t bytes, uint64_t n) {
+      return n ? static_cast<double>(bytes) / static_cast<double>(n) : 0.0;
+    };
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
     char buf[512];
@@ -446,40 +451,41 @@ int main(int argc, char** argv) {
     // >= 0.99, in base RTTs.
     Ns first_done = INT64_MAX;
     for (const Flow& f : flows) first_done = std::min(first_done, f.done < 0 ? INT64_MAX : f.done);
-    std::vector<double> jains;
-    for (size_t b = 0; b < rx_bins.size() && static_cast<Ns>(b + 1) * bin <= first_done; ++b) {
+    // Jain's index of the n - 1 senders' values.
+    auto jain = [n](auto value) {
       double sum = 0, sq = 0;
       for (uint32_t i = 1; i < n; ++i) {
-        sum += static_cast<double>(rx_bins[b][i]);
-        sq += static_cast<double>(rx_bins[b][i]) * static_cast<double>(rx_bins[b][i]);
+        const double x = value(i);
+        sum += x;
+        sq += x * x;
       }
-      jains.push_back(sq > 0 ? sum * sum / ((n - 1) * sq) : 0);
-    }
+      return sq > 0 ? sum * sum / ((n - 1) * sq) : 0.0;
+    };
+    std::vector<double> jains;
+    for (size_t b = 0; b < rx_bins.size() && static_cast<Ns>(b + 1) * bin <= first_done; ++b)
+      jains.push_back(jain([&](uint32_t i) { return static_cast<double>(rx_bins[b][i]); }));
     size_t settled = jains.size();
     while (settled > 0 && jains[settled - 1] >= 0.99) --settled;
+    // From 2 base RTTs on: the worst bin, and the senders' shares over all those bins together
+    // (until the first flow finishes).
     double min_after2 = 1;
-    for (size_t b = 0; b < jains.size(); ++b)
-      if (static_cast<Ns>(b) * bin >= 2 * base_rtt) min_after2 = std::min(min_after2, jains[b]);
-    // The senders' shares from 2 base RTTs on until the first flow finishes, as one window.
     std::vector<double> share(n, 0);
-    for (size_t b = 0; b < jains.size(); ++b)
-      if (static_cast<Ns>(b) * bin >= 2 * base_rtt)
-        for (uint32_t i = 1; i < n; ++i) share[i] += static_cast<double>(rx_bins[b][i]);
-    double ssum = 0, ssq = 0;
-    for (uint32_t i = 1; i < n; ++i) {
-      ssum += share[i];
-      ssq += share[i] * share[i];
+    for (size_t b = 0; b < jains.size(); ++b) {
+      if (static_cast<Ns>(b) * bin < 2 * base_rtt) continue;
+      min_after2 = std::min(min_after2, jains[b]);
+      for (uint32_t i = 1; i < n; ++i) share[i] += static_cast<double>(rx_bins[b][i]);
     }
-    const double jain_after2 = ssq > 0 ? ssum * ssum / ((n - 1) * ssq) : 0;
-    char buf[256];
+    const double jain_after2 = jain([&](uint32_t i) { return share[i]; });
+    auto first = [&](size_t b) { return b < jains.size() ? jains[b] : 0.0; };
+    const double settled_rtts =
+        settled == jains.size() ? -1.0 : static_cast<double>(settled) * bin / base_rtt;
+    char buf[512];
     std::snprintf(buf, sizeof buf,
-                  ", \"fair_bin_us\": %.3f, \"fair_bins\": %zu, \"jain_first_bins\": [%.4f, %.4f, %.4f, %.4f]"
-                  ", \"jain_settled_rtts\": %.2f, \"jain_min_after_2rtt\": %.4f, \"jain_after_2rtt\": %.4f",
-                  static_cast<double>(bin) / 1000, jains.size(), jains.size() > 0 ? jains[0] : 0,
-                  jains.size() > 1 ? jains[1] : 0, jains.size() > 2 ? jains[2] : 0,
-                  jains.size() > 3 ? jains[3] : 0,
-                  jains.size() == settled ? -1.0 : static_cast<double>(settled * bin) / static_cast<double>(base_rtt),
-                  min_after2, jain_after2);
+                  ", \"fair_bin_us\": %.3f, \"fair_bins\": %zu"
+                  ", \"jain_first_bins\": [%.4f, %.4f, %.4f, %.4f], \"jain_settled_rtts\": %.2f"
+                  ", \"jain_min_after_2rtt\": %.4f, \"jain_after_2rtt\": %.4f",
+                  static_cast<double>(bin) / 1000, jains.size(), first(0), first(1), first(2),
+                  first(3), settled_rtts, min_after2, jain_after2);
     extra += buf;
   }
   std::printf(
