@@ -701,6 +701,7 @@ uint32_t EngineImpl::poll_tx(Time now, TxSink& sink) {
   // timer comes only through a call that touches its connection.
   for (Connection* c : work_) {
     if (!c->failed_paths) continue;
+    touch(*c, false);  // a probe arms the path's probe deadline
     // Retired paths and those on a plane that is down are not probed.
     for (uint16_t p = 0; p < c->paths_used; ++p) {
       if (c->tx[p].state != PathState::kFailed || !usable_plane(*c, c->tx[p].plane)) continue;

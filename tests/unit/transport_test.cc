@@ -2267,6 +2267,31 @@ TEST(Scheduling, IdleConnectionsCostNothingToTimersOrPolling) {
 
 // The engine's next deadline is the earliest of its connections', as they change: a message on
 // one connection among many brings it forward, its ACK moves it back to none.
+// Probes that go out in a poll the transmit queue cuts short still arm their deadlines: a
+// probe's timeout must come even when the poll stopped before the sending step.
+TEST(Scheduling, AProbeSentBeforeTheQueueFilledArmsItsDeadline) {
+  Fabric f;  // 4 paths over 2 planes
+  f.submit(0, 1, 0, kMtu);
+  f.run();
+  ASSERT_EQ(f.node[0].host.acked.size(), 1u);
+  Engine& e = *f.node[0].e;
+  e.set_plane_up(f.now, 1, false);  // plane 1's paths leave service, unprobed
+  e.set_plane_up(f.now, 1, true);   // and are probed again from the next poll
+  ASSERT_EQ(e.next_deadline(), Time::max());
+  struct One : TxSink {  // takes one packet (into nowhere), then is full
+    std::vector<uint8_t> buf;
+    int room = 1;
+    std::span<uint8_t> begin(uint32_t len, uint8_t) override {
+      if (room == 0) return {};
+      buf.assign(len, 0);
+      return buf;
+    }
+    void commit(uint32_t, uint16_t, uint8_t, uint32_t) override { --room; }
+  } one;
+  EXPECT_EQ(e.poll_tx(f.now, one), 1u);  // the first probe; the second finds the queue full
+  EXPECT_LT(e.next_deadline(), Time::max());
+}
+
 TEST(Scheduling, NextDeadlineFollowsTheEarliestConnection) {
   Net::Config nc;
   nc.nodes = 6;
