@@ -413,17 +413,7 @@ int main(int argc, char** argv) {
     for (const auto& h : hosts) {
       const auto& engine = static_cast<Endpoint&>(*h).engine();
       const auto* e = dynamic_cast<const transport::EngineImpl*>(&engine);
-      if (!e) continue;
-      const auto f = e->footprint();
-      t.connections += f.connections;
-      t.tx_paths += f.tx_paths;
-      t.rx_paths += f.rx_paths;
-      t.records += f.records;
-      t.conn_bytes += f.conn_bytes;
-      t.tx_path_bytes += f.tx_path_bytes;
-      t.rx_path_bytes += f.rx_path_bytes;
-      t.record_bytes += f.record_bytes;
-      t.slot_bytes += f.slot_bytes;
+      if (e) t += e->footprint();
     }
     auto per = [](uint64_t bytes, uint64_t n) {
       return n ? static_cast<double>(bytes) / static_cast<double>(n) : 0.0;

@@ -234,6 +234,14 @@ class EngineImpl final : public Engine {
     uint64_t connections = 0, tx_paths = 0, rx_paths = 0, records = 0, msg_slots = 0;
     uint64_t conn_bytes = 0, tx_path_bytes = 0, rx_path_bytes = 0, record_bytes = 0,
              slot_bytes = 0;
+    Footprint& operator+=(const Footprint& o) {
+      connections += o.connections, tx_paths += o.tx_paths, rx_paths += o.rx_paths;
+      records += o.records, msg_slots += o.msg_slots;
+      conn_bytes += o.conn_bytes, tx_path_bytes += o.tx_path_bytes;
+      rx_path_bytes += o.rx_path_bytes, record_bytes += o.record_bytes;
+      slot_bytes += o.slot_bytes;
+      return *this;
+    }
   };
   Footprint footprint() const;
 

@@ -3,6 +3,7 @@
 // virtual clock, with fake hosts that own the message bytes and record every delivery.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -240,6 +241,25 @@ void expect_all_delivered_exactly(const Fabric& f, int from) {
 std::vector<uint8_t> sent_bytes(const Fabric& f, int from, uint64_t cookie) {
   return f.node[from].host.outgoing.at(cookie);
 }
+
+// A host's transmit queue with room for `room` more packets (then full), each handed on to
+// `next` or, without one, dropped where nobody sees it.
+struct QueueSink : TxSink {
+  explicit QueueSink(int room, TxSink* next = nullptr) : room(room), next(next) {}
+  std::span<uint8_t> begin(uint32_t len, uint8_t plane) override {
+    if (room <= 0) return {};
+    if (next) return next->begin(len, plane);
+    buf.assign(len, 0);
+    return buf;
+  }
+  void commit(uint32_t ip, uint16_t sport, uint8_t plane, uint32_t len) override {
+    --room;
+    if (next) next->commit(ip, sport, plane, len);
+  }
+  int room;
+  TxSink* next;
+  std::vector<uint8_t> buf;
+};
 
 // ---------------------------------------------------------------------------------------------
 
@@ -1257,11 +1277,7 @@ TEST(FairShare, PacingShowsInNextDeadline) {
   EXPECT_NEAR(wire_mbps, cs.rate_hint_mbps, 0.05 * cs.rate_hint_mbps);
   // Right after a poll that sent what the credit allowed, the engine wants to be woken when
   // the next packet's credit is there: after now, and within one packet time at the hint.
-  struct Discard : TxSink {
-    std::vector<uint8_t> buf;
-    std::span<uint8_t> begin(uint32_t n, uint8_t) override { buf.assign(n, 0); return buf; }
-    void commit(uint32_t, uint16_t, uint8_t, uint32_t) override {}
-  } sink;
+  QueueSink sink(INT_MAX);
   n.node[1].e->poll_tx(n.now, sink);
   const Time wake = n.node[1].e->next_deadline();
   const Time packet_time((kMtu + wire::kDataHeadersLen) * 8000 / cs.rate_hint_mbps + 1);
@@ -1282,10 +1298,7 @@ TEST(FairShare, APacingWaitThatEndsBehindAFullQueueLeavesNoDeadlineInThePast) {
   submit_bulk(n, 1, 0, 1, 16, 64 * 1024);
   n.run_until(300us);
   ASSERT_GT(conn_stats(*n.node[1].e, n.node[0].ip).rate_hint_mbps, 0u);
-  struct Full : TxSink {
-    std::span<uint8_t> begin(uint32_t, uint8_t) override { return {}; }
-    void commit(uint32_t, uint16_t, uint8_t, uint32_t) override {}
-  } full;
+  QueueSink full(0);
   Engine& e = *n.node[1].e;
   e.poll_tx(n.now, *n.node[1].sink);  // sends what the credit allows, then waits for credit
   const Time paced = e.next_deadline();
@@ -2278,16 +2291,7 @@ TEST(Scheduling, AProbeSentBeforeTheQueueFilledArmsItsDeadline) {
   e.set_plane_up(f.now, 1, false);  // plane 1's paths leave service, unprobed
   e.set_plane_up(f.now, 1, true);   // and are probed again from the next poll
   ASSERT_EQ(e.next_deadline(), Time::max());
-  struct One : TxSink {  // takes one packet (into nowhere), then is full
-    std::vector<uint8_t> buf;
-    int room = 1;
-    std::span<uint8_t> begin(uint32_t len, uint8_t) override {
-      if (room == 0) return {};
-      buf.assign(len, 0);
-      return buf;
-    }
-    void commit(uint32_t, uint16_t, uint8_t, uint32_t) override { --room; }
-  } one;
+  QueueSink one(1);  // takes one packet (into nowhere), then is full
   EXPECT_EQ(e.poll_tx(f.now, one), 1u);  // the first probe; the second finds the queue full
   EXPECT_LT(e.next_deadline(), Time::max());
 }
@@ -2351,18 +2355,7 @@ TEST(Scheduling, ConnectionsTakeTurnsOfABurstEvenWhenTheQueueStopsThem) {
   Net n(nc, {Net::config()});
   for (int to = 1; to < 4; ++to) submit_bulk(n, 0, to, 1, 4, 64 * 1024);
   // A queue that takes 5 packets per poll: turns of 8 span polls.
-  struct Small : TxSink {
-    TxSink& next;
-    int room = 0;
-    explicit Small(TxSink& s) : next(s) {}
-    std::span<uint8_t> begin(uint32_t len, uint8_t plane) override {
-      return room > 0 ? next.begin(len, plane) : std::span<uint8_t>{};
-    }
-    void commit(uint32_t ip, uint16_t sport, uint8_t plane, uint32_t len) override {
-      --room;
-      next.commit(ip, sport, plane, len);
-    }
-  } small(*n.node[0].sink);
+  QueueSink small(0, n.node[0].sink.get());
   for (int poll = 0; poll < 10; ++poll) {
     small.room = 5;
     n.node[0].e->poll_tx(n.now, small);
