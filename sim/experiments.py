@@ -86,7 +86,7 @@ def incast(sim, fabric, kib):
         ("rocev2", ["--transport", "rocev2"] + ROCE_LIMIT),
         ("rocev2, PFC", ["--transport", "rocev2", "--pfc"] + ROCE_LIMIT),
     ]
-    return [{"case": name, "run": run(sim, base + extra + ["--fair-bin-us", "40"])}
+    return [{"case": name, "run": run(sim, base + extra + ["--fair-window-us", "80"])}
             for name, extra in cases]
 
 

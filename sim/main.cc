@@ -8,10 +8,15 @@
 //                [--conn-window-max W] [--tail-probes N] [--workload permutation|incast|allreduce|alltoall]
 //                [--flow-kib B]
 //                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
-//                [--hint-interval-us T] [--fair-bin-us T] [--memory on|off] [--slices S]
+//                [--hint-interval-us T] [--fair-window-us T] [--memory on|off] [--slices S]
+//                [--fair-series FILE] [--start-window N] [--late-detection on|off]
+//                [--tail-redundancy on|off]
+//   --start-window, --late-detection, --tail-redundancy: the transport's (EngineConfig), to
+//     measure what each does (docs/simulation.md).
 //   --slices: all-reduce steps as S pipelined slices each, as NCCL moves a ring (default 1).
-//   --fair-bin-us: incast fairness bins (default one base RTT); --memory on: the transport's
-//     state per connection and per path at the end, and the peak RSS.
+//   --fair-window-us: incast fairness windows (default 5 base RTTs, sliding by one base RTT).
+//   --memory on: the transport's state per connection and per path at the end, and the peak RSS.
+//   --fair-series: incast, each window's Jain index and senders' rates to FILE (gnuplot data).
 //   --fail-core-link-at-us: the busiest leaf-spine (fat-tree: aggregation-core) link of plane 0
 //     at that time goes down.
 //                [--limit-ms L] [--transport metaroce|rocev2] [--roce-rto-us T]
@@ -54,8 +59,11 @@ struct Options {
   uint32_t rx_capacity_mbps = 0;  // receivers' fair-share hints (congestion.md §3); 0: none
   uint32_t conn_window_init = 0, conn_window_max = 0;  // 0: the transport's defaults
   uint32_t tail_probes = 0;
+  bool late_detection = true, tail_redundancy = true;  // congestion.md §5.1, §5.2
+  int start_window = -1;         // -1: the transport's default (congestion.md §3.4)
   double hint_interval_us = 0;   // 0: the transport's default
-  double fair_bin_us = 0;        // incast fairness bins; 0: one base RTT
+  double fair_window_us = 0;     // incast fairness windows; 0: 5 base RTTs
+  std::string fair_series;       // incast: every bin's figures to this file (gnuplot data)
   bool mem = false;              // --memory on: the transport's state and the peak RSS
   std::string workload = "permutation";
   uint64_t flow_bytes = 1 << 20, msg_bytes = 64 << 10;
@@ -135,10 +143,16 @@ Options parse(int argc, char** argv) {
     else if (a == "--tail-probes")
       o.tail_probes = static_cast<uint32_t>(number(a.c_str(), v, 1, 16));
     else if (a == "--hint-interval-us") o.hint_interval_us = number(a.c_str(), v, 0.1, 1e6);
+    else if (a == "--start-window") o.start_window = static_cast<int>(number(a.c_str(), v, 0, 4096));
+    else if (a == "--late-detection" || a == "--tail-redundancy") {
+      if (std::strcmp(v, "on") && std::strcmp(v, "off")) usage((a + ": on or off").c_str());
+      (a == "--late-detection" ? o.late_detection : o.tail_redundancy) = !std::strcmp(v, "on");
+    }
     else if (a == "--memory") {
       if (std::strcmp(v, "on") && std::strcmp(v, "off")) usage("--memory: on or off");
       o.mem = !std::strcmp(v, "on");
-    } else if (a == "--fair-bin-us") o.fair_bin_us = number(a.c_str(), v, 0.01, 1e6);
+    } else if (a == "--fair-window-us") o.fair_window_us = number(a.c_str(), v, 0.01, 1e6);
+    else if (a == "--fair-series") o.fair_series = v;
     else if (a == "--paths") o.paths = static_cast<uint32_t>(number(a.c_str(), v, 1, 256));
     else if (a == "--workload") {
       o.workload = v;
@@ -258,6 +272,9 @@ int main(int argc, char** argv) {
   if (o.conn_window_init) cfg.conn_window_init = o.conn_window_init;
   if (o.conn_window_max) cfg.conn_window_max = o.conn_window_max;
   if (o.tail_probes) cfg.tail_probes = static_cast<uint8_t>(o.tail_probes);
+  cfg.late_detection = o.late_detection;
+  cfg.tail_redundancy = o.tail_redundancy;
+  if (o.start_window >= 0) cfg.start_window = static_cast<uint32_t>(o.start_window);
   if (o.hint_interval_us > 0)
     cfg.hint_interval = transport::Time(static_cast<int64_t>(o.hint_interval_us * 1000));
   std::vector<std::unique_ptr<HostModel>> hosts;
@@ -267,18 +284,19 @@ int main(int argc, char** argv) {
                                                         o.topo.host_link.gbps, o.roce));
   }
 
-  // Incast fairness: what reaches host 0 from each sender, per bin of one base RTT (by default:
-  // the propagation delay of a path across the top tier and back: 4 links each way on a
-  // leaf-spine, 6 on a fat-tree).
-  const Ns base_rtt =
-      (o.topo.kind == TopologyKind::kFatTree ? 12 : 8) * o.topo.fabric_link.delay_ns;
-  const Ns bin =
-      o.fair_bin_us > 0 ? static_cast<Ns>(o.fair_bin_us * 1000) : std::max<Ns>(base_rtt, 1);
-  std::vector<std::vector<uint64_t>> rx_bins;  // [bin][sender]
+  // Incast fairness: what reaches host 0 from each sender, in steps of one base RTT (the
+  // propagation delay of a path across the top tier and back: 4 links each way on a leaf-spine,
+  // 6 on a fat-tree); Jain's index is taken over windows of --fair-window-us (default 5 base RTTs,
+  // long enough for each of 63 senders' fair share to be several packets) sliding by one step.
+  const Ns base_rtt = std::max<Ns>(
+      (o.topo.kind == TopologyKind::kFatTree ? 12 : 8) * o.topo.fabric_link.delay_ns, 1);
+  const Ns window = o.fair_window_us > 0 ? static_cast<Ns>(o.fair_window_us * 1000) : 5 * base_rtt;
+  const size_t window_steps = static_cast<size_t>(std::max<Ns>((window + base_rtt - 1) / base_rtt, 1));
+  std::vector<std::vector<uint64_t>> rx_steps;  // [step][sender]
   RxTap tap(hosts[0].get(), [&](const Packet& p) {
-    const size_t b = static_cast<size_t>(q.now() / bin);
-    if (rx_bins.size() <= b) rx_bins.resize(b + 1, std::vector<uint64_t>(o.topo.hosts, 0));
-    rx_bins[b][Topology::host_of(p.src_ip)] += p.length;
+    const size_t b = static_cast<size_t>(q.now() / base_rtt);
+    if (rx_steps.size() <= b) rx_steps.resize(b + 1, std::vector<uint64_t>(o.topo.hosts, 0));
+    rx_steps[b][Topology::host_of(p.src_ip)] += p.length;
   });
   if (o.workload == "incast") topo.attach(0, &tap);
 
@@ -436,12 +454,12 @@ int main(int argc, char** argv) {
     extra = buf;
   }
   if (o.workload == "incast") {
-    // Jain's index of the senders' shares in each bin while every sender is still sending
-    // (the bins before the first flow finished); settled: the first bin from which it stays
-    // >= 0.99, in base RTTs.
+    // Jain's index of the senders' bytes in each window that ends before the first flow finishes
+    // (while every sender still sends); settled: the first window start, in base RTTs, from
+    // which every window's index is >= 0.99; and the senders' shares over all windows from
+    // 2 base RTTs on together.
     Ns first_done = INT64_MAX;
     for (const Flow& f : flows) first_done = std::min(first_done, f.done < 0 ? INT64_MAX : f.done);
-    // Jain's index of the n - 1 senders' values.
     auto jain = [n](auto value) {
       double sum = 0, sq = 0;
       for (uint32_t i = 1; i < n; ++i) {
@@ -451,31 +469,56 @@ int main(int argc, char** argv) {
       }
       return sq > 0 ? sum * sum / ((n - 1) * sq) : 0.0;
     };
-    std::vector<double> jains;
-    for (size_t b = 0; b < rx_bins.size() && static_cast<Ns>(b + 1) * bin <= first_done; ++b)
-      jains.push_back(jain([&](uint32_t i) { return static_cast<double>(rx_bins[b][i]); }));
+    const size_t full_steps = first_done == INT64_MAX
+                                  ? rx_steps.size()
+                                  : std::min(rx_steps.size(), static_cast<size_t>(first_done / base_rtt));
+    std::vector<double> jains;  // by window start, in steps
+    std::vector<uint64_t> win(n, 0);
+    for (size_t k = 0; k + window_steps <= full_steps; ++k) {
+      std::fill(win.begin(), win.end(), 0);
+      for (size_t b = k; b < k + window_steps; ++b)
+        for (uint32_t i = 1; i < n; ++i) win[i] += rx_steps[b][i];
+      jains.push_back(jain([&](uint32_t i) { return static_cast<double>(win[i]); }));
+    }
     size_t settled = jains.size();
     while (settled > 0 && jains[settled - 1] >= 0.99) --settled;
-    // From 2 base RTTs on: the worst bin, and the senders' shares over all those bins together
-    // (until the first flow finishes).
     double min_after2 = 1;
+    for (size_t k = 2; k < jains.size(); ++k) min_after2 = std::min(min_after2, jains[k]);
     std::vector<double> share(n, 0);
-    for (size_t b = 0; b < jains.size(); ++b) {
-      if (static_cast<Ns>(b) * bin < 2 * base_rtt) continue;
-      min_after2 = std::min(min_after2, jains[b]);
-      for (uint32_t i = 1; i < n; ++i) share[i] += static_cast<double>(rx_bins[b][i]);
-    }
+    for (size_t b = 2; b < full_steps; ++b)
+      for (uint32_t i = 1; i < n; ++i) share[i] += static_cast<double>(rx_steps[b][i]);
     const double jain_after2 = jain([&](uint32_t i) { return share[i]; });
-    auto first = [&](size_t b) { return b < jains.size() ? jains[b] : 0.0; };
-    const double settled_rtts =
-        settled == jains.size() ? -1.0 : static_cast<double>(settled) * bin / base_rtt;
+    if (!o.fair_series.empty()) {
+      // Per window start: Jain's index, the slowest and fastest sender's rate and the total.
+      FILE* f = std::fopen(o.fair_series.c_str(), "w");
+      if (!f) usage(("--fair-series: cannot write " + o.fair_series).c_str());
+      std::fprintf(f, "# window_start_us jain min_gbps max_gbps total_gbps (window %.1f us)\n",
+                   static_cast<double>(window_steps * base_rtt) / 1000);
+      const double to_gbps = 8.0 / static_cast<double>(window_steps * base_rtt);
+      for (size_t k = 0; k < jains.size(); ++k) {
+        uint64_t lo = UINT64_MAX, hi = 0, sum = 0;
+        for (uint32_t i = 1; i < n; ++i) {
+          uint64_t x = 0;
+          for (size_t b = k; b < k + window_steps; ++b) x += rx_steps[b][i];
+          lo = std::min(lo, x);
+          hi = std::max(hi, x);
+          sum += x;
+        }
+        std::fprintf(f, "%.3f %.4f %.3f %.3f %.3f\n", static_cast<double>(k * base_rtt) / 1000,
+                     jains[k], static_cast<double>(lo) * to_gbps,
+                     static_cast<double>(hi) * to_gbps, static_cast<double>(sum) * to_gbps);
+      }
+      std::fclose(f);
+    }
+    auto first = [&](size_t k) { return k < jains.size() ? jains[k] : 0.0; };
+    const double settled_rtts = settled == jains.size() ? -1.0 : static_cast<double>(settled);
     char buf[512];
     std::snprintf(buf, sizeof buf,
-                  ", \"fair_bin_us\": %.3f, \"fair_bins\": %zu"
-                  ", \"jain_first_bins\": [%.4f, %.4f, %.4f, %.4f], \"jain_settled_rtts\": %.2f"
+                  ", \"fair_window_us\": %.3f, \"fair_windows\": %zu"
+                  ", \"jain_first_windows\": [%.4f, %.4f, %.4f, %.4f], \"jain_settled_rtts\": %.2f"
                   ", \"jain_min_after_2rtt\": %.4f, \"jain_after_2rtt\": %.4f",
-                  static_cast<double>(bin) / 1000, jains.size(), first(0), first(1), first(2),
-                  first(3), settled_rtts, min_after2, jain_after2);
+                  static_cast<double>(window_steps * base_rtt) / 1000, jains.size(), first(0),
+                  first(1), first(2), first(3), settled_rtts, min_after2, jain_after2);
     extra += buf;
   }
   std::printf(

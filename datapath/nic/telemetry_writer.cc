@@ -115,11 +115,14 @@ void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link
   put("ecn_decreases", e.ecn_decreases);
   put("sack_gaps", e.sack_gaps);
   put("tail_probes", e.tail_probes);
+  put("late_losses", e.late_losses);
+  put("redundant_copies", e.redundant_copies);
   put("paths_failed", e.paths_failed);
   put("paths_suspected", e.paths_suspected);
   put("paths_recovered", e.paths_recovered);
   put("failover_resends", e.failover_resends);
   put("pacing_waits", e.pacing_waits);
+  put("share_pushes", e.share_pushes);
   b->num_counters = n;
   // Connections: one per peer some QP talks to; its QPs are its streams.
   const std::vector<const QueuePair*> qps = nic.qps();

@@ -76,7 +76,7 @@ EngineImpl::EngineImpl(const EngineConfig& cfg, Host& host)
   seg_size_ = std::min<uint32_t>(cfg_.mtu_payload,
                                  cfg_.max_packet - static_cast<uint32_t>(wire::kDataHeadersLen));
   acks_.reserve(256);
-  retx_.reserve(256);
+  retx_conns_.reserve(64);
   done_.reserve(64);
 }
 
@@ -203,7 +203,7 @@ void EngineImpl::close_lane(uint32_t peer_ip, uint32_t lane) {
 // request names them: lanes other than 0 never receive (their peer's data arrives on its
 // lane 0), and retransmission requests are spent before this runs.
 void EngineImpl::reap_closed() {
-  if (!closing_ || retx_head_ < retx_.size()) return;
+  if (!closing_) return;
   closing_ = false;
   for (size_t i = 0; i < conn_list_.size();) {
     Connection* c = conn_list_[i];
@@ -211,7 +211,8 @@ void EngineImpl::reap_closed() {
       ++i;
       continue;
     }
-    if (c->head != kNoSlot || c->in_flight || !c->parked.empty() || c->move_head != kNil) {
+    if (c->head != kNoSlot || c->in_flight || !c->parked.empty() || c->move_head != kNil ||
+        c->retx_listed) {
       closing_ = true;
       ++i;
       continue;
@@ -287,7 +288,8 @@ bool EngineImpl::path_open(const Connection& c, const TxPath& tp) const {
 // Spraying (congestion.md §2.4): round-robin over open paths, preferring those without a recent
 // CE mark, then those whose smoothed RTT is within 1.5x of the connection's best; a packet
 // leaving a suspected path avoids that path's plane while another plane has room (§4.2).
-uint16_t EngineImpl::choose_path(const Connection& c, Time now, int avoid_plane) const {
+uint16_t EngineImpl::choose_path(const Connection& c, Time now, int avoid_plane,
+                                 uint16_t exclude) const {
   const uint16_t np = c.paths_used;
   uint32_t min_srtt = 0;
   for (const TxPath& tp : c.tx) {
@@ -301,7 +303,7 @@ uint16_t EngineImpl::choose_path(const Connection& c, Time now, int avoid_plane)
   for (uint16_t k = 0; k < np; ++k) {
     const auto p = static_cast<uint16_t>((c.rr_next + k) % np);
     const TxPath& tp = c.tx[p];
-    if (!path_open(c, tp)) continue;
+    if (p == exclude || !path_open(c, tp)) continue;
     int cls = 0;
     const int64_t rtt = std::max<int64_t>(tp.srtt_ns, 1000);
     if (now.count() - tp.last_md_ns < 2 * rtt) cls += 2;
@@ -392,10 +394,74 @@ void EngineImpl::update_una(Connection& c, uint16_t path) {
   tp.una = u;
 }
 
+// A resend request: the connection's own queue (paced with its other packets, §3.3), and the
+// connection on the engine's list of those with resends to send, in the order they first asked.
+// An entry whose record moved or was freed since has lost kRetxQueued and is skipped.
 void EngineImpl::queue_retx(Connection& c, uint16_t idx) {
-  TxDesc& d = c.pool[idx];
-  d.flags |= detail::kRetxQueued;
-  retx_.push_back({&c, idx, d.path, d.seq});
+  c.pool[idx].flags |= detail::kRetxQueued;
+  c.retx_q.push_back(idx);
+  if (!c.retx_listed) {
+    c.retx_listed = true;
+    retx_conns_.push_back(&c);
+  }
+}
+
+// A connection that has no share from its peer yet, where shares are in use, sends at most
+// start_window packets: the share comes with the first ACK (congestion.md §3.4). A share is
+// forgotten by the peer once we have sent it nothing for kActiveIntervals of its intervals, so
+// after such a pause ours is dropped too and the next burst waits for a fresh one.
+bool EngineImpl::start_held(Time now, Connection& c) {
+  if (!cfg_.rx_capacity_mbps || !cfg_.start_window || !c.rate_hints ||
+      c.peer_shares == detail::PeerShares::kNo) {
+    return false;
+  }
+  if (c.hint_mbps && now.count() - c.last_tx_ns > kActiveIntervals * cfg_.hint_interval.count()) {
+    c.hint_mbps = 0;
+  }
+  return !c.hint_mbps && c.in_flight >= cfg_.start_window;
+}
+
+// With a rate hint, whether a packet of len bytes (UDP payload) must wait for credit; if so, the
+// connection's pace_at says until when (congestion.md §3.3).
+bool EngineImpl::must_wait(Time now, Connection& c, uint32_t len) {
+  if (!c.hint_mbps) return false;
+  refill(c, now);
+  const int64_t cost = int64_t{len} * 8000;
+  if (c.credit >= cost) return false;
+  c.pace_at = now + Time((cost - c.credit + c.hint_mbps - 1) / c.hint_mbps);
+  ++stats_.pacing_waits;
+  return true;
+}
+
+uint32_t EngineImpl::packet_len(const TxDesc& d) const {
+  return static_cast<uint32_t>(wire::kDataHeadersLen) + seg_len(d.slot, d.offset);
+}
+
+// The connection's queued resends, oldest request first, as its credit allows. False when the
+// sink is full.
+bool EngineImpl::send_retx(Time now, Connection& c, TxSink& sink, uint32_t& sent) {
+  size_t i = 0;
+  bool ok = true;
+  for (; i < c.retx_q.size(); ++i) {
+    const uint16_t idx = c.retx_q[i];
+    const TxDesc& d = c.pool[idx];
+    if (d.state != DescState::kInFlight || !(d.flags & detail::kRetxQueued)) continue;
+    if (must_wait(now, c, packet_len(d))) break;
+    if (!emit_data(now, c, idx, sink, TxKind::kRetx)) {
+      ok = false;
+      break;
+    }
+    ++sent;
+    const uint64_t copies = stats_.redundant_copies;
+    ok = emit_redundant(now, c, idx, sink);
+    sent += static_cast<uint32_t>(stats_.redundant_copies - copies);
+    if (!ok) {
+      ++i;
+      break;
+    }
+  }
+  c.retx_q.erase(c.retx_q.begin(), c.retx_q.begin() + static_cast<std::ptrdiff_t>(i));
+  return ok;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -430,26 +496,29 @@ void EngineImpl::refill(Connection& c, Time now) {
   c.credit = std::min(cap, c.credit + el * c.hint_mbps);
 }
 
-bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, TxKind kind) {
-  TxDesc& d = c.pool[idx];
+// Writes one data packet of record d's segment on `path` with sequence `seq`: the record's own
+// transmission, or a redundant copy of it (§5.2). False when the sink has no room.
+bool EngineImpl::write_data(Time now, Connection& c, const TxDesc& d, uint16_t path, uint32_t seq,
+                            uint16_t flags, uint32_t orig_seq, TxSink& sink) {
   const MessageDesc& m = slots_[d.slot].m;
   const uint32_t plen = seg_len(d.slot, d.offset);
   const uint32_t len = wire::kDataHeadersLen + plen;
-  TxPath& tp = c.tx[d.path];
+  TxPath& tp = c.tx[path];
   std::span<uint8_t> buf = sink.begin(len, tp.plane);
   if (buf.size() < len) return false;
-  const bool copy = d.flags & detail::kCopy;
 
   wire::BaseHeader b;
   b.opcode = static_cast<wire::Opcode>(m.op);
-  b.flags = copy ? wire::failover_flags(d.orig_path) : 0;
+  // It has more waiting to go than this packet: its receiver's share holds it back (§3.2).
+  const bool more = c.cursor != kNoSlot || c.move_head != kNil || c.retx_q.size() > 1;
+  b.flags = static_cast<uint16_t>(flags | (more ? wire::kFlagMore : 0));
   b.conn_id = c.conn_id;
   b.token = c.token;
-  b.path_id = d.path;
+  b.path_id = path;
   b.path_count = static_cast<uint16_t>(c.tx.size());
-  b.path_seq = d.seq;
+  b.path_seq = seq;
   b.timestamp = ts32(now);
-  b.ack_floor = tp.una;  // never above d.seq: una <= every listed seq <= next_seq
+  b.ack_floor = tp.una;  // never above seq: una <= every listed seq <= next_seq
   wire::DataHeader h;
   h.dst_stream = m.dst_stream;
   h.src_stream = m.src_stream;
@@ -461,31 +530,83 @@ bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, 
   h.rkey = m.rkey;
   h.imm = m.imm;
   h.payload_len = plen;
-  h.orig_seq = copy ? d.orig_seq : 0;
+  h.orig_seq = orig_seq;
   wire::encode_data(buf, b, h);
   if (plen) host_.gather(m.cookie, d.offset, buf.subspan(wire::kDataHeadersLen, plen));
   sink.commit(c.peer_ip, tp.port, tp.plane, len);
-
-  d.tx_order = tp.tx_order++;
-  d.flags &= static_cast<uint8_t>(~detail::kRetxQueued);
-  if (kind == TxKind::kRetx) d.flags |= detail::kResent;
-  detail::PathCounters& pc = c.counters[d.path];
+  // Strictly increasing per connection, so that packets a poll sends at one instant still have
+  // an order for late-packet detection (§5.1): a nanosecond apart.
+  c.last_tx_ns = std::max<int64_t>(now.count(), c.last_tx_ns + 1);
+  detail::PathCounters& pc = c.counters[path];
   ++pc.tx_packets;
   pc.tx_bytes += len;
   ++stats_.tx_packets;
   stats_.tx_bytes += len;
-  if (kind == TxKind::kRetx) {
-    ++pc.retransmits;
-    ++stats_.retransmits;
-  } else if (kind == TxKind::kCopy) {
-    ++stats_.failover_resends;
-  }
   if (c.hint_mbps) {
     refill(c, now);
     const int64_t cap = int64_t{kPaceBurst} * cfg_.max_packet * 8000;
     c.credit = std::max(c.credit - int64_t{len} * 8000, -4 * cap);
   }
-  if (tp.deadline == Time::max()) tp.deadline = now + rto(tp, d.rto_retries);
+  return true;
+}
+
+bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, TxKind kind) {
+  TxDesc& d = c.pool[idx];
+  TxPath& tp = c.tx[d.path];
+  const bool copy = d.flags & detail::kCopy;
+  // Its timeouts back its timer off only while the peer has said nothing since it last left
+  // (expire()): the back-off it carries to a new path is 0 when the connection made progress.
+  const uint8_t backoff =
+      d.rto_retries && !seq_lt(d.sent_ts, ts32(Time(c.last_progress_ns))) ? d.rto_retries : 0;
+  if (!write_data(now, c, d, d.path, d.seq, copy ? wire::failover_flags(d.orig_path) : 0,
+                  copy ? d.orig_seq : 0, sink)) {
+    return false;
+  }
+
+  d.tx_order = tp.tx_order++;
+  d.sent_ts = ts32(Time(c.last_tx_ns));
+  d.flags &= static_cast<uint8_t>(~detail::kRetxQueued);
+  if (kind == TxKind::kRetx) d.flags |= detail::kResent;
+  if (kind == TxKind::kRetx) {
+    ++c.counters[d.path].retransmits;
+    ++stats_.retransmits;
+  } else if (kind == TxKind::kCopy) {
+    ++stats_.failover_resends;
+  }
+  if (tp.deadline == Time::max()) tp.deadline = now + rto(tp, backoff);
+  return true;
+}
+
+// Redundancy in the tail (congestion.md §5.2): once a connection has sent all its data, a packet
+// it resends goes out twice, on its own path and, unrecorded, on another open path (another
+// plane if it can), flagged as a redundant copy of the original. In the tail nothing new waits,
+// so the copy costs no goodput; a resend is what the message's completion waits for, and under
+// heavy loss one path loses it as often as the first time (a round trip each). Only a record on
+// its first path is copied: a failover copy's original is elsewhere, and its receive window
+// could not tell the receiver about this one. The copy consumes a sequence on its path that no
+// record holds; that path's ack floor passes it at once.
+bool EngineImpl::emit_redundant(Time now, Connection& c, uint16_t idx, TxSink& sink) {
+  const TxDesc& d = c.pool[idx];
+  // Nor one the receiver refused for want of a receive (RNR): it is not lost, and a copy
+  // would only be refused too.
+  if (!cfg_.tail_redundancy || (d.flags & detail::kCopy) || d.rnr_retries || c.cursor != kNoSlot ||
+      c.move_head != kNil) {
+    return true;
+  }
+  const uint16_t q = choose_path(c, now, c.tx[d.path].plane, d.path);
+  if (q == kNoPath) return true;
+  // Paced, it goes only on credit to spare: it must not delay the resends the peer's share is for.
+  if (c.hint_mbps) {
+    refill(c, now);
+    if (c.credit < int64_t{packet_len(d)} * 8000) return true;
+  }
+  TxPath& tq = c.tx[q];
+  const auto flags = static_cast<uint16_t>(wire::failover_flags(d.path) | wire::kFlagRedundant);
+  if (!write_data(now, c, d, q, tq.next_seq, flags, d.seq, sink)) return false;
+  ++tq.tx_order;
+  ++tq.next_seq;
+  update_una(c, q);
+  ++stats_.redundant_copies;
   return true;
 }
 
@@ -555,7 +676,8 @@ bool EngineImpl::emit_ack(Time now, Connection& c, RecvDir& d, uint16_t path, Tx
   a.sack = rp.win.sack();
   a.echo_timestamp = rp.echo_ts;
   a.ecn_ce_count = rp.ce_since_ack;
-  a.rate_hint = c.rx_hint_mbps;
+  a.rate_hint = current_hint(c);
+  c.rx_hint_told = a.rate_hint;
   wire::encode_ack(buf, b, a, std::span(naks.data(), n));
   // The ACK mirrors the data's source port, so a sender's entropy re-pick moves both
   // directions of the path (spec §3.3).
@@ -585,7 +707,7 @@ bool EngineImpl::send_moving(Time now, Connection& c, TxSink& sink, uint32_t& se
     // d.path still names the path it left.
     uint16_t p = choose_path(c, now, c.tx[d.path].plane);
     if (p == kNoPath) p = overflow_path(c);
-    if (p == kNoPath) return true;
+    if (p == kNoPath || must_wait(now, c, packet_len(d))) return true;
     TxPath& tp = c.tx[p];
     d.path = p;
     d.seq = tp.next_seq;
@@ -630,7 +752,6 @@ bool EngineImpl::grow_pool(Connection& c) {
 }
 
 bool EngineImpl::send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent, bool& more) {
-  c.pace_at = Time::min();
   more = false;
   // c.turn_sent: what it sent of its turn, kept when the sink stopped it mid-turn.
   for (; c.cursor != kNoSlot; ++c.turn_sent) {
@@ -642,18 +763,10 @@ bool EngineImpl::send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent,
     const uint16_t p = choose_path(c, now);
     if (p == kNoPath) return true;
     if (c.free_head == kNil && !grow_pool(c)) return true;  // conn_window_max records in all
+    if (start_held(now, c)) return true;
     detail::MsgSlot& s = slots_[c.cursor];
     const uint32_t len = seg_len(c.cursor, s.next_offset);
-    if (c.hint_mbps) {
-      refill(c, now);
-      const auto cost = static_cast<int64_t>(wire::kDataHeadersLen + len) * 8000;
-      if (c.credit < cost) {
-        const int64_t wait = (cost - c.credit + c.hint_mbps - 1) / c.hint_mbps;
-        c.pace_at = now + Time(wait);
-        ++stats_.pacing_waits;
-        return true;
-      }
-    }
+    if (must_wait(now, c, static_cast<uint32_t>(wire::kDataHeadersLen) + len)) return true;
     TxPath& tp = c.tx[p];
     if (s.pkts_sent == 0) s.first_tx_ns = now.count();
     const uint16_t idx = c.free_head;
@@ -684,6 +797,7 @@ bool EngineImpl::send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent,
 
 uint32_t EngineImpl::poll_tx(Time now, TxSink& sink) {
   uint32_t sent = 0;
+  if (shares_fell_) push_shares();
   // 1. ACKs first: they unblock the peer's windows (spec §5.2).
   size_t i = 0;
   for (; i < acks_.size(); ++i) {
@@ -710,20 +824,21 @@ uint32_t EngineImpl::poll_tx(Time now, TxSink& sink) {
     }
   }
 
-  // 3. Retransmissions, oldest request first.
-  for (; retx_head_ < retx_.size(); ++retx_head_) {
-    const RetxRef r = retx_[retx_head_];
-    TxDesc& d = r.conn->pool[r.idx];
-    if (d.state != DescState::kInFlight || d.path != r.path || d.seq != r.seq ||
-        !(d.flags & detail::kRetxQueued)) {
-      continue;
+  // 3. Retransmissions of every connection before anyone's new data, connections in the order
+  // they first asked; a connection whose credit runs out keeps the rest for later (§3.3).
+  bool full = false;
+  for (Connection*& c : retx_conns_) {
+    touch(*c, false);
+    if (!send_retx(now, *c, sink, sent)) {
+      full = true;
+      break;
     }
-    touch(*r.conn, false);
-    if (!emit_data(now, *r.conn, r.idx, sink, TxKind::kRetx)) return finish_poll(sent);
-    ++sent;
+    if (!c->retx_q.empty()) continue;  // waits for credit
+    c->retx_listed = false;
+    c = nullptr;
   }
-  retx_.clear();
-  retx_head_ = 0;
+  std::erase(retx_conns_, nullptr);
+  if (full) return finish_poll(sent);
 
   // 4. Failover copies, then new packets, sprayed one by one over open paths (spec §6.1).
   // Connections take turns of kTxBurst new packets, as a NIC arbitrates among its queue pairs:
@@ -845,27 +960,70 @@ void EngineImpl::add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t
   if (rp.nak_count < kNakSlots) rp.naks[rp.nak_count++] = {seq, src_stream, msn, static_cast<uint8_t>(why)};
 }
 
-// Arrival accounting for fair-share hints (congestion.md §3.1).
-void EngineImpl::account_rx(Time now, Connection& c, size_t bytes) {
+// Arrival accounting for fair-share hints (congestion.md §3.1). A sender not heard from in the
+// last kActiveIntervals is admitted at once with an unlimited demand: its first ACK carries a
+// share, and the other unsatisfied senders' shares shrink with the same ACKs (§3.2).
+void EngineImpl::account_rx(Time now, Connection& c, size_t bytes, bool more) {
   if (!cfg_.rx_capacity_mbps) return;
-  if (interval_start_ == Time::min()) interval_start_ = now;
-  else if (now - interval_start_ >= cfg_.hint_interval) close_rate_interval(now);
+  if (interval_start_ == Time::min()) {
+    interval_start_ = now;
+    share_remaining_ = uint64_t{cfg_.rx_capacity_mbps} * kHintPercent / 100;
+  } else if (now - interval_start_ >= cfg_.hint_interval) {
+    close_rate_interval(now);
+  }
+  if (!heard(c)) {
+    c.rx_rate_mbps = 0;
+    c.rx_demand = UINT32_MAX;
+    c.rx_frozen = false;
+    ++share_unsat_;
+    share_spare_ = 0;
+    share_level_ = share_remaining_ / share_unsat_;
+    shares_fell_ = true;
+  }
   c.rx_bytes_interval += bytes;
   c.rx_heard_interval = interval_idx_ + 1;
+  if (more) c.rx_more = true;
+}
+
+// Senders whose share fell to half or less of what we last told them hear it now, in an ACK on
+// the path their data last came by, instead of with the ACK of their next packet: that packet may
+// wait behind the queue the newcomers build, while the way back is clear (congestion.md §3.3).
+void EngineImpl::push_shares() {
+  shares_fell_ = false;
+  for (Connection* c : conn_list_) {
+    if (!heard(*c) || uint64_t{current_hint(*c)} * 2 > c->rx_hint_told) continue;
+    RecvDir* d = find_dir(*c, c->rx_dir);
+    if (!d || c->rx_path >= d->paths.size()) continue;
+    request_ack(*c, *d, c->rx_path, d->paths[c->rx_path].echo_ts, false);
+    ++stats_.share_pushes;
+  }
+}
+
+bool EngineImpl::heard(const Connection& c) const {
+  return c.rx_heard_interval != 0 && interval_idx_ + 1 - c.rx_heard_interval < kActiveIntervals;
+}
+
+// The share an ACK to this sender carries now (congestion.md §3.3): its demand and the spare if
+// the last division satisfied it, else the level every unsatisfied sender gets.
+uint32_t EngineImpl::current_hint(const Connection& c) const {
+  if (!cfg_.rx_capacity_mbps || !heard(c)) return 0;
+  const uint64_t cap = uint64_t{cfg_.rx_capacity_mbps} * kHintPercent / 100;
+  if (c.rx_frozen) return static_cast<uint32_t>(std::min<uint64_t>(c.rx_demand + share_spare_, cap));
+  return static_cast<uint32_t>(std::clamp<uint64_t>(share_level_, 1, cap));
 }
 
 // Max-min fair division of our inbound capacity among the senders heard in the last few
-// intervals, by water-filling over their demands: a sender's demand is its measured rate plus a
-// quarter (room to grow); capacity a sender does not demand is shared by the others
-// (congestion.md §3.2). Once per interval, not per packet.
+// intervals, by water-filling over their demands; capacity a sender does not demand is shared
+// by the others (congestion.md §3.2). A sender that said it had more to send (kFlagMore) is
+// held back by its share or by the network, not by its application: its demand does not fall
+// below 0.9 of its share, so a stall while it recovers a loss costs it a tenth per interval, not
+// its share. One that had nothing more wants its measured rate plus a quarter. Once per interval.
 void EngineImpl::close_rate_interval(Time now) {
   const int64_t elapsed = std::max<int64_t>((now - interval_start_).count(), 1);
   const uint64_t cap = uint64_t{cfg_.rx_capacity_mbps} * kHintPercent / 100;
-  uint32_t n = 0, active = 0;
+  uint32_t n = 0;
   for (Connection* c : conn_list_) {
-    const bool heard = c->rx_heard_interval != 0 &&
-                       interval_idx_ + 1 - c->rx_heard_interval < kActiveIntervals;
-    if (heard) {
+    if (heard(*c)) {
       const auto sample = static_cast<uint32_t>(
           std::min<uint64_t>(c->rx_bytes_interval * 8000 / static_cast<uint64_t>(elapsed), UINT32_MAX / 2));
       // Smoothed over intervals (gain 1/4): an interval holds only a few packets of a slow
@@ -873,41 +1031,42 @@ void EngineImpl::close_rate_interval(Time now) {
       const bool fresh = c->rx_rate_mbps == 0;
       c->rx_rate_mbps = fresh ? sample
                               : static_cast<uint32_t>((3 * uint64_t{c->rx_rate_mbps} + sample) / 4);
+      uint64_t d = uint64_t{c->rx_rate_mbps} * 5 / 4 + 1;
+      if (c->rx_more) {
+        const uint32_t share = current_hint(*c);
+        d = share ? std::max<uint64_t>(d, uint64_t{share} * 9 / 10) : cap;
+      }
+      c->rx_demand = static_cast<uint32_t>(std::min<uint64_t>(d, UINT32_MAX));
       c->rx_frozen = false;
       ++n;
     } else {
       c->rx_rate_mbps = 0;
-      c->rx_hint_mbps = 0;
+      c->rx_demand = 0;
       c->rx_frozen = true;
     }
     c->rx_bytes_interval = 0;
+    c->rx_more = false;
   }
-  active = n;
-  auto demand = [](const Connection* c) { return uint64_t{c->rx_rate_mbps} * 5 / 4 + 1; };
+  const uint32_t active = n;
   uint64_t remaining = cap;
   for (bool changed = true; changed && n;) {
     changed = false;
     const uint64_t level = remaining / n;
     for (Connection* c : conn_list_) {
-      if (c->rx_frozen || demand(c) > level) continue;
-      c->rx_hint_mbps = static_cast<uint32_t>(demand(c));
+      if (c->rx_frozen || c->rx_demand > level) continue;
       c->rx_frozen = true;
-      remaining -= demand(c);
+      remaining -= c->rx_demand;
       --n;
       changed = true;
     }
   }
   // Unsatisfied senders share the rest equally; when everyone is satisfied, the rest is spread
-  // over all of them so the hints add up to the capacity.
-  const uint64_t level = n ? remaining / n : 0;
-  const uint64_t spare = (!n && active) ? remaining / active : 0;
-  for (Connection* c : conn_list_) {
-    if (!c->rx_heard_interval || interval_idx_ + 1 - c->rx_heard_interval >= kActiveIntervals) {
-      continue;
-    }
-    if (!c->rx_frozen) c->rx_hint_mbps = static_cast<uint32_t>(std::max<uint64_t>(level, 1));
-    else c->rx_hint_mbps = static_cast<uint32_t>(std::min<uint64_t>(c->rx_hint_mbps + spare, cap));
-  }
+  // over all of them so the hints add up to the capacity. Senders admitted before the next
+  // division take from what is left (account_rx).
+  share_remaining_ = remaining;
+  share_unsat_ = n;
+  share_level_ = n ? remaining / n : 0;
+  share_spare_ = (!n && active) ? remaining / active : 0;
   ++interval_idx_;
   interval_start_ = now;
 }
@@ -928,11 +1087,13 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     d->paths.resize(b.path_count);
   }
   d->last_used_ns = now.count();
-  account_rx(now, c, wire::kDataHeadersLen + pkt.payload.size());
+  account_rx(now, c, wire::kDataHeadersLen + pkt.payload.size(), b.flags & wire::kFlagMore);
   RxPath& rp = d->paths[b.path_id];
   rp.port = sport;
   rp.plane = plane;
   rp.win.advance_to(b.ack_floor);
+  c.rx_dir = d->conn_id;
+  c.rx_path = b.path_id;
 
   switch (rp.win.check(b.path_seq)) {
     case SackWindow::Check::kOutOfWindow:
@@ -958,6 +1119,11 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
   if (copy && opath < d->paths.size()) {
     RxPath& o = d->paths[opath];
     const SackWindow::Check oc = o.win.check(h.orig_seq);
+    // A redundant copy's original stays in flight at the sender: its path is acknowledged too,
+    // whichever of the two got here first (congestion.md §5.2).
+    if (wire::is_redundant_copy(b.flags) && oc != SackWindow::Check::kOutOfWindow) {
+      request_ack(c, *d, opath, b.timestamp, false);
+    }
     if (oc == SackWindow::Check::kDuplicate) {
       ++stats_.failover_duplicates;
       ++rp.rx_packets;
@@ -1089,6 +1255,11 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
   // The receiver's fair share for us; pacing starts with a small burst of credit. A lane that
   // does not take part in hints only records it.
   c.last_hint_mbps = a.rate_hint;
+  // A peer that answers without a share does not divide its capacity: no start window for it.
+  // (One that does gives every sender it hears a share; a zero from it only means it had not
+  // heard us lately.)
+  if (a.rate_hint) c.peer_shares = detail::PeerShares::kYes;
+  else if (c.peer_shares == detail::PeerShares::kUnknown) c.peer_shares = detail::PeerShares::kNo;
   if (c.rate_hints && a.rate_hint != c.hint_mbps) {
     if (!c.hint_mbps) {
       c.credit = int64_t{kPaceBurst} * cfg_.max_packet * 8000;
@@ -1126,6 +1297,7 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
   }
 
   uint32_t newly = 0;
+  bool rack_moved = false;
   // The path's records are in sequence order: nothing at or past `end` (cum_seq, or one past
   // the highest SACK bit) can be acknowledged by this ACK.
   uint32_t end = a.cum_seq;
@@ -1145,8 +1317,15 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
       // Only a packet sent once dates the delivery: had a resend's later order been taken when
       // the original was what arrived, everything sent between the two, still in flight, would
       // look lost (a receiver stalled past the RTO made a cascade of such resends).
-      if (!(d.flags & detail::kResent) && seq_lt(tp.delivered_order, d.tx_order + 1))
-        tp.delivered_order = d.tx_order + 1;
+      if (!(d.flags & detail::kResent)) {
+        if (order_lt(tp.delivered_order, static_cast<uint16_t>(d.tx_order + 1)))
+          tp.delivered_order = static_cast<uint16_t>(d.tx_order + 1);
+        if (!c.rack_valid || seq_lt(c.rack_ts, d.sent_ts)) {
+          c.rack_ts = d.sent_ts;
+          c.rack_valid = true;
+          rack_moved = true;
+        }
+      }
       list_remove(c, path, prev, idx);
       ack_desc(c, idx);
       ++newly;
@@ -1162,7 +1341,7 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
   // first sent after it (and a resend is later still).
   for (uint16_t idx = tp.head; idx != kNil; idx = c.pool[idx].next) {
     TxDesc& d = c.pool[idx];
-    const bool lost = seq_lt(d.tx_order, tp.delivered_order);
+    const bool lost = order_lt(d.tx_order, tp.delivered_order);
     if (!lost && !(d.flags & detail::kResent)) break;
     if (lost && !(d.flags & (detail::kRetxQueued | detail::kRnrWait))) {
       queue_retx(c, idx);
@@ -1179,6 +1358,10 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
         path_recovered(now, c, path, sample);
       }
     } else if (tp.state == PathState::kActive) {
+      // Every ACK's echo is a sample, those that acknowledge nothing new included (copies,
+      // duplicates): taking only ACKs with progress left paths' RTTs stale under heavy loss
+      // (the all-reduce at 10 % loss kept 0.80 instead of 0.84). A share push (§3.3) echoes the
+      // newest packet of its path, a little old: one sample at 1/8.
       const int64_t r = sample;
       if (!pc.min_rtt_ns || sample < pc.min_rtt_ns) pc.min_rtt_ns = std::max<uint32_t>(sample, 1);
       if (tp.srtt_ns == 0) {
@@ -1205,6 +1388,7 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
     c.tlp_count = 0;
     arm_tlp(now, c);
   }
+  if (rack_moved && cfg_.late_detection) detect_late(now, c);
 }
 
 // ECN AIMD (congestion.md §2): a CE echo halves the path's window, at most once per its RTT,
@@ -1593,6 +1777,53 @@ void EngineImpl::tail_probe(Time now, Connection& c) {
   }
 }
 
+// How long past its path's smoothed RTT a packet may be late before it counts as lost: a
+// quarter of that RTT (RFC 8985's reordering window), plus twice its variation, so that a path
+// whose queue is growing (its samples spread) is given the time its samples say it takes.
+int64_t EngineImpl::reorder_window(const TxPath& tp) const {
+  return int64_t{tp.srtt_ns} / 8 + 2 * int64_t{tp.rttvar_ns};
+}
+
+// Time-based loss detection across the connection's paths (congestion.md §5.1, after RACK,
+// RFC 8985): a packet is lost when a packet sent after it, on any path, was delivered and it has
+// been out for its own path's RTT plus the reordering window. The per-path SACK rule finds a hole
+// only once a later packet of the same path arrives; this finds the last packets of each path
+// (a message's tail is one packet per path) and lost resends, in about one RTT instead of a tail
+// probe's two or an RTO.
+void EngineImpl::detect_late(Time now, Connection& c) {
+  c.rack_deadline = Time::max();
+  if (!c.rack_valid) return;
+  const uint32_t now_ts = ts32(now);
+  for (uint16_t p = 0; p < c.tx.size(); ++p) {
+    TxPath& tp = c.tx[p];
+    if (tp.state != PathState::kActive || tp.in_flight == 0) continue;
+    // A path is judged by its own RTT only: before its first sample it may be the slow one.
+    if (!tp.srtt_ns) continue;
+    const int64_t limit = int64_t{tp.srtt_ns} + reorder_window(tp);
+    for (uint16_t idx = tp.head; idx != kNil; idx = c.pool[idx].next) {
+      TxDesc& d = c.pool[idx];
+      if (!seq_lt(d.sent_ts, c.rack_ts)) {
+        // Sent after the newest delivered packet: not judged. Records after one sent once were
+        // first sent later still; a resend may sit before older ones.
+        if (!(d.flags & detail::kResent)) break;
+        continue;
+      }
+      if (d.flags & (detail::kRetxQueued | detail::kRnrWait)) continue;
+      const int64_t age = seq_diff(d.sent_ts, now_ts);
+      if (age >= limit) {
+        // Resent on its own path, as a SACK hole is: suspecting a path here (it may be silent
+        // because it is dead) cost the all-reduce at 10 % loss more than it saved a dead core
+        // link (paths suspected for random loss wait out probes; docs/simulation.md).
+        queue_retx(c, idx);
+        ++c.counters[p].late_losses;
+        ++stats_.late_losses;
+      } else {
+        c.rack_deadline = std::min(c.rack_deadline, now + Time(limit - age));
+      }
+    }
+  }
+}
+
 void EngineImpl::expire(Time now, Connection& c, uint16_t path) {
   TxPath& tp = c.tx[path];
   if (tp.in_flight == 0) {
@@ -1616,11 +1847,16 @@ void EngineImpl::expire(Time now, Connection& c, uint16_t path) {
   if (d.rto_retries < kMaxBackoff) ++d.rto_retries;
   // Resent on another path while one is active; the path itself is probed (§4.1).
   if (suspect(now, c, path)) return;
-  if (tp.backoff < kMaxBackoff) ++tp.backoff;
+  // The timer backs off only while the peer is silent: a connection that made progress since
+  // this packet last left is losing packets, not talking to a dead peer, and a resend that waits
+  // twice as long each time it is unlucky again left an all-to-all at 10 % loss waiting out
+  // back-offs of milliseconds (W§6.3). Its retry count grows either way (§4.5).
+  const bool answered = seq_lt(d.sent_ts, ts32(Time(c.last_progress_ns)));
+  if (!answered && tp.backoff < kMaxBackoff) ++tp.backoff;
   if (!(d.flags & detail::kRetxQueued)) queue_retx(c, idx);
   // A timeout is a loss, not a congestion signal: a bounded quarter off the path (§2.3).
   tp.cwnd = std::max(tp.cwnd - tp.cwnd / 4, kWinUnit);
-  tp.deadline = now + rto(tp, d.rto_retries);
+  tp.deadline = now + rto(tp, answered ? 0 : d.rto_retries);
 }
 
 void EngineImpl::on_timer(Time now) {
@@ -1658,6 +1894,7 @@ void EngineImpl::timer_conn(Time now, Connection& c) {
       tp.deadline = Time::max();
     }
   }
+  if (c.rack_deadline <= now) detect_late(now, c);
   if (c.tlp_deadline <= now) tail_probe(now, c);
   if (c.rnr_deadline <= now) {
     c.rnr_deadline = Time::max();
@@ -1727,6 +1964,7 @@ void EngineImpl::clean_heap_top() const {
 
 void EngineImpl::drop_from_work(const Connection& c) {
   if (c.queued) work_.erase(std::find(work_.begin(), work_.end(), &c));
+  if (c.retx_listed) retx_conns_.erase(std::find(retx_conns_.begin(), retx_conns_.end(), &c));
   if (c.touched) touched_.erase(std::find(touched_.begin(), touched_.end(), &c));
 }
 
@@ -1740,9 +1978,9 @@ Time EngineImpl::conn_due(const Connection& c) const {
     if (tp.state != PathState::kActive || tp.in_flight == 0) continue;
     t = std::min({t, tp.deadline, fail_deadline(c, tp)});
   }
-  if (c.in_flight) t = std::min({t, c.tlp_deadline, c.rnr_deadline});
+  if (c.in_flight) t = std::min({t, c.tlp_deadline, c.rnr_deadline, c.rack_deadline});
   t = std::min(t, c.park_deadline);
-  if (c.cursor != kNoSlot && c.pace_at != Time::min()) t = std::min(t, c.pace_at);
+  if (c.pace_at != Time::min()) t = std::min(t, c.pace_at);  // a stale one wakes it once
   return t;
 }
 
@@ -1752,7 +1990,7 @@ Time EngineImpl::next_deadline() const {
 }
 
 bool EngineImpl::idle() const {
-  if (!acks_.empty() || retx_head_ < retx_.size()) return false;
+  if (!acks_.empty() || !retx_conns_.empty()) return false;
   for (const Connection* c : conn_list_) {
     if (c->cursor != kNoSlot || c->in_flight != 0 || !c->parked.empty()) return false;
     // A probe is due, except on retired paths and planes that are down (never probed).
@@ -1795,6 +2033,7 @@ std::vector<PathStats> EngineImpl::path_stats(uint32_t peer_ip, uint32_t lane) c
     s.acks_received = pc.acks_received;
     s.ecn_ce_echoed = pc.ce_echoed;
     s.sack_gaps = pc.sack_gaps;
+    s.late_losses = pc.late_losses;
     s.failures = pc.failures;
     s.probes = pc.probes;
     s.next_seq = tp.next_seq;
@@ -1835,7 +2074,7 @@ ConnStats EngineImpl::conn_stats(uint32_t peer_ip, uint32_t lane) const {
   s.plane_mask = c.plane_mask;
   s.rate_hints = c.rate_hints;
   s.rx_rate_mbps = c.rx_rate_mbps;
-  s.rx_hint_mbps = c.rx_hint_mbps;
+  s.rx_hint_mbps = current_hint(c);
   return s;
 }
 

@@ -62,8 +62,9 @@ struct TxDesc {
   uint32_t slot = kNoSlot;  // message
   uint32_t offset = 0;
   uint32_t seq = 0;         // on `path`
-  uint32_t tx_order = 0;    // position among all transmissions on the path (FIFO loss test)
   uint32_t orig_seq = 0;    // kCopy
+  uint32_t sent_ts = 0;     // engine clock (ns, 32 bits) of its latest transmission (§5.1)
+  uint16_t tx_order = 0;    // position among all transmissions on the path (FIFO loss test)
   uint16_t next = kNil;     // path list, failover queue or free list
   uint16_t path = 0;
   uint16_t orig_path = 0;   // kCopy
@@ -77,8 +78,8 @@ struct TxDesc {
 struct TxPath {
   uint32_t next_seq = 0;
   uint32_t una = 0;              // ack floor: oldest unresolved seq, or oldest moved-away one
-  uint32_t tx_order = 0;         // next transmission's order
-  uint32_t delivered_order = 0;  // highest order known delivered
+  uint16_t tx_order = 0;         // next transmission's order
+  uint16_t delivered_order = 0;  // highest order known delivered
   uint32_t cwnd = 0;             // congestion window, 1/kWinUnit packets
   uint32_t srtt_ns = 0, rttvar_ns = 0;  // srtt 0: no sample yet
   uint32_t moved_floor = 0;      // oldest seq whose failover copy is unresolved (moved > 0)
@@ -97,7 +98,7 @@ struct TxPath {
 
 struct PathCounters {
   uint64_t tx_packets = 0, tx_bytes = 0, retransmits = 0, timeouts = 0, acks_received = 0,
-           ce_echoed = 0, sack_gaps = 0;
+           ce_echoed = 0, sack_gaps = 0, late_losses = 0;
   uint32_t failures = 0, probes = 0;
   uint32_t min_rtt_ns = 0;       // smallest RTT sample, 0 until the first
 };
@@ -128,6 +129,8 @@ struct RecvDir {
   std::vector<RxPath> paths;
 };
 
+enum class PeerShares : uint8_t { kUnknown, kYes, kNo };
+
 struct MsgSlot {
   MessageDesc m;
   uint32_t pkts_total = 0, pkts_sent = 0, pkts_acked = 0, next_offset = 0;
@@ -139,16 +142,56 @@ struct MsgSlot {
 };
 
 struct Connection {
+  // Fields are grouped by size so that the struct packs (TransportSizes.CoreStructsStaySmall).
+  uint64_t token = 0;
+  // Sender pacing to the peer's hint: credit in byte*8000 units (= Mbit/s * ns).
+  int64_t credit = 0;
+  int64_t credit_ns = 0;
+  Time pace_at = Time::min();               // its next packet waits for credit until then
+  Time tlp_deadline = Time::max();
+  // Late-packet detection (congestion.md §5.1): when the next packet sent before the newest
+  // delivered one becomes overdue.
+  Time rack_deadline = Time::max();
+  Time rnr_deadline = Time::max();
+  Time park_deadline = Time::max();
+  int64_t last_progress_ns = 0;             // newest ACK progress on any path
+  int64_t progress_since_ns = 0;            // start of the current run of progress (no gap
+                                            // longer than 2 RTTs): silence is judged from here
+  int64_t last_tx_ns = INT64_MIN / 2;       // stamp of our last data packet to it: the send
+                                            // time, or 1 ns after the previous (§3.4, §5.1)
+  // Scheduling (congestion.md §7.1): the earliest of the connection's deadlines as of the last
+  // change, its entry in the engine's deadline heap, and whether poll_tx is to visit it.
+  Time due = Time::max();
+  Time heap_time = Time::max();             // of its live heap entry (in_heap)
+  // Receiver side: what arrived from this peer, for fair-share hints (§3).
+  uint64_t rx_bytes_interval = 0;
+  std::vector<uint32_t> parked;             // messages whose stream the peer said is gone
+  std::vector<TxPath> tx;
+  std::vector<TxDesc> pool;                 // grown on demand, <= conn_window_max records
+  std::vector<uint16_t> retx_q;             // records to resend, oldest request first
+  std::vector<PathCounters> counters;
+  std::vector<RecvDir> rx;
+
   uint32_t peer_ip = 0;
   uint32_t lane = 0;        // which connection to the peer (wire.md §3.4); 0 receives too
   uint32_t conn_id = 0;     // our data direction to the peer
-  uint64_t token = 0;
   uint32_t head = kNoSlot, tail = kNoSlot;  // outstanding messages, submission order
   uint32_t cursor = kNoSlot;                // first message with packets still to send
   uint32_t in_flight = 0;                   // allocated records (on paths or moving)
   // Congestion windows per plane, 1/kWinUnit packets, and what each plane's paths hold
   // (congestion.md §2.1); the pool (conn_window_max records) bounds the connection.
   std::array<uint32_t, kMaxPlanes> plane_cwnd{};
+  uint32_t plane_mask = 0;
+  uint32_t rack_ts = 0;                     // send time of the newest-sent packet known
+                                            // delivered, sent once (§5.1; rack_valid)
+  uint32_t last_hint_mbps = 0;              // the newest hint the peer sent
+  uint32_t hint_mbps = 0;                   // the hint in force (0: none, §3.3)
+  uint32_t rx_heard_interval = 0;           // index of the last interval with arrivals, + 1
+  uint32_t rx_rate_mbps = 0;
+  uint32_t rx_demand = 0;                   // of the last division (§3.2)
+  uint32_t rx_hint_told = 0;                // the share our last ACK to it carried
+  uint32_t rx_dir = 0;                      // where its newest data packet came: direction
+
   std::array<uint16_t, kMaxPlanes> plane_in_flight{};
   uint16_t rr_next = 0;                     // spraying position
   uint16_t free_head = kNil;                // pool free list
@@ -158,42 +201,22 @@ struct Connection {
   // retired, failed and never probed, until the count grows again. tx.size() is what the wire
   // says (path_count), and never shrinks.
   uint16_t paths_used = 0;
+  uint16_t rx_path = 0;                     // and path (share pushes, §3.3)
+
   uint8_t mask_planes = 0;                  // planes in plane_mask
-  uint32_t plane_mask = 0;
   bool rate_hints = true;                   // false: hints are recorded (last_hint_mbps) only
   bool closing = false;                     // close_lane: forgotten once nothing is in flight
   bool in_heap = false;                     // scheduling, with due and heap_time
   bool touched = false;                     // due is to be recomputed
   bool queued = false;                      // on the engine's work list
+  bool retx_listed = false;                 // on the engine's list of connections with resends
   uint8_t turn_sent = 0;                    // new packets sent in its current turn (kTxBurst)
-  uint32_t last_hint_mbps = 0;              // the newest hint the peer sent
+  bool rack_valid = false;                  // rack_ts holds a time
   bool tlp_spent = false;                   // the tail probes fired; re-armed by progress
   uint8_t tlp_count = 0;                    // tail probes since the last progress
-  // Sender pacing to the peer's hint: credit in byte*8000 units (= Mbit/s * ns).
-  uint32_t hint_mbps = 0;
-  int64_t credit = 0;
-  int64_t credit_ns = 0;
-  Time pace_at = Time::min();               // new data waits for credit until then
-  Time tlp_deadline = Time::max();
-  Time rnr_deadline = Time::max();
-  Time park_deadline = Time::max();
-  std::vector<uint32_t> parked;             // messages whose stream the peer said is gone
-  int64_t last_progress_ns = 0;             // newest ACK progress on any path
-  int64_t progress_since_ns = 0;            // start of the current run of progress (no gap
-                                            // longer than 2 RTTs): silence is judged from here
-  // Receiver side: what arrived from this peer, for fair-share hints.
-  uint64_t rx_bytes_interval = 0;
-  uint32_t rx_heard_interval = 0;           // index of the last interval with arrivals, + 1
-  uint32_t rx_rate_mbps = 0, rx_hint_mbps = 0;
-  bool rx_frozen = false;                   // water-filling scratch
-  // Scheduling (congestion.md §7.1): the earliest of the connection's deadlines as of the last
-  // change, its entry in the engine's deadline heap, and whether poll_tx is to visit it.
-  Time due = Time::max();
-  Time heap_time = Time::max();             // of its live heap entry (in_heap)
-  std::vector<TxPath> tx;
-  std::vector<TxDesc> pool;                 // grown on demand, <= conn_window_max records
-  std::vector<PathCounters> counters;
-  std::vector<RecvDir> rx;
+  bool rx_frozen = false;                   // satisfied by the last division (or not heard)
+  bool rx_more = false;                     // a packet of this interval said it had more
+  PeerShares peer_shares = PeerShares::kUnknown;  // whether the peer divides by shares (§3.4)
 };
 
 }  // namespace detail
@@ -257,12 +280,6 @@ class EngineImpl final : public Engine {
     uint32_t conn_id;  // of the peer's direction
     uint16_t path;
   };
-  struct RetxRef {
-    Connection* conn;
-    uint16_t idx;
-    uint16_t path;
-    uint32_t seq;
-  };
   struct Completion {
     uint64_t cookie;
     Syndrome why;  // kOk: acked
@@ -292,7 +309,8 @@ class EngineImpl final : public Engine {
   int64_t srtt_ref(const Connection& c, const TxPath& tp) const;
   // An open path to send on, kNoPath if none. avoid_plane: a plane to use only when no
   // other plane has an open path (-1: none).
-  uint16_t choose_path(const Connection& c, Time now, int avoid_plane = -1) const;
+  uint16_t choose_path(const Connection& c, Time now, int avoid_plane = -1,
+                       uint16_t exclude = kNoPath) const;
   bool path_open(const Connection& c, const TxPath& tp) const;
 
   void handle_data(Time now, Connection& c, uint16_t sport, bool ecn_ce, uint8_t plane,
@@ -305,7 +323,11 @@ class EngineImpl final : public Engine {
   void request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce);
   void add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn, Syndrome why);
   void note_unreachable(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn);
-  void account_rx(Time now, Connection& c, size_t bytes);
+  void account_rx(Time now, Connection& c, size_t bytes, bool more);
+  bool heard(const Connection& c) const;
+  uint32_t current_hint(const Connection& c) const;
+  bool start_held(Time now, Connection& c);
+  void push_shares();
   void close_rate_interval(Time now);
 
   void congestion_on_ack(Time now, Connection& c, uint16_t path, uint32_t newly_acked,
@@ -325,6 +347,9 @@ class EngineImpl final : public Engine {
   void unlink(Connection& c, uint32_t slot);
   void update_una(Connection& c, uint16_t path);
   void queue_retx(Connection& c, uint16_t idx);
+  bool must_wait(Time now, Connection& c, uint32_t len);
+  uint32_t packet_len(const TxDesc& d) const;
+  bool send_retx(Time now, Connection& c, TxSink& sink, uint32_t& sent);
   void expire(Time now, Connection& c, uint16_t path);
   Time fail_deadline(const Connection& c, const TxPath& tp) const;
   bool check_failure(Time now, Connection& c, uint16_t path);
@@ -335,6 +360,10 @@ class EngineImpl final : public Engine {
   uint16_t overflow_path(const Connection& c) const;
   void path_recovered(Time now, Connection& c, uint16_t path, int64_t sample);
   void tail_probe(Time now, Connection& c);
+  // Resends the packets overdue on their path while a packet sent after them was delivered
+  // (congestion.md §5.1); arms rack_deadline for the next that may become so.
+  void detect_late(Time now, Connection& c);
+  int64_t reorder_window(const TxPath& tp) const;
   void arm_tlp(Time now, Connection& c);
   void flush_completions();
   void refill(Connection& c, Time now);
@@ -352,7 +381,10 @@ class EngineImpl final : public Engine {
   uint32_t finish_poll(uint32_t sent);
 
   bool emit_ack(Time now, Connection& c, RecvDir& d, uint16_t path, TxSink& sink);
+  bool write_data(Time now, Connection& c, const TxDesc& d, uint16_t path, uint32_t seq,
+                  uint16_t flags, uint32_t orig_seq, TxSink& sink);
   bool emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, TxKind kind);
+  bool emit_redundant(Time now, Connection& c, uint16_t idx, TxSink& sink);
   bool emit_probe(Time now, Connection& c, uint16_t path, TxSink& sink);
   bool send_moving(Time now, Connection& c, TxSink& sink, uint32_t& sent);
   // false: the sink is full. more: the connection's turn ended with packets it may still send.
@@ -380,12 +412,15 @@ class EngineImpl final : public Engine {
   std::vector<detail::MsgSlot> slots_;
   std::vector<uint32_t> free_slots_;
   std::vector<AckRef> acks_;
-  std::vector<RetxRef> retx_;
-  size_t retx_head_ = 0;
+  std::vector<Connection*> retx_conns_;     // connections with queued resends (retx_listed)
   std::vector<Completion> done_;
   // Receiver rate measurement (congestion.md §3).
   Time interval_start_ = Time::min();
   uint32_t interval_idx_ = 0;
+  // The last division (§3.2), and the senders admitted since: what the unsatisfied share.
+  uint64_t share_remaining_ = 0, share_level_ = 0, share_spare_ = 0;
+  uint32_t share_unsat_ = 0;
+  bool shares_fell_ = false;                // a sender was admitted: push_shares() is due
   Time last_answered_ = Time::min();
 };
 

@@ -30,6 +30,7 @@ struct PathStats {
   uint64_t tx_packets = 0, tx_bytes = 0, retransmits = 0, timeouts = 0, acks_received = 0;
   uint64_t ecn_ce_echoed = 0;   // CE marks the peer reported for this path
   uint64_t sack_gaps = 0;       // packets found missing by SACK and resent
+  uint64_t late_losses = 0;     // packets found lost by time, a later one delivered
   uint64_t failures = 0;        // times declared failed
   uint64_t probes = 0;          // PROBE packets sent
   uint32_t next_seq = 0, ack_floor = 0, in_flight = 0;

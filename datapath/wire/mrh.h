@@ -34,6 +34,17 @@ inline constexpr uint16_t failover_flags(uint16_t orig_path) {
   return static_cast<uint16_t>(kFlagFailoverCopy | (orig_path & kFlagOrigPathMask));
 }
 static_assert(kFlagOrigPathMask + 1 >= 256, "any path id must fit the original-path bits");
+// With kFlagFailoverCopy: a redundant copy, sent while its original stays in flight on the
+// original path (congestion.md §5.2). A receiver that delivers it, or already had the original,
+// also acknowledges the original path, so the sender learns there what the copy achieved.
+// Without kFlagFailoverCopy it means nothing and is ignored.
+inline constexpr uint16_t kFlagRedundant = 0x4000;
+// Data: when it left, its sender had more for this receiver waiting (new data or resends): it is
+// held back by its share or by the network, not by its application (congestion.md §3.2).
+inline constexpr uint16_t kFlagMore = 0x2000;
+inline constexpr bool is_redundant_copy(uint16_t flags) {
+  return (flags & (kFlagFailoverCopy | kFlagRedundant)) == (kFlagFailoverCopy | kFlagRedundant);
+}
 
 enum class Opcode : uint8_t {
   kWrite = 1,

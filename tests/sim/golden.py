@@ -27,11 +27,11 @@ SCENARIOS = {
     # 1 % random loss on every leaf-spine link.
     "loss1": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib", "1024",
               "--loss", "0.01"],
-    # 5 % loss, with one tail probe (the default) and three before the RTO: where they differ.
+    # 5 % loss, with three tail probes before the RTO (the default) and with one.
     "loss5": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
               "1024", "--loss", "0.05"],
-    "loss5_tlp3": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
-                   "1024", "--loss", "0.05", "--tail-probes", "3"],
+    "loss5_tlp1": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
+                   "1024", "--loss", "0.05", "--tail-probes", "1"],
     # The RoCEv2 baseline (go-back-N, DCQCN, one path per QP) on the same permutation, and at
     # 1 % loss.
     "rocev2_permutation16": ["--transport", "rocev2", "--hosts", "16", "--hosts-per-leaf", "4",
@@ -45,6 +45,12 @@ SCENARIOS = {
                           "--spines", "4", "--flow-kib", "4096", "--loss", "0.01"],
     "alltoall16": ["--workload", "alltoall", "--hosts", "16", "--hosts-per-leaf", "4",
                    "--spines", "4", "--flow-kib", "1024"],
+    # The all-reduce at 10 % loss: late detection, paced resends and tail redundancy at work.
+    "allreduce16_loss10": ["--workload", "allreduce", "--hosts", "16", "--hosts-per-leaf", "4",
+                           "--spines", "4", "--flow-kib", "4096", "--loss", "0.1"],
+    # A 15:1 incast with receivers' shares (hints): start window, immediate shares and pushes.
+    "incast16_hints": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--workload",
+                       "incast", "--flow-kib", "1024", "--rx-capacity-gbps", "400"],
     # A leaf-spine link fails 20 us into the permutation.
     "core_failure": ["--hosts", "16", "--hosts-per-leaf", "4", "--spines", "4", "--flow-kib",
                      "2048", "--fail-core-link-at-us", "20"],
