@@ -57,7 +57,14 @@ class LinkLayer {
   // A port and what the link knows about the far side of it.
   struct Plane {
     std::unique_ptr<io::Port> port;
-    std::unordered_map<uint32_t, io::MacAddr> arp;  // peer IP -> MAC on this plane
+    // A UDP-socket plane: the kernel frames, routes and resolves; no ARP, no goodbye.
+    bool udp = false;
+    uint32_t header_room = 0;  // bytes in front of the UDP payload that the link layer writes
+    bool kernel = false;       // the port has a kernel interface: routes come from the kernel
+    // Peer IP -> the MAC its packets go to on this plane: the peer's own, or its next hop's.
+    std::unordered_map<uint32_t, io::MacAddr> arp;
+    // Peers reached through a router on this plane (the kernel's route): peer -> next hop.
+    std::unordered_map<uint32_t, uint32_t> via;
     // Set when the peer said goodbye: the port is not touched until the link comes back.
     bool quiet = false;
     bool quiet_saw_down = false;
@@ -81,6 +88,9 @@ class LinkLayer {
   static std::optional<uint8_t> goodbye_kind(const io::RxFrame& f);
   void loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_payload);
   void resolve(transport::Time now);
+  // Asks the port for the peer's next hop on each Ethernet plane with a kernel interface;
+  // returns whether some plane's next hop changed (its MAC must be found again).
+  bool route(uint32_t peer_ip);
   void check_planes(transport::Time now);
 
   Nic& nic_;
@@ -92,8 +102,13 @@ class LinkLayer {
   std::vector<LoopPacket*> loop_free_;
   std::vector<LoopPacket*> loop_queue_;
   std::vector<LoopPacket*> loop_batch_;
-  // ARP requests in flight (sent on every plane), by peer IP.
-  std::unordered_map<uint32_t, transport::Time> arp_asked_;
+  // Peers whose MAC some Ethernet plane still lacks: when they were first asked for, and last.
+  struct Asking {
+    transport::Time first = transport::Time::min(), last = transport::Time::min();
+  };
+  std::unordered_map<uint32_t, Asking> arp_asked_;
+  std::vector<uint32_t> peers_;  // every peer the NIC asked to resolve, for the route refresh
+  transport::Time routes_checked_ = transport::Time::min();
   LinkCounters counters_;
   transport::Time carrier_checked_ = transport::Time::min();
 };
