@@ -3,6 +3,7 @@
 // unmodified libibverbs discovers a MetaRoCE device on a host without RDMA in the kernel.
 #include "util/cli.h"
 #include "util/engine_client.h"
+#include "util/operator.h"
 #include "util/stat.h"
 
 #include <fcntl.h>
@@ -85,6 +86,9 @@ constexpr const char* kMainHelp =
     "  env                      print the shell settings that make libibverbs find the links\n"
     "  exec [--] PROGRAM [ARGS...]   run PROGRAM with those settings\n"
     "  stat NAME [--json] [--watch S]   live per-connection and per-path counters of a link\n"
+    "  capture NAME -w FILE [-c N] [-d S]   a link's frames as pcap (Wireshark: metaroce.lua)\n"
+    "  export [--listen ADDR:PORT]   every link's counters in the Prometheus text format\n"
+    "  events NAME [-d S]       timestamped path failures, failovers, re-picks, timeouts\n"
     "  engine start|stop|status  the host's engine, which serves every link to every process\n"
     "  fabric run|set|stat|stop NAME ...   the fabric emulator (see 'metaroce fabric --help')\n"
     "\n"
@@ -1577,6 +1581,13 @@ Outcome dispatch(const std::vector<std::string>& args, const Context& ctx) {
   if (cmd == "stat") {
     std::string why;
     const int status = stat_command(rest, ctx, &why);
+    return {status, why};
+  }
+  if (cmd == "capture" || cmd == "export" || cmd == "events") {
+    std::string why;
+    const int status = cmd == "capture"  ? capture_command(rest, ctx, &why)
+                       : cmd == "export" ? export_command(rest, ctx, &why)
+                                         : events_command(rest, ctx, &why);
     return {status, why};
   }
   if (cmd != "link") return usage("unknown command '" + cmd + "' (try 'metaroce --help')");

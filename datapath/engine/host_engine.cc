@@ -349,6 +349,7 @@ void HostEngine::datapath_main() {
       if (t >= l->next_publish) {
         l->next_publish = t + kPublishEvery;
         nic::publish_telemetry(*l->telemetry, *l->nic, *l->layer, l->sessions.load());
+        l->layer->flush_capture();  // a capture of a quiet link does not lag behind it
       }
     }
     if (work) {
@@ -650,6 +651,47 @@ void HostEngine::admin(Session& s, const Message& req, Message* resp) {
         r.header.status = ok ? 0 : ERANGE;
       }
       break;
+    }
+    case Op::kLinkCapture: {
+      auto body = req.as<hostif::CaptureReq>();
+      auto it = body ? links_.find(hostif::get_name(body->link)) : links_.end();
+      if (!body || body->action > hostif::kCaptureQuery ||
+          (body->action == hostif::kCaptureStart) != (req.fds.size() == 1)) {
+        r.header.status = EINVAL;
+        break;
+      }
+      if (it == links_.end()) {
+        r.header.status = ENODEV;
+        break;
+      }
+      nic::LinkLayer& layer = *it->second->layer;
+      hostif::CaptureResp out;
+      std::unique_ptr<nic::Capture> old;
+      if (body->action == hostif::kCaptureStart) {
+        const int fd = fcntl(req.fds[0], F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) {
+          r.header.status = errno;
+          break;
+        }
+        auto cap = std::make_unique<nic::Capture>(fd, body->snaplen, body->max_frames,
+                                                  body->planes);
+        bool busy = false;
+        on_datapath([&] {
+          busy = layer.capture() != nullptr;
+          if (!busy) layer.set_capture(std::move(cap));
+        });
+        if (busy) r.header.status = EBUSY;  // one capture per link at a time
+      } else {
+        on_datapath([&] {
+          if (const nic::Capture* c = layer.capture()) {
+            out.frames = c->stats().frames;
+            out.done = c->stats().done;
+            if (body->action == hostif::kCaptureStop) old = layer.set_capture(nullptr);
+          }
+        });
+      }
+      r.set(out);
+      break;  // `old`, flushed, closes its file here, off the datapath thread
     }
     case Op::kSessionInfo: {
       auto body = req.as<hostif::SessionInfoReq>();

@@ -105,6 +105,13 @@ class LinkLayer::Sink final : public FrameSink {
           f.frame.len = 0;
         } else {
           ++link_.counters_.tx_frames;
+          if (Capture* c = link_.capture_.get(); c && c->wants(static_cast<uint8_t>(p))) {
+            if (link_.planes_[p].udp)
+              c->datagram(link_.cfg_.ip, f.peer_ip, f.udp_src_port, link_.cfg_.udp_port, false,
+                          {f.frame.data, f.frame.len});
+            else
+              c->frame({f.frame.data, f.frame.len});
+          }
         }
         out_.push_back(f.frame);
       }
@@ -170,6 +177,7 @@ void LinkLayer::send_arp(Plane& pl, bool reply, uint32_t target_ip, const io::Ma
   arp.target_mac = reply ? target_mac : io::MacAddr{};
   arp.target_ip = target_ip;
   f.len = static_cast<uint32_t>(wire::build_arp({f.data, f.capacity}, arp));
+  tap(pl, {f.data, f.len});
   pl.port->tx_burst({&f, 1});
   if (reply) counters_.arp_replies++;
   else counters_.arp_requests++;
@@ -186,6 +194,7 @@ void LinkLayer::send_goodbye(Plane& pl, uint8_t kind) {
   f.data[13] = kGoodbyeEtherType & 0xff;
   f.data[14] = kind;
   f.len = kGoodbyeFrameLen;
+  tap(pl, {f.data, f.len});
   pl.port->tx_burst({&f, 1});
 }
 
@@ -221,6 +230,12 @@ void LinkLayer::say_goodbye(Plane& pl) {
 
 void LinkLayer::handle_frame(Time t, Plane& pl, const io::RxFrame& f) {
   counters_.rx_frames++;
+  if (capture_ && capture_->wants(static_cast<uint8_t>(&pl - planes_.data()))) {
+    if (pl.udp)
+      capture_->datagram(f.src_ip, cfg_.ip, f.src_port, cfg_.udp_port, f.ecn_ce, {f.data, f.len});
+    else
+      capture_->frame({f.data, f.len});
+  }
   if (pl.udp) {
     // The kernel delivered a UDP payload of our port and address: the MetaRoCE headers.
     nic_.on_packet(t, f.src_ip, f.src_port, f.ecn_ce, {f.data, f.len},
@@ -340,6 +355,12 @@ void LinkLayer::resolve(Time t) {
     if (due) a.last = t;
     ++it;
   }
+}
+
+std::unique_ptr<Capture> LinkLayer::set_capture(std::unique_ptr<Capture> capture) {
+  if (capture_) capture_->flush();
+  std::swap(capture_, capture);
+  return capture;
 }
 
 bool LinkLayer::set_plane_admin(size_t plane, bool up) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "datapath/io/port.h"
+#include "datapath/nic/capture.h"
 #include "datapath/nic/nic.h"
 #include "datapath/transport/engine.h"
 
@@ -51,6 +52,13 @@ class LinkLayer {
   bool set_plane_admin(size_t plane, bool up);
   uint32_t planes_up() const;
   uint32_t planes_admin_down() const;
+  // Every frame sent and received from now on is written to `capture` (nullptr: no more);
+  // returns the one it replaces, flushed.
+  std::unique_ptr<Capture> set_capture(std::unique_ptr<Capture> capture);
+  const Capture* capture() const { return capture_.get(); }
+  void flush_capture() {
+    if (capture_) capture_->flush();
+  }
 
  private:
   class Sink;
@@ -82,6 +90,9 @@ class LinkLayer {
   };
 
   void send_arp(Plane& pl, bool reply, uint32_t target_ip, const io::MacAddr& target_mac);
+  void tap(const Plane& pl, std::span<const uint8_t> bytes) {
+    if (capture_ && capture_->wants(static_cast<uint8_t>(&pl - planes_.data()))) capture_->frame(bytes);
+  }
   void send_goodbye(Plane& pl, uint8_t kind);
   void say_goodbye(Plane& pl);
   void handle_frame(transport::Time now, Plane& pl, const io::RxFrame& f);
@@ -110,6 +121,7 @@ class LinkLayer {
   std::vector<uint32_t> peers_;  // every peer the NIC asked to resolve, for the route refresh
   transport::Time routes_checked_ = transport::Time::min();
   LinkCounters counters_;
+  std::unique_ptr<Capture> capture_;
   transport::Time carrier_checked_ = transport::Time::min();
 };
 

@@ -16,6 +16,7 @@ source "$(dirname "$0")/../testbed/testbed.sh"
 TB=n$$
 TB_STATE_ROOT=$METAROCE_RUNDIR
 trap 'rc=$?; tb_down $TB; (exit $rc); cleanup' EXIT
+trap 'exit 143' TERM INT  # meson's timeout: the EXIT trap still removes the namespaces
 PROG="$BUILD/tests/integration/integrity"
 
 tb_up $TB --hosts "af_packet af_xdp udp udp" --planes 2 --spines 2 >"$LOGDIR/testbed"
@@ -68,8 +69,13 @@ for pair in "dpdk 0 1" "udp 2 3" "mixed 0 2" "mixed_xdp 1 3"; do
   hpair "pp_$name" $port 60 "$hs" "$hc" -- ibv_rc_pingpong -g 0 -d rn$hs -p $port -c -n 200 -s 4096 \
     -- ibv_rc_pingpong -g 0 -d rn$hc -p $port -c -n 200 -s 4096 SERVER_ADDR
   port=$((port + 1))
+  # The operator's capture of the mixed run: every opcode, and the NAKs of its error checks.
+  [ "$name" = mixed ] && { tb_exec $TB 2 "$METAROCE" capture rn2 -w "$LOGDIR/int.pcap" -s 256 \
+    2>"$LOGDIR/capture_int" & CAP=$!; sleep 0.3; }
   hpair "int_$name" $port 120 "$hs" "$hc" -- "$PROG" --dev rn$hs --server --port $port --listen "$(mgmt "$hs")" \
     -- "$PROG" --dev rn$hc --connect SERVER_ADDR --port $port
+  # $CAP is the subshell running the function; the command itself is its child.
+  [ "$name" = mixed ] && { sleep 0.3; pkill -INT -P $CAP; wait $CAP; cat "$LOGDIR/capture_int"; }
 done
 
 # Spraying: every core link of every plane carried traffic, both ways, by the routers' count.
@@ -105,4 +111,76 @@ sleep 0.3  # the engines publish their counters every 100 ms
 f1=$(( $(fails 0) + $(fails 2) ))
 echo "failover: paths failed or timed out on hosts 0 and 2: $f0 -> $f1"
 [ "$f1" -gt "$f0" ] || fail "the link went down after the transfer, or MetaRoCE never noticed"
+# Operator tools. A core link flaps under a ping-pong while the UDP host captures its frames
+# and logs its path events: probes and failover copies join the capture.
+tb_exec $TB 2 "$METAROCE" capture rn2 -w "$LOGDIR/flap.pcap" -s 256 -d 4 2>"$LOGDIR/capture_flap" &
+CAP=$!
+tb_exec $TB 2 "$METAROCE" events rn2 -d 4 >"$LOGDIR/events" &
+EV=$!
+sleep 0.3
+# Mid-run (a connection exists only while QPs ride it), the Prometheus export too.
+( sleep 0.5; tb_exec $TB 2 "$METAROCE" export >"$LOGDIR/metrics"
+  sleep 0.2; tb_link $TB 0 2 0 down; tb_link $TB 1 2 1 down; sleep 1.2
+  tb_link $TB 0 2 0 up; tb_link $TB 1 2 1 up ) &
+PIDS+=($!)
+port=$((port + 1))
+hpair flap $port 60 0 2 -- ibv_rc_pingpong -g 0 -d rn0 -p $port -c -n 3000 -s 4096 \
+  -- ibv_rc_pingpong -g 0 -d rn2 -p $port -c -n 3000 -s 4096 SERVER_ADDR
+wait $CAP $EV
+cat "$LOGDIR/capture_flap"
+grep -c . "$LOGDIR/events" | sed 's/^/path events logged: /'
+for what in "failed" "entropy re-picked" "failover: "; do
+  grep -q "^20[0-9-]*T[0-9:.]*Z rn2 .*$what" "$LOGDIR/events" ||
+    fail "metaroce events logged no '$what' line: $(head -5 "$LOGDIR/events")"
+done
+
+# The dissector decodes every field of the MRH headers in what the tests captured, and nothing
+# of ours is malformed.
+LUA="$(dirname "$0")/../../dist/wireshark/metaroce.lua"
+fields=(version opcode flags flags.failover flags.orig_path conn_id token path_id path_count
+        path_seq timestamp ack_floor dst_stream src_stream msn rsn offset total_length remote_addr
+        rkey imm payload_len orig_seq payload ack.cum_seq ack.sack ack.sack_word
+        ack.sack_received ack.echo_timestamp ack.ecn_ce_count ack.nak_count ack.rate_hint
+        nak.path_seq nak.src_stream nak.msn nak.syndrome nak.reserved)
+args=()
+for x in "${fields[@]}"; do args+=(-e "metaroce.$x"); done
+for cap in int flap; do
+  tshark -X lua_script:"$LUA" -r "$LOGDIR/$cap.pcap" -Y metaroce -T fields -E occurrence=f \
+    -E separator=/t "${args[@]}" 2>"$LOGDIR/tshark.err" >>"$LOGDIR/fields" ||
+    fail "tshark: $(cat "$LOGDIR/tshark.err")"
+done
+# A PROBE is the base header alone (its fields are checked above); whether the flap made the
+# UDP host probe depends on which paths the routers hashed onto the dead links.
+echo "PROBEs in the flap capture: $(tshark -X lua_script:"$LUA" -r "$LOGDIR/flap.pcap" \
+  -Y 'metaroce.opcode == 17' 2>/dev/null | wc -l)"
+missing=$(awk -F'\t' -v names="${fields[*]}" '
+  { for (i = 1; i <= NF; i++) if ($i != "") seen[i] = 1 }
+  END { n = split(names, a, " "); for (i = 1; i <= n; i++) if (!seen[i]) printf "%s ", a[i] }' \
+  "$LOGDIR/fields")
+[ -z "$missing" ] || fail "fields tshark never decoded: $missing"
+bad=$(tshark -X lua_script:"$LUA" -r "$LOGDIR/int.pcap" -r "$LOGDIR/flap.pcap" \
+  -Y 'metaroce and (_ws.malformed or _ws.expert.severity == error)' 2>/dev/null | wc -l)
+[ "$bad" -eq 0 ] || fail "$bad MetaRoCE packets decoded as malformed"
+echo "tshark decoded $(wc -l <"$LOGDIR/fields") MetaRoCE packets, every field present"
+
+# The Prometheus exposition passes promtool's checks, printed and served over HTTP.
+promtool check metrics <"$LOGDIR/metrics" >"$LOGDIR/promtool" 2>&1 ||
+  fail "promtool check metrics: $(head -20 "$LOGDIR/promtool")"
+grep -q '^metaroce_path_tx_packets_total{device="rn2",peer="198.18.1.1"' "$LOGDIR/metrics" ||
+  fail "no per-path counters in the export"
+tb_exec $TB 2 "$METAROCE" export --listen 198.19.255.3:9477 &
+EXP=$!
+PIDS+=($EXP)
+for _ in $(seq 50); do
+  tb_exec $TB 2 ss -ltnH "sport = :9477" | grep -q . && break
+  sleep 0.1
+done
+tb_exec $TB 0 bash -c 'exec 3<>/dev/tcp/198.19.255.3/9477; printf "GET /metrics HTTP/1.0\r\n\r\n" >&3; cat <&3' \
+  >"$LOGDIR/http"
+pkill -INT -P $EXP
+wait $EXP
+head -1 "$LOGDIR/http" | grep -q "200 OK" || fail "export --listen: $(head -3 "$LOGDIR/http")"
+sed '1,/^\r$/d' "$LOGDIR/http" | promtool check metrics >/dev/null 2>&1 ||
+  fail "served metrics do not pass promtool"
+echo "promtool: $(grep -c '^# TYPE' "$LOGDIR/metrics") metric families pass"
 echo "PASS realnet"
