@@ -62,12 +62,12 @@ tb_router() {
   tb_sysctl "$ns" net.ipv4.conf.all.rp_filter=0
   tb_sysctl "$ns" net.ipv4.conf.default.rp_filter=0
   if [ "${TB_LOSS:-0}" != 0 ] || [ "${TB_ECN:-0}" != 0 ]; then
-    ip netns exec "$ns" nft add table ip rn
-    ip netns exec "$ns" nft add chain ip rn fwd '{ type filter hook forward priority 0; }'
+    ip netns exec "$ns" nft add table ip rn_testbed
+    ip netns exec "$ns" nft add chain ip rn_testbed forward_chain '{ type filter hook forward priority 0; }'
     [ "${TB_LOSS:-0}" != 0 ] &&
-      ip netns exec "$ns" nft add rule ip rn fwd numgen random mod 1000 '<' "$TB_LOSS" drop
+      ip netns exec "$ns" nft add rule ip rn_testbed forward_chain numgen random mod 1000 '<' "$TB_LOSS" drop
     [ "${TB_ECN:-0}" != 0 ] &&
-      ip netns exec "$ns" nft add rule ip rn fwd ip ecn != not-ect numgen random mod 1000 '<' \
+      ip netns exec "$ns" nft add rule ip rn_testbed forward_chain ip ecn != not-ect numgen random mod 1000 '<' \
         "$TB_ECN" ip ecn set ce
   fi
   return 0
