@@ -3,6 +3,7 @@
 // unmodified libibverbs discovers a MetaRoCE device on a host without RDMA in the kernel.
 #include "util/cli.h"
 #include "util/engine_client.h"
+#include "util/operator.h"
 #include "util/stat.h"
 
 #include <fcntl.h>
@@ -10,6 +11,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <net/if.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +30,7 @@
 #include <thread>
 
 #include "datapath/fabric/fabric_control.h"
+#include "datapath/io/dpdk_port.h"
 #include "datapath/fabric/idle_policy.h"
 #ifdef METAROCE_HAVE_DPDK
 #include "datapath/fabric/fabric_runner.h"
@@ -73,6 +76,7 @@ constexpr const char* kMainHelp =
     "Commands:\n"
     "  link add NAME --dpdk DEVARGS --ip ADDR/PREFIX [--mtu BYTES] [--paths N] [--udp-port P]\n"
     "           [--rx-capacity MBPS]\n"
+    "  link add NAME --udp IFACE|any --ip ADDR/PREFIX [...]   on kernel UDP sockets\n"
     "  link add NAME --fabric FABRIC:ENDPOINT --ip ADDR/PREFIX [...]\n"
     "  link del NAME\n"
     "  link set NAME --plane P up|down   take one plane of a link out of service, or back\n"
@@ -82,6 +86,9 @@ constexpr const char* kMainHelp =
     "  env                      print the shell settings that make libibverbs find the links\n"
     "  exec [--] PROGRAM [ARGS...]   run PROGRAM with those settings\n"
     "  stat NAME [--json] [--watch S]   live per-connection and per-path counters of a link\n"
+    "  capture NAME -w FILE [-c N] [-d S]   a link's frames as pcap (Wireshark: metaroce.lua)\n"
+    "  export [--listen ADDR:PORT]   every link's counters in the Prometheus text format\n"
+    "  events NAME [-d S]       timestamped path failures, failovers, re-picks, timeouts\n"
     "  engine start|stop|status  the host's engine, which serves every link to every process\n"
     "  fabric run|set|stat|stop NAME ...   the fabric emulator (see 'metaroce fabric --help')\n"
     "\n"
@@ -101,10 +108,17 @@ constexpr const char* kLinkHelp =
     "  NAME            device name, 1..63 of [A-Za-z0-9_-] (what `ibv_devices` lists)\n"
     "  --dpdk DEVARGS  DPDK device: driver[,key=value]*, e.g. net_memif0,role=server; given\n"
     "                  N times (N <= 16), one port per plane, plane 0 first\n"
+    "                  (net_af_packetN,iface=IF / net_af_xdpN,iface=IF: a kernel interface,\n"
+    "                  whose routes and neighbours the link uses; a PCI address: a NIC bound\n"
+    "                  to vfio-pci)\n"
+    "  --udp IFACE     a plane on kernel UDP sockets (GSO/GRO) through interface IFACE, or\n"
+    "                  `any` for wherever the kernel routes; mixes with --dpdk, in order. The\n"
+    "                  --ip address must be one of the host's (e.g. on lo)\n"
     "  --fabric FABRIC:ENDPOINT  instead of --dpdk: attach to every plane of endpoint ENDPOINT\n"
     "                  of a running `metaroce fabric run FABRIC`\n"
     "  --ip ADDR/PREFIX  IPv4 address of the link; GID 0 is its IPv4-mapped form\n"
-    "  --mtu BYTES     IP MTU, 576..9600 (default 9000)\n"
+    "  --mtu BYTES     IP MTU, 576..9600 (default: the smallest MTU of the planes' kernel\n"
+    "                  interfaces, else 9000; af_xdp: at most 3442)\n"
     "  --paths N       paths (UDP source ports) per connection, 1..256 (default 8 per plane)\n"
     "  --udp-port P    UDP destination port, 1..65535 (default 4793)\n"
     "  --rx-capacity MBPS  inbound capacity the receiver shares among its senders with\n"
@@ -547,17 +561,21 @@ std::optional<nic::LinkConfig> parse_link_add(const std::vector<std::string>& ar
         value = a.substr(eq + 1);
         inline_value = true;
       }
-      if (key != "--dpdk" && key != "--fabric" && key != "--ip" && key != "--mtu" &&
-          key != "--paths" && key != "--udp-port" && key != "--rx-capacity")
+      if (key != "--dpdk" && key != "--udp" && key != "--fabric" && key != "--ip" &&
+          key != "--mtu" && key != "--paths" && key != "--udp-port" && key != "--rx-capacity")
         return usage("link add: unknown option '" + key + "'");
       if (!inline_value) {
         if (i + 1 >= args.size()) return usage("link add: option " + key + " needs a value");
         value = args[++i];
       }
-      if (key == "--dpdk") {
-        // One per plane, plane 0 first (docs/spec/link.md §3).
+      if (key == "--dpdk" || key == "--udp") {
+        // One per plane, plane 0 first (docs/spec/link.md §3), in the order given.
+        if (key == "--udp") {
+          if (value.empty()) return usage("link add: --udp needs an interface name or 'any'");
+          value = nic::udp_plane(value == "any" ? "" : value);
+        }
         dpdk.push_back(value);
-        opt[key] = value;
+        opt["--dpdk"] = value;
         continue;
       }
       if (opt.count(key)) return usage("link add: option " + key + " given twice");
@@ -570,9 +588,9 @@ std::optional<nic::LinkConfig> parse_link_add(const std::vector<std::string>& ar
   }
   if (!name) return usage("link add: missing NAME");
   if (opt.count("--dpdk") && opt.count("--fabric"))
-    return usage("link add: give --dpdk or --fabric, not both");
+    return usage("link add: give --dpdk/--udp or --fabric, not both");
   if (!opt.count("--dpdk") && !opt.count("--fabric"))
-    return usage("link add: missing --dpdk DEVARGS (or --fabric FABRIC:ENDPOINT)");
+    return usage("link add: missing --dpdk DEVARGS (or --udp IFACE, --fabric FABRIC:ENDPOINT)");
   if (!opt.count("--ip")) return usage("link add: missing --ip ADDR/PREFIX");
 
   // Everything that does not depend on the run dir is checked before touching it.
@@ -603,26 +621,50 @@ std::optional<nic::LinkConfig> parse_link_add(const std::vector<std::string>& ar
                   " --dpdk devices (one per plane), got " + std::to_string(dpdk.size()));
     std::set<std::string> seen;
     for (const std::string& one : dpdk) {
+      if (auto udp = nic::parse_udp_plane(one)) {
+        if (!udp->empty() && !check_interface_name(*udp, &err)) return fail(err);
+        if (!seen.insert(one).second)
+          return fail("link add: --udp " + (udp->empty() ? "any" : *udp) + " given for two planes");
+        continue;
+      }
       if (!check_devargs(one, &err)) return fail(err);
       const std::string dev = one.substr(0, one.find(','));
       if (!seen.insert(dev).second)
         return fail("link add: DPDK device '" + dev + "' given for two planes");
     }
-    // af_packet on a kernel interface whose MTU is below the link's: the kernel drops every
-    // data packet (a veth is 1500 by default), and nothing else would say why.
+    // Planes on kernel interfaces: the link's MTU follows theirs (the smallest), and one below
+    // the link's is refused: the kernel drops every larger packet (a veth is 1500 by default)
+    // and nothing else would say why.
+    std::optional<uint32_t> smallest;
+    std::string smallest_iface;
     for (const std::string& one : dpdk) {
-      if (!one.starts_with("net_af_packet")) continue;
-      const auto at = one.find(",iface=");
-      if (at == std::string::npos) continue;
-      const std::string iface = one.substr(at + 7, one.find(',', at + 7) - (at + 7));
-      std::ifstream f("/sys/class/net/" + iface + "/mtu");
-      uint32_t if_mtu = 0;
-      if (f >> if_mtu && if_mtu < c.mtu)
-        return fail("link add: interface " + iface + " has MTU " + std::to_string(if_mtu) +
-                    ", below the link's " + std::to_string(c.mtu) + ": raise it (ip link set " +
-                    iface + " mtu " + std::to_string(c.mtu) + ") or give --mtu " +
-                    std::to_string(if_mtu));
+      const std::string iface = kernel_interface_of(one);
+      if (iface.empty()) continue;
+      auto if_mtu = interface_mtu(iface);
+      if (!if_mtu) return fail("link add: no interface " + iface + " in this network namespace");
+      if (!smallest || *if_mtu < *smallest) {
+        smallest = *if_mtu;
+        smallest_iface = iface;
+      }
     }
+    if (!opt.count("--mtu") && smallest) {
+      if (*smallest < kMinMtu)
+        return fail("link add: interface " + smallest_iface + " has MTU " +
+                    std::to_string(*smallest) + ", below the " + std::to_string(kMinMtu) +
+                    " a link needs");
+      c.mtu = std::min(*smallest, kMaxMtu);
+    }
+    if (smallest && *smallest < c.mtu)
+      return fail("link add: interface " + smallest_iface + " has MTU " + std::to_string(*smallest) +
+                  ", below the link's " + std::to_string(c.mtu) + ": raise it (ip link set " +
+                  smallest_iface + " mtu " + std::to_string(c.mtu) + ") or give --mtu " +
+                  std::to_string(*smallest));
+    for (const std::string& one : dpdk)
+      if (one.starts_with("net_af_xdp") && c.mtu > io::kAfXdpMaxMtu)
+        return fail("link add: af_xdp frames hold an MTU of at most " +
+                    std::to_string(io::kAfXdpMaxMtu) + " (one page per frame in DPDK 22.11), " +
+                    "not " + std::to_string(c.mtu) + ": give --mtu " +
+                    std::to_string(io::kAfXdpMaxMtu) + " or less and set the interface's MTU to it");
     c.devargs = dpdk[0];
     for (size_t p = 1; p < dpdk.size(); ++p) c.devargs += nic::kPlaneSeparator + dpdk[p];
     c.planes = static_cast<uint16_t>(dpdk.size());
@@ -1541,6 +1583,13 @@ Outcome dispatch(const std::vector<std::string>& args, const Context& ctx) {
     const int status = stat_command(rest, ctx, &why);
     return {status, why};
   }
+  if (cmd == "capture" || cmd == "export" || cmd == "events") {
+    std::string why;
+    const int status = cmd == "capture"  ? capture_command(rest, ctx, &why)
+                       : cmd == "export" ? export_command(rest, ctx, &why)
+                                         : events_command(rest, ctx, &why);
+    return {status, why};
+  }
   if (cmd != "link") return usage("unknown command '" + cmd + "' (try 'metaroce --help')");
   if (rest.empty()) return usage("link: missing subcommand (add, del, show, apply, flush)");
   const std::string& sub = rest[0];
@@ -1602,6 +1651,31 @@ std::optional<std::pair<uint32_t, uint8_t>> parse_address(const std::string& tex
     }
   }
   return std::make_pair(*ip, prefix);
+}
+
+bool check_interface_name(const std::string& name, std::string* err) {
+  bool ok = !name.empty() && name.size() < IFNAMSIZ && name != "." && name != "..";
+  for (unsigned char ch : name)
+    ok = ok && ch > ' ' && ch < 0x7f && ch != '/' && ch != ',' && ch != ';' && ch != ':';
+  if (!ok) *err = "bad interface name '" + name + "': 1..15 printable characters, no / , ; :";
+  return ok;
+}
+
+std::string kernel_interface_of(const std::string& devargs) {
+  if (auto udp = nic::parse_udp_plane(devargs)) return *udp;
+  if (!devargs.starts_with("net_af_packet") && !devargs.starts_with("net_af_xdp")) return {};
+  const auto at = devargs.find(",iface=");
+  if (at == std::string::npos) return {};
+  return devargs.substr(at + 7, devargs.find(',', at + 7) - (at + 7));
+}
+
+std::optional<uint32_t> interface_mtu(const std::string& iface) {
+  std::string err;
+  if (!check_interface_name(iface, &err)) return std::nullopt;
+  std::ifstream f("/sys/class/net/" + iface + "/mtu");
+  uint32_t mtu = 0;
+  if (!(f >> mtu)) return std::nullopt;
+  return mtu;
 }
 
 bool check_devargs(const std::string& devargs, std::string* err) {

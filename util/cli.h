@@ -67,6 +67,13 @@ std::optional<std::pair<uint32_t, uint8_t>> parse_address(const std::string& tex
 bool check_devargs(const std::string& devargs, std::string* err);
 // Link names: 1..63 characters from [A-Za-z0-9_-].
 bool check_name(const std::string& name, std::string* err);
+// Kernel interface names: 1..15 characters, no '/', ',', ';' or white space.
+bool check_interface_name(const std::string& name, std::string* err);
+// The kernel interface a plane's device string sends through: `iface=` of net_af_packet and
+// net_af_xdp, the interface of a UDP-socket plane; "" for none (memif, PCI, `--udp any`).
+std::string kernel_interface_of(const std::string& devargs);
+// The MTU of a kernel interface of this network namespace, nullopt when there is none.
+std::optional<uint32_t> interface_mtu(const std::string& iface);
 // The device strings of link `link` on planes 0..planes-1 of endpoint `endpoint` of fabric
 // `fabric_name`, joined by ';' (the contract is in datapath/nic/link_config.h).
 std::string fabric_devargs(const std::string& link, const std::string& fabric_name,

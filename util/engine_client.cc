@@ -40,8 +40,10 @@ EngineConnection::~EngineConnection() {
   if (sock_ >= 0) close(sock_);
 }
 
-int EngineConnection::call(hostif::Op op, const void* body, size_t len, hostif::Message* resp) {
+int EngineConnection::call(hostif::Op op, const void* body, size_t len, hostif::Message* resp,
+                           const std::vector<int>& fds) {
   hostif::Message req;
+  req.fds = fds;  // sent, still ours
   req.header.op = op;
   req.header.seq = ++seq_;
   if (len) req.body.assign(static_cast<const uint8_t*>(body), static_cast<const uint8_t*>(body) + len);

@@ -22,7 +22,8 @@ class EngineConnection {
   bool ok() const { return sock_ >= 0; }
   // One request: the engine's status (0 or an errno), or the errno of the exchange; *resp the
   // answer (its descriptors closed).
-  int call(hostif::Op op, const void* body, size_t len, hostif::Message* resp);
+  int call(hostif::Op op, const void* body, size_t len, hostif::Message* resp,
+           const std::vector<int>& fds = {});
   template <typename T>
   int call(hostif::Op op, const T& body, hostif::Message* resp) {
     return call(op, &body, sizeof(T), resp);

@@ -26,6 +26,7 @@
 #include <ctime>
 
 #include "datapath/io/dpdk_port.h"
+#include "datapath/io/udp_port.h"
 #include "datapath/wire/mrh.h"
 
 namespace metaroce::engine {
@@ -52,22 +53,40 @@ constexpr uint32_t kStatusBytes = 4096;
                ts.tv_nsec / 1000000, line);
 }
 
-std::vector<std::unique_ptr<io::Port>> open_dpdk_ports(const nic::LinkConfig& cfg, bool huge,
-                                                       std::string* why) {
+// A plane's port: `udp[,iface=IFACE]` is the UDP-socket backend (docs/spec/link.md §5), any
+// other string a DPDK device.
+std::unique_ptr<io::Port> open_port(const nic::LinkConfig& cfg, const std::string& devargs,
+                                    bool huge, std::string* why) {
+  std::string reason;
+  std::unique_ptr<io::Port> port;
+  if (auto udp = nic::parse_udp_plane(devargs)) {
+    io::UdpPortConfig uc;
+    uc.ip = cfg.ip;
+    uc.udp_port = cfg.udp_port;
+    uc.iface = *udp;
+    uc.mtu = cfg.mtu;
+    port = io::open_udp_port(uc, &reason);
+    if (!port) *why = "cannot open UDP sockets" + (udp->empty() ? "" : " on " + *udp) + ": " + reason;
+    return port;
+  }
+  io::DpdkPortConfig pc;
+  pc.devargs = devargs;
+  pc.mtu = cfg.mtu;
+  pc.hugepages = huge;
+  port = io::open_dpdk_port(pc, &reason);
+  if (!port) *why = "cannot open DPDK device '" + pc.devargs + "': " + reason;
+  return port;
+}
+
+std::vector<std::unique_ptr<io::Port>> open_ports(const nic::LinkConfig& cfg, bool huge,
+                                                  std::string* why) {
   std::vector<std::unique_ptr<io::Port>> ports;
   size_t start = 0;
   for (;;) {
     const size_t end = cfg.devargs.find(nic::kPlaneSeparator, start);
-    io::DpdkPortConfig pc;
-    pc.devargs = cfg.devargs.substr(start, end == std::string::npos ? end : end - start);
-    pc.mtu = cfg.mtu;
-    pc.hugepages = huge;
-    std::string reason;
-    auto port = io::open_dpdk_port(pc, &reason);
-    if (!port) {
-      *why = "cannot open DPDK device '" + pc.devargs + "': " + reason;
-      return {};
-    }
+    auto port = open_port(cfg, cfg.devargs.substr(start, end == std::string::npos ? end : end - start),
+                          huge, why);
+    if (!port) return {};
     ports.push_back(std::move(port));
     if (end == std::string::npos) break;
     start = end + 1;
@@ -225,7 +244,7 @@ void HostEngine::stop() {
 
 std::unique_ptr<Link> HostEngine::make_link(const nic::LinkConfig& cfg, std::string* why) {
   auto ports = opt_.open_ports ? opt_.open_ports(cfg, why)
-                               : open_dpdk_ports(cfg, opt_.hugepages, why);
+                               : open_ports(cfg, opt_.hugepages, why);
   if (ports.empty()) return nullptr;
   if (ports.size() != std::max<size_t>(cfg.planes, 1)) {
     *why = "link has " + std::to_string(cfg.planes) + " planes but " +
@@ -330,6 +349,7 @@ void HostEngine::datapath_main() {
       if (t >= l->next_publish) {
         l->next_publish = t + kPublishEvery;
         nic::publish_telemetry(*l->telemetry, *l->nic, *l->layer, l->sessions.load());
+        l->layer->flush_capture();  // a capture of a quiet link does not lag behind it
       }
     }
     if (work) {
@@ -631,6 +651,47 @@ void HostEngine::admin(Session& s, const Message& req, Message* resp) {
         r.header.status = ok ? 0 : ERANGE;
       }
       break;
+    }
+    case Op::kLinkCapture: {
+      auto body = req.as<hostif::CaptureReq>();
+      auto it = body ? links_.find(hostif::get_name(body->link)) : links_.end();
+      if (!body || body->action > hostif::kCaptureQuery ||
+          (body->action == hostif::kCaptureStart) != (req.fds.size() == 1)) {
+        r.header.status = EINVAL;
+        break;
+      }
+      if (it == links_.end()) {
+        r.header.status = ENODEV;
+        break;
+      }
+      nic::LinkLayer& layer = *it->second->layer;
+      hostif::CaptureResp out;
+      std::unique_ptr<nic::Capture> old;
+      if (body->action == hostif::kCaptureStart) {
+        const int fd = fcntl(req.fds[0], F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) {
+          r.header.status = errno;
+          break;
+        }
+        auto cap = std::make_unique<nic::Capture>(fd, body->snaplen, body->max_frames,
+                                                  body->planes);
+        bool busy = false;
+        on_datapath([&] {
+          busy = layer.capture() != nullptr;
+          if (!busy) layer.set_capture(std::move(cap));
+        });
+        if (busy) r.header.status = EBUSY;  // one capture per link at a time
+      } else {
+        on_datapath([&] {
+          if (const nic::Capture* c = layer.capture()) {
+            out.frames = c->stats().frames;
+            out.done = c->stats().done;
+            if (body->action == hostif::kCaptureStop) old = layer.set_capture(nullptr);
+          }
+        });
+      }
+      r.set(out);
+      break;  // `old`, flushed, closes its file here, off the datapath thread
     }
     case Op::kSessionInfo: {
       auto body = req.as<hostif::SessionInfoReq>();

@@ -54,6 +54,7 @@ enum class Op : uint16_t {
   kEngineInfo = 103,
   kSessionInfo = 104,  // the index-th context the engine serves, ENOENT past the last
   kLinkPlane = 105,    // set a plane of a link administratively up or down
+  kLinkCapture = 106,  // start, query or stop writing a link's frames as pcap (one fd)
 };
 
 struct Header {
@@ -234,6 +235,22 @@ struct LinkPlaneReq {
   char link[kNameLen] = {};
   uint32_t plane = 0;
   uint32_t up = 0;
+};
+
+// kLinkCapture. Fds (start): the file the pcap goes to, its global header not yet written.
+struct CaptureReq {
+  char link[kNameLen] = {};
+  uint32_t action = 0;       // kCaptureStop, kCaptureStart, kCaptureQuery
+  uint32_t snaplen = 0;      // bytes kept per frame
+  uint64_t max_frames = 0;   // 0: until stopped
+  uint32_t planes = ~0u;     // bit p: plane p
+  uint32_t reserved = 0;
+};
+inline constexpr uint32_t kCaptureStop = 0, kCaptureStart = 1, kCaptureQuery = 2;
+struct CaptureResp {
+  uint64_t frames = 0;       // written so far
+  uint32_t done = 0;         // max_frames reached, or the file refused a write
+  uint32_t reserved = 0;
 };
 
 // kLinkOpen / kLinkClose: a link recorded under the run dir.

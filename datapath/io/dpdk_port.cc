@@ -3,6 +3,9 @@
 // hot-plugged by device string and re-used on reopen, one RX and one TX queue per port.
 #include "datapath/io/dpdk_port.h"
 
+#include "datapath/io/kernel_net.h"
+#include "datapath/io/pci.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -42,6 +45,17 @@ namespace {
 constexpr uint32_t kEthHeader = 14;
 constexpr uint32_t kBufAlign = 128;         // memif copies whole cache lines; keep buffers aligned
 constexpr uint32_t kAfPacketFrames = 512;   // af_packet ring frames per queue and direction
+// af_xdp (DPDK 22.11) makes each mbuf of the pool one UMEM chunk, and the kernel takes chunks of
+// at most a page: [object header 64][rte_mbuf 128][mbuf headroom 128][XDP headroom 256][frame].
+// The mempool spreads objects over memory channels by making their size an odd number of cache
+// lines, so the largest object that fits a page is 63 lines.
+constexpr uint32_t kPage = 4096;
+constexpr uint32_t kCacheLine = 64;
+constexpr uint32_t kMempoolObjHeader = 64;  // cache-line aligned rte_mempool_objhdr
+constexpr uint32_t kXdpHeadroom = 256;      // XDP_PACKET_HEADROOM
+constexpr uint32_t kAfXdpDataRoom = kPage - kCacheLine - kMempoolObjHeader - sizeof(rte_mbuf);
+constexpr uint32_t kAfXdpMaxFrame = kAfXdpDataRoom - RTE_PKTMBUF_HEADROOM - kXdpHeadroom;
+static_assert(kAfXdpMaxMtu + kEthHeader == kAfXdpMaxFrame);
 constexpr uint32_t kBurst = 64;             // mbuf pointers handled per DPDK call
 constexpr unsigned kPoolCache = 256;
 constexpr auto kLinkWait = std::chrono::milliseconds(250);  // a peer already listening connects
@@ -204,8 +218,12 @@ class Eal {
     // usage text on the application's stdout.
     const std::string prefix = "metaroce-" + std::to_string(getpid());
     const std::string lcores = "--lcores=0@(" + affinity_list() + ")";
-    std::vector<std::string> args = {"metaroce", "--no-pci", "--no-shconf", "--no-telemetry",
-                                     "--file-prefix", prefix, lcores, "--log-level=*:error"};
+    // PCI devices are probed one by one as links name them (hot-plug), never all at start: an
+    // allow-list naming no device that exists keeps EAL from taking every device bound to vfio
+    // on the host, which other programs (or another engine) may be using.
+    std::vector<std::string> args = {"metaroce", "-a", "ffff:ff:1f.7", "--no-shconf",
+                                     "--no-telemetry", "--file-prefix", prefix, lcores,
+                                     "--log-level=*:error"};
     // Each port's pool holds ~4k frame buffers of up to 9 KiB (~38 MB); a link has a port per
     // plane, so 8 planes need ~300 MB. Without hugepages this is anonymous memory that is only
     // resident once touched, so a roomy limit costs nothing for one port.
@@ -303,8 +321,10 @@ int stop_on_interrupt_thread(uint16_t port) {
 
 class DpdkPort final : public Port {
  public:
-  DpdkPort(std::string name, uint16_t port, bool hugepages, const MacAddr& mac)
-      : name_(std::move(name)), port_(port), hugepages_(hugepages), mac_(mac) {}
+  DpdkPort(std::string name, uint16_t port, bool hugepages, const MacAddr& mac,
+           std::unique_ptr<KernelNet> kernel)
+      : name_(std::move(name)), port_(port), hugepages_(hugepages), mac_(mac),
+        kernel_(std::move(kernel)) {}
 
   ~DpdkPort() override {
     std::string why;
@@ -327,6 +347,10 @@ class DpdkPort final : public Port {
   }
 
   const MacAddr& mac() const override { return mac_; }
+  std::string kernel_interface() const override { return kernel_ ? kernel_->ifname() : ""; }
+  NextHop next_hop(uint32_t peer_ip) override {
+    return kernel_ ? kernel_->next_hop(peer_ip) : Port::next_hop(peer_ip);
+  }
 
   bool link_up() const override {
     rte_eth_link link{};
@@ -467,6 +491,7 @@ class DpdkPort final : public Port {
   const uint16_t port_;
   const bool hugepages_;
   const MacAddr mac_;
+  const std::unique_ptr<KernelNet> kernel_;  // af_packet, af_xdp: routes and neighbours
   rte_mempool* pool_ = nullptr;
   mutable std::atomic<bool> was_up_{false};
   std::atomic<uint64_t> rx_frames_{0}, rx_bytes_{0}, tx_frames_{0}, tx_bytes_{0};
@@ -487,6 +512,14 @@ std::string probe_error(int rc) {
 bool has_key(const std::string& devargs, const char* key) {
   const std::string k = std::string(",") + key + "=";
   return devargs.find(k) != std::string::npos;
+}
+
+std::string key_value(const std::string& devargs, const char* key) {
+  const std::string k = std::string(",") + key + "=";
+  const size_t at = devargs.find(k);
+  if (at == std::string::npos) return {};
+  const size_t from = at + k.size();
+  return devargs.substr(from, devargs.find(',', from) - from);
 }
 
 // Releases a device that was probed with other arguments, so that it can be probed again.
@@ -522,6 +555,43 @@ std::unique_ptr<Port> open_dpdk_port(const DpdkPortConfig& cfg, std::string* err
   // several for a larger frame. Buffers the size of ours keep every frame in one buffer on both
   // sides and let the PMD use its single-copy path; the peer must use the same MTU.
   std::string devargs = cfg.devargs;
+  if (auto pci = pci_address(name)) {
+    // DPDK would only say "cannot find device", or probe nothing without a word.
+    if (std::string why = check_pci_device("/sys/bus/pci/devices", *pci); !why.empty()) {
+      *err = why;
+      return nullptr;
+    }
+  }
+  // Ports on a kernel interface: its MTU bounds what the link may send and receive.
+  const bool af_xdp = name.starts_with("net_af_xdp");
+  const std::string iface =
+      af_xdp || name.starts_with("net_af_packet") ? key_value(devargs, "iface") : std::string();
+  std::unique_ptr<KernelNet> kernel;
+  if (!iface.empty()) {
+    std::string why;
+    kernel = KernelNet::open(iface, &why);
+    if (!kernel) {
+      *err = why;
+      return nullptr;
+    }
+    if (auto info = interface_info(iface, &why); info && info->mtu < cfg.mtu) {
+      *err = "interface " + iface + " has MTU " + std::to_string(info->mtu) + ", below the link's " +
+             std::to_string(cfg.mtu);
+      return nullptr;
+    }
+  }
+  if (af_xdp) {
+    // Each frame is one UMEM chunk of a page (see kAfXdpMaxFrame): no larger MTU fits, and the
+    // kernel refuses XDP on a veth whose peer's MTU exceeds about the same.
+    if (cfg.mtu + kEthHeader > kAfXdpMaxFrame) {
+      *err = "af_xdp frames hold at most " + std::to_string(kAfXdpMaxFrame) +
+             " bytes (one page per frame in DPDK 22.11): the link MTU " + std::to_string(cfg.mtu) +
+             " does not fit; use --mtu " + std::to_string(kAfXdpMaxFrame - kEthHeader) +
+             " or less (and the same on " + (iface.empty() ? "the interface" : iface) + ")";
+      return nullptr;
+    }
+    buf_size = kAfXdpDataRoom - RTE_PKTMBUF_HEADROOM;
+  }
   if (name.starts_with("net_memif") && !has_key(devargs, "bsize"))
     devargs += ",bsize=" + std::to_string(buf_size);
   // af_packet's kernel ring holds frames of `framesz` bytes (2048 by default: a larger frame is
@@ -650,7 +720,7 @@ std::unique_ptr<Port> open_dpdk_port(const DpdkPortConfig& cfg, std::string* err
     MacAddr mac;
     std::copy(std::begin(addr.addr_bytes), std::end(addr.addr_bytes), mac.begin());
     entry.open = true;
-    result = std::make_unique<DpdkPort>(name, port, cfg.hugepages, mac);
+    result = std::make_unique<DpdkPort>(name, port, cfg.hugepages, mac, std::move(kernel));
     result->set_pool(entry.pool);
     mark_cloexec(eal.fds_after_last_op, before);
     eal.fds_after_last_op = open_fds();

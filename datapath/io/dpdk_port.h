@@ -10,6 +10,10 @@
 
 namespace metaroce::io {
 
+// The largest link MTU an af_xdp port carries: DPDK 22.11 makes each buffer one UMEM chunk of a
+// page, of which headers, headrooms and alignment take 640 bytes (dpdk_port.cc).
+inline constexpr uint32_t kAfXdpMaxMtu = 3442;
+
 struct DpdkPortConfig {
   std::string devargs;        // "net_memif0,role=server,socket=/run/x.sock" or "0000:03:00.0"
   uint32_t mtu = 9000;        // link MTU (IP packet bytes); frames up to mtu + 14

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Packet I/O as the software NIC sees it: a port that receives and sends Ethernet frames in
-// bursts. Backends: DPDK (any PMD, see dpdk_port.h) and an in-memory link for tests.
+// Packet I/O as the software NIC sees it: a port that receives and sends in bursts, either
+// Ethernet frames (DPDK, any PMD: dpdk_port.h; the in-memory link for tests) or the UDP payloads
+// of the link's port through the kernel's sockets (udp_port.h).
 #pragma once
 
 #include <array>
@@ -13,11 +14,29 @@ namespace metaroce::io {
 
 using MacAddr = std::array<uint8_t, 6>;
 
+// What a port carries. kEthernet: whole frames; the link layer frames, addresses and resolves
+// them. kUdp: UDP payloads (MetaRoCE headers first); the kernel routes, resolves and frames them,
+// so a frame's addressing travels beside its bytes (RxFrame/TxFrame's UDP fields).
+enum class PortKind : uint8_t { kEthernet, kUdp };
+
+// Where a packet for a peer goes first on a port's network (link.md §2): the next hop (the peer
+// itself when it is on the link, else a router) and, when the kernel already knows it, the next
+// hop's MAC.
+struct NextHop {
+  uint32_t ip = 0;        // host byte order
+  bool mac_known = false;
+  MacAddr mac{};
+};
+
 // A received frame; the bytes stay valid until the port's release() is called for it.
 struct RxFrame {
   const uint8_t* data = nullptr;
   uint32_t len = 0;
   void* handle = nullptr;  // backend's buffer (an rte_mbuf for DPDK)
+  // kUdp ports: the sender's address and port, and whether the IP header was CE-marked.
+  uint32_t src_ip = 0;
+  uint16_t src_port = 0;
+  bool ecn_ce = false;
 };
 
 // A frame being built for transmission.
@@ -26,6 +45,9 @@ struct TxFrame {
   uint32_t capacity = 0;
   uint32_t len = 0;        // set by the caller before send()
   void* handle = nullptr;
+  // kUdp ports: where the payload goes and from which UDP source port (the path's entropy).
+  uint32_t dst_ip = 0;
+  uint16_t src_port = 0;
 };
 
 struct PortStats {
@@ -37,6 +59,13 @@ struct PortStats {
 class Port {
  public:
   virtual ~Port() = default;
+  virtual PortKind kind() const { return PortKind::kEthernet; }
+  // The kernel interface the port sends through ("" for none: memif, a PCI port bound to DPDK).
+  virtual std::string kernel_interface() const { return {}; }
+  // The next hop towards peer_ip (kEthernet ports). Ports with a kernel interface ask the
+  // kernel's routes and neighbours (a blocking netlink call: only on the first packet to a peer
+  // and at a slow refresh); others say the peer is on the link, and ARP finds its MAC.
+  virtual NextHop next_hop(uint32_t peer_ip) { return NextHop{peer_ip, false, {}}; }
   virtual const MacAddr& mac() const = 0;
   virtual bool link_up() const = 0;
   // Fills up to out.size() frames; returns how many.

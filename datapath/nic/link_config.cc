@@ -27,6 +27,19 @@ bool parse_uint(const std::string& s, T& out, int base = 10) {
 
 }  // namespace
 
+std::optional<std::string> parse_udp_plane(const std::string& devargs) {
+  if (devargs == "udp") return std::string();
+  constexpr std::string_view kPrefix = "udp,iface=";
+  if (!devargs.starts_with(kPrefix) || devargs.size() == kPrefix.size() ||
+      devargs.find(',', kPrefix.size()) != std::string::npos)
+    return std::nullopt;
+  return devargs.substr(kPrefix.size());
+}
+
+std::string udp_plane(const std::string& iface) {
+  return iface.empty() ? "udp" : "udp,iface=" + iface;
+}
+
 std::optional<uint32_t> parse_ipv4(const std::string& text) {
   in_addr a{};
   if (inet_pton(AF_INET, text.c_str(), &a) != 1) return std::nullopt;

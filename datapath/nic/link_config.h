@@ -50,6 +50,12 @@ struct LinkConfig {
   bool save(const std::string& path, std::string* err) const;
 };
 
+// A plane on kernel UDP sockets instead of a DPDK device (docs/spec/link.md §5): its device
+// string in the record is "udp", or "udp,iface=NAME" to send and receive through one interface.
+// parse_udp_plane gives the interface ("" for none), nullopt for any other device string.
+std::optional<std::string> parse_udp_plane(const std::string& devargs);
+std::string udp_plane(const std::string& iface);
+
 // Address helpers shared by the CLI and the provider.
 std::optional<uint32_t> parse_ipv4(const std::string& text);  // "a.b.c.d" -> host order
 std::string format_ipv4(uint32_t ip);

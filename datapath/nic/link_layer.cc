@@ -2,6 +2,7 @@
 // Framing, ARP, goodbye and loopback of a link; the pass that drives its NIC.
 #include "datapath/nic/link_layer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -15,6 +16,12 @@ using transport::Time;
 namespace {
 
 constexpr Time kArpRetry = std::chrono::milliseconds(10);
+// After a second without an answer, a peer (or its router) is asked once a second.
+constexpr Time kArpPatience = std::chrono::seconds(1);
+constexpr Time kArpRetrySlow = std::chrono::seconds(1);
+// Routes and neighbours of ports on kernel interfaces are read again this often: a route the
+// operator changes is followed within it.
+constexpr Time kRouteRefresh = std::chrono::seconds(1);
 constexpr uint32_t kL2L4Header = wire::kUdpFrameHeaderLen;
 // Link goodbye (docs/spec/link.md §4): a port about to close tells its peer to stop touching the
 // shared link first. DPDK 22.11's memif unmaps its rings from the interrupt thread when the peer
@@ -40,17 +47,25 @@ class LinkLayer::Sink final : public FrameSink {
   std::span<uint8_t> begin(uint32_t max_len, uint8_t plane) override {
     drop_open();
     const uint32_t p = plane % link_.planes_.size();
-    if (!link_.planes_[p].port->alloc_tx(open_, max_len + kL2L4Header)) return {};
+    const uint32_t room = link_.planes_[p].header_room;
+    if (!link_.planes_[p].port->alloc_tx(open_, max_len + room)) return {};
     open_plane_ = p;
     has_open_ = true;
-    return {open_.data + kL2L4Header, max_len};
+    return {open_.data + room, max_len};
   }
 
   void commit(uint32_t peer_ip, uint16_t udp_src_port, uint8_t /*plane*/, uint32_t len) override {
     has_open_ = false;
     Pending f{open_, peer_ip, udp_src_port};
     Plane& pl = link_.planes_[open_plane_];
-    if (peer_ip != link_.cfg_.ip) {
+    if (peer_ip != link_.cfg_.ip && pl.udp) {
+      if (pl.admin_down) {
+        give_back(open_plane_, open_);
+        return;
+      }
+      f.frame.dst_ip = peer_ip;
+      f.frame.src_port = udp_src_port;
+    } else if (peer_ip != link_.cfg_.ip) {
       if (pl.quiet || pl.admin_down) {
         give_back(open_plane_, open_);  // the peer is closing that plane, or it is down: a loss
         return;
@@ -66,7 +81,7 @@ class LinkLayer::Sink final : public FrameSink {
       a.dst_port = link_.cfg_.udp_port;
       wire::write_udp_headers({f.frame.data, kL2L4Header}, a, len);
     }
-    f.frame.len = kL2L4Header + len;
+    f.frame.len = pl.header_room + len;
     Batch& b = batches_[open_plane_];
     b.frames.push_back(f);
   }
@@ -76,6 +91,7 @@ class LinkLayer::Sink final : public FrameSink {
     for (size_t p = 0; p < batches_.size(); ++p) {
       Batch& b = batches_[p];
       if (b.frames.empty()) continue;
+      const uint32_t room = link_.planes_[p].header_room;
       out_.clear();
       for (Pending& f : b.frames) {
         bool poisoned = false;
@@ -85,10 +101,17 @@ class LinkLayer::Sink final : public FrameSink {
           f.frame.len = 0;  // its payload could not be read: as a loss
         } else if (f.peer_ip == link_.cfg_.ip) {
           // Two QPs of this device talking to each other: the packet never leaves the NIC.
-          link_.loop_back(f.udp_src_port, {f.frame.data + kL2L4Header, f.frame.len - kL2L4Header});
+          link_.loop_back(f.udp_src_port, {f.frame.data + room, f.frame.len - room});
           f.frame.len = 0;
         } else {
           ++link_.counters_.tx_frames;
+          if (Capture* c = link_.capture_.get(); c && c->wants(static_cast<uint8_t>(p))) {
+            if (link_.planes_[p].udp)
+              c->datagram(link_.cfg_.ip, f.peer_ip, f.udp_src_port, link_.cfg_.udp_port, false,
+                          {f.frame.data, f.frame.len});
+            else
+              c->frame({f.frame.data, f.frame.len});
+          }
         }
         out_.push_back(f.frame);
       }
@@ -128,6 +151,9 @@ LinkLayer::LinkLayer(Nic& nic, std::vector<std::unique_ptr<io::Port>> ports, boo
     : nic_(nic), cfg_(nic.config()), goodbye_(goodbye) {
   for (auto& p : ports) {
     Plane pl;
+    pl.udp = p->kind() == io::PortKind::kUdp;
+    pl.header_room = pl.udp ? 0 : kL2L4Header;
+    pl.kernel = !pl.udp && !p->kernel_interface().empty();
     pl.port = std::move(p);
     planes_.push_back(std::move(pl));
   }
@@ -141,6 +167,7 @@ LinkLayer::~LinkLayer() {
 }
 
 void LinkLayer::send_arp(Plane& pl, bool reply, uint32_t target_ip, const io::MacAddr& target_mac) {
+  if (pl.udp) return;
   io::TxFrame f;
   if (!pl.port->alloc_tx(f, wire::kArpFrameLen)) return;
   wire::ArpPacket arp;
@@ -150,12 +177,14 @@ void LinkLayer::send_arp(Plane& pl, bool reply, uint32_t target_ip, const io::Ma
   arp.target_mac = reply ? target_mac : io::MacAddr{};
   arp.target_ip = target_ip;
   f.len = static_cast<uint32_t>(wire::build_arp({f.data, f.capacity}, arp));
+  tap(pl, {f.data, f.len});
   pl.port->tx_burst({&f, 1});
   if (reply) counters_.arp_replies++;
   else counters_.arp_requests++;
 }
 
 void LinkLayer::send_goodbye(Plane& pl, uint8_t kind) {
+  if (pl.udp) return;  // nothing shared to let go of: the kernel owns the sockets' buffers
   io::TxFrame f;
   if (!pl.port->alloc_tx(f, kGoodbyeFrameLen)) return;
   std::memset(f.data, 0, kGoodbyeFrameLen);
@@ -165,6 +194,7 @@ void LinkLayer::send_goodbye(Plane& pl, uint8_t kind) {
   f.data[13] = kGoodbyeEtherType & 0xff;
   f.data[14] = kind;
   f.len = kGoodbyeFrameLen;
+  tap(pl, {f.data, f.len});
   pl.port->tx_burst({&f, 1});
 }
 
@@ -176,7 +206,7 @@ std::optional<uint8_t> LinkLayer::goodbye_kind(const io::RxFrame& f) {
 }
 
 void LinkLayer::say_goodbye(Plane& pl) {
-  if (!pl.port->link_up()) return;
+  if (pl.udp || !pl.port->link_up()) return;
   send_goodbye(pl, kGoodbye);
   // Real time even under a test clock: this waits for another process (or for the other end
   // of a link this engine also serves, which can no longer answer: it waits the full time only
@@ -200,6 +230,18 @@ void LinkLayer::say_goodbye(Plane& pl) {
 
 void LinkLayer::handle_frame(Time t, Plane& pl, const io::RxFrame& f) {
   counters_.rx_frames++;
+  if (capture_ && capture_->wants(static_cast<uint8_t>(&pl - planes_.data()))) {
+    if (pl.udp)
+      capture_->datagram(f.src_ip, cfg_.ip, f.src_port, cfg_.udp_port, f.ecn_ce, {f.data, f.len});
+    else
+      capture_->frame({f.data, f.len});
+  }
+  if (pl.udp) {
+    // The kernel delivered a UDP payload of our port and address: the MetaRoCE headers.
+    nic_.on_packet(t, f.src_ip, f.src_port, f.ecn_ce, {f.data, f.len},
+                   static_cast<uint8_t>(&pl - planes_.data()));
+    return;
+  }
   if (auto kind = goodbye_kind(f)) {
     if (*kind == kGoodbye) {
       // The peer is closing its end: answer, then leave the link alone until it is back.
@@ -249,21 +291,76 @@ void LinkLayer::loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_pa
   loop_queue_.push_back(p);
 }
 
+bool LinkLayer::route(uint32_t peer) {
+  bool changed = false;
+  for (Plane& pl : planes_) {
+    if (!pl.kernel) continue;
+    const io::NextHop h = pl.port->next_hop(peer);
+    auto old = pl.via.find(peer);
+    const uint32_t before = old == pl.via.end() ? peer : old->second;
+    if (h.ip == peer) {
+      if (old != pl.via.end()) pl.via.erase(old);
+    } else {
+      pl.via[peer] = h.ip;
+    }
+    if (h.mac_known) {
+      // The kernel's neighbour entry (static, or one it resolved itself) is the authority.
+      pl.arp[h.ip] = h.mac;
+      pl.arp[peer] = h.mac;
+    } else if (before != h.ip) {
+      pl.arp.erase(peer);
+      changed = true;
+    }
+  }
+  return changed;
+}
+
+// ARP (link.md §2) for the next hop of every peer an Ethernet plane cannot address yet: the peer
+// itself, or, on a port with a kernel interface, the router the kernel's route names.
 void LinkLayer::resolve(Time t) {
-  for (uint32_t ip : nic_.take_resolve_requests())
-    if (!planes_[0].arp.count(ip)) arp_asked_.try_emplace(ip, Time::min());
+  for (uint32_t ip : nic_.take_resolve_requests()) {
+    if (std::find(peers_.begin(), peers_.end(), ip) == peers_.end()) {
+      peers_.push_back(ip);
+      route(ip);
+    }
+    arp_asked_.try_emplace(ip);
+  }
+  if (t - routes_checked_ >= kRouteRefresh) {
+    routes_checked_ = t;
+    for (uint32_t ip : peers_)
+      if (route(ip)) arp_asked_.try_emplace(ip);
+  }
   for (auto it = arp_asked_.begin(); it != arp_asked_.end();) {
-    if (planes_[0].arp.count(it->first)) {
+    const uint32_t peer = it->first;
+    Asking& a = it->second;
+    if (a.first == Time::min()) a.first = t;
+    const bool due = a.last == Time::min() ||
+                     t - a.last >= (t - a.first < kArpPatience ? kArpRetry : kArpRetrySlow);
+    bool all = true;
+    for (Plane& pl : planes_) {
+      if (pl.udp || pl.arp.count(peer)) continue;
+      auto via = pl.via.find(peer);
+      const uint32_t hop = via == pl.via.end() ? peer : via->second;
+      if (auto mac = pl.arp.find(hop); mac != pl.arp.end()) {
+        pl.arp[peer] = mac->second;
+        continue;
+      }
+      all = false;
+      if (due && !pl.quiet) send_arp(pl, false, hop, wire::kBroadcastMac);
+    }
+    if (all) {
       it = arp_asked_.erase(it);
       continue;
     }
-    if (it->second == Time::min() || t - it->second >= kArpRetry) {
-      for (Plane& pl : planes_)
-        if (!pl.quiet) send_arp(pl, false, it->first, wire::kBroadcastMac);
-      it->second = t;
-    }
+    if (due) a.last = t;
     ++it;
   }
+}
+
+std::unique_ptr<Capture> LinkLayer::set_capture(std::unique_ptr<Capture> capture) {
+  if (capture_) capture_->flush();
+  std::swap(capture_, capture);
+  return capture;
 }
 
 bool LinkLayer::set_plane_admin(size_t plane, bool up) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "datapath/io/port.h"
+#include "datapath/nic/capture.h"
 #include "datapath/nic/nic.h"
 #include "datapath/transport/engine.h"
 
@@ -51,13 +52,27 @@ class LinkLayer {
   bool set_plane_admin(size_t plane, bool up);
   uint32_t planes_up() const;
   uint32_t planes_admin_down() const;
+  // Every frame sent and received from now on is written to `capture` (nullptr: no more);
+  // returns the one it replaces, flushed.
+  std::unique_ptr<Capture> set_capture(std::unique_ptr<Capture> capture);
+  const Capture* capture() const { return capture_.get(); }
+  void flush_capture() {
+    if (capture_) capture_->flush();
+  }
 
  private:
   class Sink;
   // A port and what the link knows about the far side of it.
   struct Plane {
     std::unique_ptr<io::Port> port;
-    std::unordered_map<uint32_t, io::MacAddr> arp;  // peer IP -> MAC on this plane
+    // A UDP-socket plane: the kernel frames, routes and resolves; no ARP, no goodbye.
+    bool udp = false;
+    uint32_t header_room = 0;  // bytes in front of the UDP payload that the link layer writes
+    bool kernel = false;       // the port has a kernel interface: routes come from the kernel
+    // Peer IP -> the MAC its packets go to on this plane: the peer's own, or its next hop's.
+    std::unordered_map<uint32_t, io::MacAddr> arp;
+    // Peers reached through a router on this plane (the kernel's route): peer -> next hop.
+    std::unordered_map<uint32_t, uint32_t> via;
     // Set when the peer said goodbye: the port is not touched until the link comes back.
     bool quiet = false;
     bool quiet_saw_down = false;
@@ -75,12 +90,18 @@ class LinkLayer {
   };
 
   void send_arp(Plane& pl, bool reply, uint32_t target_ip, const io::MacAddr& target_mac);
+  void tap(const Plane& pl, std::span<const uint8_t> bytes) {
+    if (capture_ && capture_->wants(static_cast<uint8_t>(&pl - planes_.data()))) capture_->frame(bytes);
+  }
   void send_goodbye(Plane& pl, uint8_t kind);
   void say_goodbye(Plane& pl);
   void handle_frame(transport::Time now, Plane& pl, const io::RxFrame& f);
   static std::optional<uint8_t> goodbye_kind(const io::RxFrame& f);
   void loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_payload);
   void resolve(transport::Time now);
+  // Asks the port for the peer's next hop on each Ethernet plane with a kernel interface;
+  // returns whether some plane's next hop changed (its MAC must be found again).
+  bool route(uint32_t peer_ip);
   void check_planes(transport::Time now);
 
   Nic& nic_;
@@ -92,9 +113,15 @@ class LinkLayer {
   std::vector<LoopPacket*> loop_free_;
   std::vector<LoopPacket*> loop_queue_;
   std::vector<LoopPacket*> loop_batch_;
-  // ARP requests in flight (sent on every plane), by peer IP.
-  std::unordered_map<uint32_t, transport::Time> arp_asked_;
+  // Peers whose MAC some Ethernet plane still lacks: when they were first asked for, and last.
+  struct Asking {
+    transport::Time first = transport::Time::min(), last = transport::Time::min();
+  };
+  std::unordered_map<uint32_t, Asking> arp_asked_;
+  std::vector<uint32_t> peers_;  // every peer the NIC asked to resolve, for the route refresh
+  transport::Time routes_checked_ = transport::Time::min();
   LinkCounters counters_;
+  std::unique_ptr<Capture> capture_;
   transport::Time carrier_checked_ = transport::Time::min();
 };
 

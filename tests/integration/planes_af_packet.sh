@@ -26,13 +26,20 @@ for p in 0 1; do
   ip link set "va$p" mtu 9000 up
   ip link set "vb$p" mtu 9000 up
 done
-# A kernel interface below the link's MTU is refused with the reason, and nothing is made.
+# A kernel interface below the link's MTU is refused with the reason, and nothing is made;
+# without --mtu the link takes the interface's.
 ip link add vx type veth peer name vy
-if "$METAROCE" link add mrX --dpdk net_af_packet9,iface=vx --ip 198.18.0.9/24 2>"$LOGDIR/mtu"; then
+if "$METAROCE" link add mrX --dpdk net_af_packet9,iface=vx --ip 198.18.0.9/24 --mtu 9000 \
+    2>"$LOGDIR/mtu"; then
   fail "a 1500-byte veth under a 9000-byte link was accepted"
 fi
 grep -q "interface vx has MTU 1500" "$LOGDIR/mtu" || fail "no reason given: $(cat "$LOGDIR/mtu")"
 "$METAROCE" link show mrX >/dev/null 2>&1 && fail "the refused link exists"
+ip link set vx up
+ip link set vy up
+"$METAROCE" link add mrX --dpdk net_af_packet9,iface=vx --ip 198.18.0.9/24
+"$METAROCE" link show mrX --json | grep -q '"mtu": 1500' || fail "the link did not take vx's MTU"
+"$METAROCE" link del mrX
 ip link del vx
 "$METAROCE" link add mrA --dpdk net_af_packet0,iface=va0 --dpdk net_af_packet1,iface=va1 \
   --ip 198.18.0.1/24 || { echo "SKIP: no af_packet DPDK driver"; exit 77; }

@@ -64,8 +64,9 @@ inline void read_all(int fd, void* p, size_t n) {
   }
 }
 
-// Server: accepts one connection on loopback:port. Client: connects to host:port, retrying for
-// 10 s while the server is not up yet.
+// Server: accepts one connection on host:port (loopback when host is empty: tests between
+// namespaces name their management address). Client: connects to host:port, retrying for 10 s
+// while the server is not up yet.
 inline int tcp_open(const char* host, int port, bool server) {
   if (server) {
     int ls = socket(AF_INET, SOCK_STREAM, 0);
@@ -75,6 +76,7 @@ inline int tcp_open(const char* host, int port, bool server) {
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<uint16_t>(port));
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (host && *host && inet_pton(AF_INET, host, &a.sin_addr) != 1) die("listen address");
     if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) || listen(ls, 1)) die("listen");
     int s = accept(ls, nullptr, nullptr);
     close(ls);
