@@ -39,6 +39,9 @@ namespace {
 
 constexpr Time kMinNap = std::chrono::microseconds(5);
 constexpr Time kPublishEvery = std::chrono::milliseconds(100);  // `metaroce stat` refresh
+// Connections the transport looks at for idleness at each publication: 2,560 a second, so a
+// host that talked to 8,192 peers once forgets them within ~3 s of their conn_idle.
+constexpr size_t kIdleSweep = 256;
 constexpr uint32_t kStatusBytes = 4096;
 
 [[gnu::format(printf, 1, 2)]] void log(const char* fmt, ...) {
@@ -350,6 +353,7 @@ void HostEngine::datapath_main() {
         l->next_publish = t + kPublishEvery;
         nic::publish_telemetry(*l->telemetry, *l->nic, *l->layer, l->sessions.load());
         l->layer->flush_capture();  // a capture of a quiet link does not lag behind it
+        l->nic->transport().sweep_idle(t, kIdleSweep);  // congestion.md §4.6
       }
     }
     if (work) {

@@ -183,6 +183,10 @@ struct EngineConfig {
   // one packet may collect before its message fails with kRnr (7 = retry forever, as verbs).
   Time rnr_delay = std::chrono::microseconds(1000);
   uint8_t rnr_retry = 7;
+  // A lane-0 connection idle both ways this long (nothing queued, in flight or owed) is forgotten
+  // by sweep_idle (congestion.md §4.6); longer than any peer keeps resending (a QP's timeout x (retry_cnt + 1):
+  // 34 s for NCCL's default timeout 20). 0: never.
+  Time conn_idle = std::chrono::seconds(60);
 };
 
 // Counters for `metaroce stat` and tests (per engine; per-path detail via path_stats()).
@@ -192,6 +196,7 @@ struct EngineStats {
   uint64_t duplicates = 0, naks_sent = 0, naks_received = 0;
   uint64_t drop_malformed = 0, drop_version = 0, drop_unknown_conn = 0, drop_token = 0,
            drop_out_of_window = 0, drop_rnr = 0, drop_unreachable = 0;
+  uint64_t drop_forgotten = 0;     // data of a receive direction forgotten as idle (§4.6)
   // Congestion control, failure handling, tail probes, RNR (congestion.md).
   uint64_t ecn_decreases = 0;      // multiplicative decreases of a path window
   uint64_t sack_gaps = 0;          // packets found missing by SACK and resent
@@ -254,6 +259,11 @@ class Engine {
   // A new UDP source port (entropy) for one path of a connection; 0 when there is no such
   // connection or path.
   virtual uint16_t repath(uint32_t peer_ip, uint32_t lane, uint16_t path) = 0;
+  // Looks at up to max_visits connections (round robin over calls) and forgets those of lane 0
+  // idle both ways for EngineConfig::conn_idle, with nothing queued, in flight or owed; a later
+  // packet of a forgotten peer direction is dropped (drop_forgotten), never taken for a new one.
+  // Returns how many were forgotten. Called periodically by the NIC's owner.
+  virtual size_t sweep_idle(Time now, size_t max_visits) = 0;
 };
 
 }  // namespace metaroce::transport

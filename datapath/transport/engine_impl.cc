@@ -106,39 +106,43 @@ EngineImpl::Connection& EngineImpl::conn_for(uint32_t peer_ip, uint32_t lane) {
   auto c = std::make_unique<Connection>();
   c->peer_ip = peer_ip;
   c->lane = lane;
-  const uint32_t span = 65536u - kEphemeralPortBase - cfg_.num_paths + 1;
-  const auto port_base = static_cast<uint16_t>(kEphemeralPortBase + next_random() % span);
   do {
     c->conn_id = static_cast<uint32_t>(next_random());
   } while (c->conn_id == 0 || by_id_.count(c->conn_id));
   c->token = next_random();
-  c->tx.resize(cfg_.num_paths);
-  for (uint16_t p = 0; p < cfg_.num_paths; ++p) {
-    c->tx[p].port = static_cast<uint16_t>(port_base + p);
-    c->tx[p].cwnd = cfg_.path_window_init * kWinUnit;
-  }
-  c->counters.resize(cfg_.num_paths);
-  c->paths_used = cfg_.num_paths;
   c->plane_mask = all_planes(cfg_.num_planes);
   c->mask_planes = cfg_.num_planes;
-  for (uint16_t p = 0; p < cfg_.num_paths; ++p) {
-    c->tx[p].plane = plane_for(c->plane_mask, c->mask_planes, p);
-  }
   // One window per plane (congestion.md §2.1), each starting at one BDP of its own network.
   c->plane_cwnd.fill(cfg_.conn_window_init * kWinUnit);
-  // The in-flight records: one pool per connection, threaded on a free list and grown as the
-  // windows use it, up to conn_window_max (congestion.md §7).
-  c->rr_next = static_cast<uint16_t>(next_random() % cfg_.num_paths);
   Connection& ref = *c;
   conn_list_.push_back(c.get());
   by_id_.emplace(c->conn_id, c.get());
   conns_.emplace(conn_key(peer_ip, lane), std::move(c));
-  // A path on a plane that is down starts out of service (probed once the plane is back).
-  for (uint16_t p = 0; p < ref.tx.size(); ++p) {
-    if (!usable_plane(ref, ref.tx[p].plane)) fail_path(Time{0}, ref, p, false);
-  }
   touch(ref);
   return ref;
+}
+
+// The send side of a connection, made when it first has something to send: a connection that
+// only receives (the peer's lane 0 to us) holds no send paths (congestion.md §7: at 64 paths,
+// half of a host's transport state in the 8,192-host run was receiving connections' unused send
+// paths). The in-flight records are a pool that grows as the windows use it (§7).
+void EngineImpl::ensure_send(Connection& c) {
+  if (!c.tx.empty()) return;
+  const uint32_t span = 65536u - kEphemeralPortBase - cfg_.num_paths + 1;
+  const auto port_base = static_cast<uint16_t>(kEphemeralPortBase + next_random() % span);
+  c.tx.resize(cfg_.num_paths);
+  c.counters.resize(cfg_.num_paths);
+  c.paths_used = cfg_.num_paths;
+  for (uint16_t p = 0; p < cfg_.num_paths; ++p) {
+    c.tx[p].port = static_cast<uint16_t>(port_base + p);
+    c.tx[p].cwnd = cfg_.path_window_init * kWinUnit;
+    c.tx[p].plane = plane_for(c.plane_mask, c.mask_planes, p);
+  }
+  c.rr_next = static_cast<uint16_t>(next_random() % cfg_.num_paths);
+  // A path on a plane that is down starts out of service (probed once the plane is back).
+  for (uint16_t p = 0; p < c.tx.size(); ++p) {
+    if (!usable_plane(c, c.tx[p].plane)) fail_path(Time{0}, c, p, false);
+  }
 }
 
 uint32_t EngineImpl::conn_id(uint32_t peer_ip) const {
@@ -154,7 +158,9 @@ bool EngineImpl::set_lane(Time now, uint32_t peer_ip, uint32_t lane, const LaneP
   const uint32_t mask = profile.plane_mask ? profile.plane_mask : every;
   const uint16_t paths = profile.num_paths ? profile.num_paths : cfg_.num_paths;
   if (lane == 0 || (mask & ~every) || paths > wire::kMaxPathCount) return false;
-  apply_profile(now, conn_for(peer_ip, lane), paths, mask, profile.rate_hints);
+  Connection& c = conn_for(peer_ip, lane);
+  ensure_send(c);
+  apply_profile(now, c, paths, mask, profile.rate_hints);
   settle();
   return true;
 }
@@ -217,11 +223,51 @@ void EngineImpl::reap_closed() {
       ++i;
       continue;
     }
-    drop_from_work(*c);
-    by_id_.erase(c->conn_id);
-    conn_list_.erase(conn_list_.begin() + static_cast<std::ptrdiff_t>(i));
-    conns_.erase(conn_key(c->peer_ip, c->lane));
+    forget(*c);  // conn_list_[i] is now another connection
   }
+}
+
+// Removes a connection that has nothing left to do: from every list, the id map and the map of
+// connections (its heap entry is dropped when it surfaces). Its receive directions are
+// remembered as gone (tombstoned), so a packet of one arriving later is dropped, not taken for a
+// new direction and delivered a second time (congestion.md §4.6).
+void EngineImpl::forget(Connection& c) {
+  for (const RecvDir& d : c.rx) {
+    const uint64_t key = (uint64_t{c.peer_ip} << 32) | d.conn_id;
+    if (!tombstones_.insert(key).second) continue;
+    if (tombstone_ring_.size() < kTombstones) {
+      tombstone_ring_.push_back(key);
+    } else {
+      tombstones_.erase(tombstone_ring_[tombstone_next_]);
+      tombstone_ring_[tombstone_next_] = key;
+      tombstone_next_ = (tombstone_next_ + 1) % kTombstones;
+    }
+  }
+  drop_from_work(c);
+  by_id_.erase(c.conn_id);
+  const auto it = std::find(conn_list_.begin(), conn_list_.end(), &c);
+  *it = conn_list_.back();
+  conn_list_.pop_back();
+  conns_.erase(conn_key(c.peer_ip, c.lane));
+}
+
+bool EngineImpl::forgotten(uint32_t peer_ip, uint32_t conn_id) const {
+  return !tombstones_.empty() && tombstones_.count((uint64_t{peer_ip} << 32) | conn_id);
+}
+
+// When a lane-0 connection with nothing queued, in flight, parked or owed, silent both ways,
+// may be forgotten by sweep_idle() (congestion.md §4.6): a host that talked to every peer once
+// keeps no state for them for ever. Other lanes live as long as their QPs (close_lane).
+// Time::max(): not now (busy, another lane, or never used).
+Time EngineImpl::idle_deadline(const Connection& c) const {
+  if (c.lane != 0 || cfg_.conn_idle <= Time{0} || c.head != kNoSlot || c.in_flight ||
+      !c.parked.empty() || c.move_head != kNil || c.retx_listed) {
+    return Time::max();
+  }
+  int64_t last = c.last_tx_ns;
+  for (const RecvDir& d : c.rx) last = std::max(last, d.last_used_ns);
+  if (last <= INT64_MIN / 2) return Time::max();
+  return Time(last) + cfg_.conn_idle;
 }
 
 void EngineImpl::set_plane_up(Time now, uint8_t plane, bool up) {
@@ -242,6 +288,7 @@ void EngineImpl::set_plane_up(Time now, uint8_t plane, bool up) {
 // Makes the connection if its first message has not yet: a QP with a peer may ask first.
 uint16_t EngineImpl::repath(uint32_t peer_ip, uint32_t lane, uint16_t path) {
   Connection* c = &conn_for(peer_ip, lane);
+  ensure_send(*c);
   if (path >= c->paths_used) return 0;
   TxPath& tp = c->tx[path];
   uint16_t port = tp.port;
@@ -469,6 +516,7 @@ bool EngineImpl::send_retx(Time now, Connection& c, TxSink& sink, uint32_t& sent
 
 void EngineImpl::submit(const MessageDesc& msg) {
   Connection& c = conn_for(msg.peer_ip, msg.lane);
+  ensure_send(c);
   const uint32_t idx = alloc_slot();
   detail::MsgSlot& s = slots_[idx];
   s = detail::MsgSlot{};
@@ -681,7 +729,7 @@ bool EngineImpl::emit_ack(Time now, Connection& c, RecvDir& d, uint16_t path, Tx
   wire::encode_ack(buf, b, a, std::span(naks.data(), n));
   // The ACK mirrors the data's source port, so a sender's entropy re-pick moves both
   // directions of the path (spec §3.3).
-  const uint16_t port = rp.port ? rp.port : c.tx[path % c.tx.size()].port;
+  const uint16_t port = rp.port || c.tx.empty() ? rp.port : c.tx[path % c.tx.size()].port;
   sink.commit(c.peer_ip, port, plane, len);
 
   // An RNR record is said once: the packet is still missing, so if this ACK is lost the
@@ -885,6 +933,11 @@ void EngineImpl::on_packet(Time now, uint32_t peer_ip, uint16_t udp_src_port, bo
     return;
   }
   if (wire::is_data_opcode(pkt.base.opcode)) {
+    Connection* known = find_conn(peer_ip);
+    if ((!known || !find_dir(*known, pkt.base.conn_id)) && forgotten(peer_ip, pkt.base.conn_id)) {
+      ++stats_.drop_forgotten;  // a direction we forgot: never a new one (§4.6)
+      return;
+    }
     handle_data(now, conn_for(peer_ip), udp_src_port, ecn_ce, plane, pkt);
   } else if (pkt.base.opcode == wire::Opcode::kAck) {
     handle_ack(now, peer_ip, pkt);
@@ -1878,6 +1931,34 @@ void EngineImpl::on_timer(Time now) {
   settle();
 }
 
+// A clock hand over the connections: up to max_visits of them, from where the last sweep
+// stopped; those idle for conn_idle are forgotten (§4.6). Not a timer: an idle connection's
+// deadline would keep the engine's next_deadline() from ever being clear.
+size_t EngineImpl::sweep_idle(Time now, size_t max_visits) {
+  size_t forgot = 0;
+  for (size_t v = 0; v < max_visits && !conn_list_.empty(); ++v) {
+    if (sweep_next_ >= conn_list_.size()) sweep_next_ = 0;
+    Connection& c = *conn_list_[sweep_next_];
+    if (idle_deadline(c) <= now && !acks_owed(c)) {
+      forget(c);  // another connection takes its place in the list
+      ++forgot;
+      continue;
+    }
+    ++sweep_next_;
+  }
+  settle();
+  return forgot;
+}
+
+bool EngineImpl::acks_owed(const Connection& c) const {
+  for (const RecvDir& d : c.rx) {
+    for (const RxPath& rp : d.paths) {
+      if (rp.ack_pending) return true;
+    }
+  }
+  return false;
+}
+
 void EngineImpl::timer_conn(Time now, Connection& c) {
   ++conn_visits_;
   for (uint16_t p = 0; p < c.tx.size(); ++p) {
@@ -2013,11 +2094,28 @@ std::vector<PathStats> EngineImpl::path_stats(uint32_t peer_ip, uint32_t lane) c
   for (const RecvDir& d : c.rx) {
     if (!newest || d.last_used_ns > newest->last_used_ns) newest = &d;
   }
-  for (uint16_t p = 0; p < c.paths_used; ++p) {
-    const TxPath& tp = c.tx[p];
-    const detail::PathCounters& pc = c.counters[p];
+  // The send side's paths, or, where the connection only receives (its send side is made at the
+  // first send), the newest direction's.
+  const size_t n = c.tx.empty() ? (newest ? newest->paths.size() : 0) : c.paths_used;
+  for (uint16_t p = 0; p < n; ++p) {
     PathStats s;
     s.path_id = p;
+    if (newest && p < newest->paths.size()) {
+      const RxPath& rp = newest->paths[p];
+      s.rx_packets = rp.rx_packets;
+      s.rx_bytes = rp.rx_bytes;
+      s.duplicates = rp.duplicates;
+      s.ecn_ce_received = rp.ce_total;
+      s.rx_cum = rp.win.cum();
+      s.udp_src_port = rp.port;
+      s.plane = rp.plane;
+    }
+    if (c.tx.empty()) {
+      out.push_back(s);
+      continue;
+    }
+    const TxPath& tp = c.tx[p];
+    const detail::PathCounters& pc = c.counters[p];
     s.udp_src_port = tp.port;
     s.plane = tp.plane;
     s.plane_down = !plane_up(tp.plane);
@@ -2042,14 +2140,6 @@ std::vector<PathStats> EngineImpl::path_stats(uint32_t peer_ip, uint32_t lane) c
     s.window = tp.cwnd / kWinUnit;
     s.srtt_ns = tp.srtt_ns;
     s.rto_ns = rto(tp).count();
-    if (newest && p < newest->paths.size()) {
-      const RxPath& rp = newest->paths[p];
-      s.rx_packets = rp.rx_packets;
-      s.rx_bytes = rp.rx_bytes;
-      s.duplicates = rp.duplicates;
-      s.ecn_ce_received = rp.ce_total;
-      s.rx_cum = rp.win.cum();
-    }
     out.push_back(s);
   }
   return out;
@@ -2070,7 +2160,8 @@ ConnStats EngineImpl::conn_stats(uint32_t peer_ip, uint32_t lane) const {
     if (c.tx[p].state == PathState::kActive && usable_plane(c, c.tx[p].plane)) ++s.paths_active;
   }
   s.conn_id = c.conn_id;
-  s.num_paths = c.paths_used;
+  // Before its first send the lane's paths exist only as its profile (ensure_send).
+  s.num_paths = c.tx.empty() ? cfg_.num_paths : c.paths_used;
   s.plane_mask = c.plane_mask;
   s.rate_hints = c.rate_hints;
   s.rx_rate_mbps = c.rx_rate_mbps;

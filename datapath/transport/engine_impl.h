@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "datapath/transport/engine.h"
@@ -35,6 +36,7 @@ inline constexpr uint8_t kTxBurst = 8;        // new packets per connection per 
 inline constexpr uint8_t kRnrInfinite = 7;
 inline constexpr uint16_t kNoPath = UINT16_MAX;
 inline constexpr uint8_t kMaxPlanes = 16;     // a device's ports (nic::kMaxPlanes)
+inline constexpr size_t kTombstones = 4096;   // forgotten receive directions remembered
 static_assert(kPathWindow <= SackWindow::kSpan, "in-flight packets must fit the SACK span");
 static_assert(kNakSlots <= wire::kMaxNakRecords);
 
@@ -241,6 +243,7 @@ class EngineImpl final : public Engine {
   void set_plane_up(Time now, uint8_t plane, bool up) override;
   uint32_t planes_up() const override { return planes_up_; }
   uint16_t repath(uint32_t peer_ip, uint32_t lane, uint16_t path) override;
+  size_t sweep_idle(Time now, size_t max_visits) override;
 
   std::vector<PathStats> path_stats(uint32_t peer_ip, uint32_t lane = 0) const;
   ConnStats conn_stats(uint32_t peer_ip, uint32_t lane = 0) const;
@@ -292,6 +295,7 @@ class EngineImpl final : public Engine {
     return (uint64_t{lane} << 32) | peer_ip;
   }
   Connection& conn_for(uint32_t peer_ip, uint32_t lane = 0);
+  void ensure_send(Connection& c);
   Connection* find_conn(uint32_t peer_ip, uint32_t lane = 0) const;
   // Paths, planes and pacing of a connection as profile says (paths already checked).
   void apply_profile(Time now, Connection& c, uint16_t paths, uint32_t mask, bool hints);
@@ -302,6 +306,10 @@ class EngineImpl final : public Engine {
     return plane_up(plane) || !(planes_up_ & c.plane_mask);
   }
   void reap_closed();
+  void forget(Connection& c);
+  bool forgotten(uint32_t peer_ip, uint32_t conn_id) const;
+  Time idle_deadline(const Connection& c) const;
+  bool acks_owed(const Connection& c) const;
   // The path's RTO, backed off by the path's own count or by `backoff` if larger (a packet that
   // timed out elsewhere carries its back-off to the path it moves to).
   Time rto(const TxPath& tp, uint8_t backoff = 0) const;
@@ -422,6 +430,12 @@ class EngineImpl final : public Engine {
   uint32_t share_unsat_ = 0;
   bool shares_fell_ = false;                // a sender was admitted: push_shares() is due
   Time last_answered_ = Time::min();
+  // Receive directions of forgotten connections, (peer_ip << 32 | conn_id), the last
+  // kTombstones of them (§4.6).
+  std::unordered_set<uint64_t> tombstones_;
+  std::vector<uint64_t> tombstone_ring_;
+  size_t tombstone_next_ = 0;
+  size_t sweep_next_ = 0;                   // sweep_idle's place in conn_list_
 };
 
 }  // namespace metaroce::transport

@@ -22,6 +22,8 @@ local f = {
   opcode = ProtoField.uint8("metaroce.opcode", "Opcode", base.DEC, opcodes),
   flags = ProtoField.uint16("metaroce.flags", "Flags", base.HEX),
   failover = ProtoField.bool("metaroce.flags.failover", "Failover copy", 16, nil, 0x8000),
+  redundant = ProtoField.bool("metaroce.flags.redundant", "Redundant copy (original in flight)", 16, nil, 0x4000),
+  more = ProtoField.bool("metaroce.flags.more", "Sender has more queued", 16, nil, 0x2000),
   orig_path = ProtoField.uint16("metaroce.flags.orig_path", "Original path", base.DEC, nil, 0x00ff),
   conn_id = ProtoField.uint32("metaroce.conn_id", "Connection id", base.HEX),
   token = ProtoField.uint64("metaroce.token", "Token", base.HEX),
@@ -140,6 +142,8 @@ function mr.dissector(tvb, pinfo, root)
   local opitem = tree:add(f.opcode, tvb(1, 1))
   local fl = tree:add(f.flags, tvb(2, 2))
   fl:add(f.failover, tvb(2, 2))
+  fl:add(f.redundant, tvb(2, 2))
+  fl:add(f.more, tvb(2, 2))
   fl:add(f.orig_path, tvb(2, 2))
   tree:add(f.conn_id, tvb(4, 4))
   tree:add(f.token, tvb(8, 8))
@@ -154,7 +158,8 @@ function mr.dissector(tvb, pinfo, root)
                              tvb(4, 4):uint(), tvb(16, 2):uint(), tvb(18, 2):uint(), tvb(20, 4):uint())
   if flags >= 0x8000 then
     fl:add_proto_expert_info(e_failover)
-    info = info .. string.format(" failover-copy of path %u", bit.band(flags, 0xff))
+    local what = bit.band(flags, 0x4000) ~= 0 and "redundant-copy" or "failover-copy"
+    info = info .. string.format(" %s of path %u", what, bit.band(flags, 0xff))
   end
   if not name then
     opitem:add_proto_expert_info(e_bad)

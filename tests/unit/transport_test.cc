@@ -1776,6 +1776,9 @@ PatternRun run_pattern(Pattern pat, bool suspect) {
   EngineConfig cfg = Net::config(8);
   if (pat == Pattern::kPlaneDown) cfg.num_planes = 2;
   cfg.suspect_silent_paths = suspect;
+  // A resend's redundant copy (congestion.md §5.2) also goes round a dead path: the control run
+  // without suspicion goes without it too.
+  cfg.tail_redundancy = suspect;
   Net::Config nc;
   nc.bottleneck_mbps = 0;
   Net n(nc, {cfg});
@@ -1860,7 +1863,8 @@ TEST_P(FailurePattern, NoSingleDeadPathOrPlaneExhaustsTheRetriesAndRecoveryTakes
   // A tail probe (two RTTs) and one more round trip, not a retransmission timer (rto_min is
   // 20 RTTs here).
   EXPECT_LE(on.worst_after, 4 * on.clean_exchange);
-  // The same failure without path suspicion: resent on the dead path until the retries run out.
+  // The same failure without path suspicion (nor redundant copies): resent on the dead path
+  // until the retries run out.
   const PatternRun off = run_pattern(GetParam(), false);
   EXPECT_FALSE(off.all_done);
 }
@@ -2559,6 +2563,67 @@ uint64_t visits_around_a_lossy_exchange(int idle) {
 // Timers and the sending step look only at connections that have something due: with 300 idle
 // connections beside it, the one that loses its packets costs exactly what it costs alone (it
 // was every connection at every timer and every poll).
+// A lane-0 connection idle both ways for conn_idle is forgotten by the sweep, on both sides; a
+// late resend of its direction is then dropped and counted, never taken for a new direction and
+// delivered twice; talking again makes a new connection (congestion.md §4.6). A connection with
+// something in flight, or another lane, is kept however long it is quiet.
+TEST(Connections, AnIdleConnectionIsForgottenAndALateResendOfItIsNeverDeliveredTwice) {
+  EngineConfig cfg = Fabric::default_config();
+  cfg.conn_idle = 1ms;
+  Fabric f(cfg);
+  f.submit(0, 1, 0, 4 * kMtu);
+  f.run();
+  ASSERT_EQ(f.node[0].host.acked.size(), 1u);
+  const ConnStats before = conn_stats(*f.node[0].e, kIpB);
+  ASSERT_TRUE(before.exists);
+  ASSERT_TRUE(conn_stats(*f.node[1].e, kIpA).exists);
+  // Not yet idle long enough: kept.
+  EXPECT_EQ(f.node[0].e->sweep_idle(f.now + 500us, 16), 0u);
+  EXPECT_EQ(f.node[1].e->sweep_idle(f.now + 500us, 16), 0u);
+  const Time later = f.now + 2ms;
+  EXPECT_EQ(f.node[0].e->sweep_idle(later, 16), 1u);
+  EXPECT_EQ(f.node[1].e->sweep_idle(later, 16), 1u);
+  EXPECT_FALSE(conn_stats(*f.node[0].e, kIpB).exists);
+  EXPECT_FALSE(conn_stats(*f.node[1].e, kIpA).exists);
+  // A copy of one of its data packets arrives late: dropped, counted, nothing delivered again.
+  const Sent* old = f.data_from(0).front();
+  f.node[1].e->on_packet(later, kIpA, old->sport, false, old->bytes, old->plane);
+  EXPECT_EQ(f.node[1].e->stats().drop_forgotten, 1u);
+  EXPECT_FALSE(conn_stats(*f.node[1].e, kIpA).exists);
+  for (const auto& [seg, count] : f.node[1].host.deliveries) EXPECT_EQ(count, 1);
+  // Talking again: a new connection (a new direction id), delivered.
+  f.now = later;
+  f.submit(0, 1, 1, 4 * kMtu);
+  f.run(later + 10s);
+  EXPECT_EQ(f.node[0].host.acked.size(), 2u);
+  EXPECT_NE(conn_stats(*f.node[0].e, kIpB).conn_id, before.conn_id);
+  EXPECT_EQ(f.node[1].host.received.count({1, 1}), 1u);
+  for (const auto& [seg, count] : f.node[1].host.deliveries) EXPECT_EQ(count, 1);
+
+  // Something in flight that nobody answers: never idle, whatever the time.
+  f.fate = [](const Sent& s) { return s.from == 0 ? Fate::kDrop : Fate::kDeliver; };
+  f.submit(0, 1, 2, 2 * kMtu);
+  for (int i = 0; i < 3; ++i) f.step();
+  ASSERT_GT(conn_stats(*f.node[0].e, kIpB).in_flight, 0u);
+  EXPECT_EQ(f.node[0].e->sweep_idle(f.now + 1s, 16), 0u);
+  EXPECT_TRUE(conn_stats(*f.node[0].e, kIpB).exists);
+}
+
+TEST(Connections, TheSweepVisitsAtMostWhatItIsGivenAndSparesOtherLanes) {
+  EngineConfig cfg = Net::config();
+  cfg.conn_idle = 1ms;
+  Net::Config nc;
+  nc.nodes = 5;
+  Net n(nc, {cfg});
+  for (int to = 1; to <= 4; ++to) n.submit(0, to, 1, 0, 4 * kMtu);
+  ASSERT_TRUE(n.node[0].e->set_lane(n.now, n.node[1].ip, 7, LaneProfile{4, 0, true}));
+  n.run_idle(1s);
+  const Time later = n.now + 2ms;
+  EXPECT_EQ(n.node[0].e->sweep_idle(later, 1), 1u);
+  EXPECT_EQ(n.node[0].e->sweep_idle(later, 100), 3u);
+  EXPECT_EQ(lanes(*n.node[0].e, n.node[1].ip), std::vector<uint32_t>{7});
+}
+
 TEST(Scheduling, IdleConnectionsCostNothingToTimersOrPolling) {
   const uint64_t alone = visits_around_a_lossy_exchange(1);
   const uint64_t crowd = visits_around_a_lossy_exchange(300);
