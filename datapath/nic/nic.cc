@@ -208,6 +208,8 @@ int Nic::modify_qp(Owner* o, const hostif::ModifyQpReq& req) {
     return EINVAL;
   if (req.what & hostif::kModAccess) qp->set_access(req.access);
   if (req.what & hostif::kModRemote) {
+    const hostif::QpRemote& r = req.remote;
+    if (r.timeout > 31 || r.retry_cnt > 7 || r.rnr_retry > 7 || r.min_rnr_timer > 31) return EINVAL;
     if (qp->lane() >= kIsolatedLane && qp->remote().ip != req.remote.ip)
       engine_->close_lane(qp->remote().ip, qp->lane());
     qp->set_remote(req.remote);
@@ -524,6 +526,12 @@ Syndrome Nic::deliver(const transport::Segment& seg) {
   if (s == Syndrome::kRnr) counters_.rnr++;
   else if (s != Syndrome::kOk && s != Syndrome::kUnreachable) counters_.naks_access++;
   return s;
+}
+
+// The refusing QP's min_rnr_timer (verbs: the responder's), which its RNR NAK carries.
+int Nic::rnr_timer(uint32_t qpn) {
+  const QueuePair* qp = qp_of(qpn);
+  return qp ? qp->remote().min_rnr_timer : -1;
 }
 
 void Nic::message_acked(uint64_t c) {

@@ -218,6 +218,7 @@ class Nic final : private transport::Host {
   // transport::Host
   void gather(uint64_t cookie, uint32_t offset, std::span<uint8_t> out) override;
   transport::Syndrome deliver(const transport::Segment& seg) override;
+  int rnr_timer(uint32_t qpn) override;
   void message_acked(uint64_t cookie) override;
   void message_failed(uint64_t cookie, transport::Syndrome why) override;
 

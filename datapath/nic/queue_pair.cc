@@ -285,6 +285,7 @@ bool QueuePair::drain() {
       // The QP's own limits: retry_cnt timeouts, over whatever paths, and the local ACK timeout
       // (4.096 us * 2^timeout, 0 = none) bound when RETRY_EXC_ERR comes (congestion.md §4.5).
       m.retry_cnt = remote_.retry_cnt;
+      m.rnr_retry = remote_.rnr_retry;  // and RNR NAKs one packet may collect (7: for ever)
       m.timeout = remote_.timeout ? transport::Time(int64_t{4096} << std::min<uint8_t>(remote_.timeout, 31))
                                   : transport::Time{0};
     }

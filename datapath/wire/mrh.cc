@@ -23,7 +23,8 @@ inline constexpr size_t kCumSeq = 0, kSack = 4, kEchoTimestamp = 36, kEcnCe = 40
                         kNakCount = 42, kRateHint = 44, kEnd = 48;
 }
 namespace nak_off {
-inline constexpr size_t kPathSeq = 0, kSrcStream = 4, kMsn = 8, kSyndrome = 12, kEnd = 16;
+inline constexpr size_t kPathSeq = 0, kSrcStream = 4, kMsn = 8, kSyndrome = 12, kRnrTimer = 13,
+                        kEnd = 16;
 }
 static_assert(base_off::kEnd == kBaseHeaderLen);
 static_assert(data_off::kEnd == kDataExtLen);
@@ -76,6 +77,8 @@ NakRecord Packet::nak(size_t i) const {
   r.src_stream = load_be32(p + nak_off::kSrcStream);
   r.msn = load_be32(p + nak_off::kMsn);
   r.syndrome = p[nak_off::kSyndrome];
+  // Only an RNR record names a timer; a sender ignores the byte in any other.
+  r.rnr_timer = r.syndrome == 1 ? p[nak_off::kRnrTimer] : 0;
   return r;
 }
 
@@ -132,7 +135,8 @@ size_t encode_ack(std::span<uint8_t> out, const BaseHeader& b, const AckHeader& 
     store_be32(p + nak_off::kSrcStream, r.src_stream);
     store_be32(p + nak_off::kMsn, r.msn);
     p[nak_off::kSyndrome] = r.syndrome;
-    p[nak_off::kSyndrome + 1] = p[nak_off::kSyndrome + 2] = p[nak_off::kSyndrome + 3] = 0;
+    p[nak_off::kRnrTimer] = r.syndrome == 1 ? r.rnr_timer : 0;
+    p[nak_off::kRnrTimer + 1] = p[nak_off::kRnrTimer + 2] = 0;
     p += kNakRecordLen;
   }
   return len;
@@ -203,6 +207,10 @@ DecodeError decode(std::span<const uint8_t> in, Packet& out) {
   for (size_t i = 0; i < a.nak_count; ++i) {
     const uint8_t s = out.nak_bytes[i * kNakRecordLen + nak_off::kSyndrome];
     if (s < kMinNakSyndrome || s > kMaxNakSyndrome || s == kLocalOnlySyndrome)
+      return DecodeError::kBadField;
+    // An RNR timer is absent (0) or valid with a 5-bit code; other bits set: not a timer.
+    const uint8_t t = out.nak_bytes[i * kNakRecordLen + nak_off::kRnrTimer];
+    if (s == 1 && t != 0 && (t & ~(kRnrTimerValid | kRnrTimerCodeMask)))
       return DecodeError::kBadField;
   }
   return DecodeError::kNone;

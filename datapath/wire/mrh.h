@@ -95,8 +95,14 @@ struct NakRecord {
   uint32_t path_seq = 0;
   uint32_t src_stream = 0;  // the data sender's stream, as it was in the rejected packet
   uint32_t msn = 0;
-  uint8_t syndrome = 0;     // transport::Syndrome 1 (RNR: not received, retry later) .. 5
+  uint8_t syndrome = 0;     // transport::Syndrome 1 (RNR: not received, retry later) .. 7
+  uint8_t rnr_timer = 0;    // RNR: kRnrTimerValid | the responder's minimum RNR timer (verbs'
+                            // 5-bit code); 0: none named, the sender's own back-off. Else 0
 };
+
+// NakRecord::rnr_timer (spec §2.4): the responder's QP names how long the sender waits.
+inline constexpr uint8_t kRnrTimerValid = 0x80;
+inline constexpr uint8_t kRnrTimerCodeMask = 0x1f;
 
 // ACK extension, 48 bytes, followed by nak_count NAK records (spec §2.3).
 struct AckHeader {

@@ -326,6 +326,99 @@ TEST_F(NicTest, SendBeforeReceiveIsPostedWaitsThenLands) {
   EXPECT_EQ(b_.buf[1999], 0x77);
 }
 
+// Sets the verbs retry attributes of s's QP (as a modify_qp RTR/RTS would), towards its peer.
+void set_retry(Side& s, uint32_t peer_ip, uint32_t peer_qpn, uint8_t timeout, uint8_t retry_cnt,
+               uint8_t rnr_retry, uint8_t min_rnr_timer) {
+  hostif::QpRemote r;
+  r.ip = peer_ip;
+  r.qpn = peer_qpn;
+  r.max_rd_atomic = 16;
+  r.timeout = timeout;
+  r.retry_cnt = retry_cnt;
+  r.rnr_retry = rnr_retry;
+  r.min_rnr_timer = min_rnr_timer;
+  s.qp->set_remote(r);
+}
+
+TEST_F(NicTest, TheRequestersRnrRetryBoundsRefusalsOfItsSends) {
+  // rnr_retry 0: the first RNR NAK ends the SEND with RNR_RETRY_EXC_ERR (the engine's own
+  // limit is 7, for ever: a QP value ignored would leave it waiting).
+  set_retry(a_, kIpB, b_.qp->qpn(), 14, 7, 0, 12);
+  SendWqe s;
+  s.wr_id = 5;
+  s.op = WqeOp::kSend;
+  s.signaled = true;
+  s.num_sge = 1;
+  s.sge[0] = sge(a_, 0, 100);
+  ASSERT_EQ(a_.qp->post_send(s), 0);
+  auto got = run_until(a_, 1, 2000);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 5u);
+  EXPECT_EQ(got[0].status, WcStatus::kRnrRetryExcErr);
+  EXPECT_EQ(a_.qp->state(), QpState::kErr);
+}
+
+TEST_F(NicTest, TheRespondersMinRnrTimerSetsTheSendersBackOff) {
+  // The receive is posted 1 ms after the SEND was refused. A responder whose min_rnr_timer is
+  // 1 (10 us) has it land well within 1 ms more; one whose timer is 24 (40.96 ms) keeps the
+  // sender away for 40 ms (the engine's own back-off is 1 ms).
+  for (uint8_t timer : {uint8_t{1}, uint8_t{24}}) {
+    build(test_link_config());
+    set_retry(b_, kIpA, a_.qp->qpn(), 14, 7, 7, timer);
+    SendWqe s;
+    s.op = WqeOp::kSend;
+    s.num_sge = 1;
+    s.sge[0] = sge(a_, 0, 100);
+    ASSERT_EQ(a_.qp->post_send(s), 0);
+    EXPECT_TRUE(run_until(b_, 1, 100).empty());  // 1 ms: refused, backing off
+    RecvWqe r;
+    r.wr_id = 11;
+    r.num_sge = 1;
+    r.sge[0] = sge(b_, 0, 4096);
+    ASSERT_EQ(b_.qp->post_recv(r), 0);
+    const transport::Time posted = clock_;
+    auto got = run_until(b_, 1, 10000);
+    ASSERT_EQ(got.size(), 1u) << int{timer};
+    if (timer == 1) EXPECT_LT(clock_ - posted, std::chrono::microseconds(500));
+    else EXPECT_GT(clock_ - posted, std::chrono::milliseconds(30));
+  }
+}
+
+TEST_F(NicTest, TheQpsTimeoutAndRetryCountBoundAWriteToAVanishedPeer) {
+  // The peer has no such QP: WRITEs are never acknowledged. timeout 8 (1 ms) with retry_cnt 0
+  // fails the WRITE within a few ms; retry_cnt 7 only after 8 ms of silence; timeout 16
+  // (268 ms) keeps it waiting past 100 ms. (The engine's own limit is 7 RTOs.)
+  struct Case {
+    uint8_t timeout, retry_cnt;
+    std::chrono::milliseconds not_before, by;  // by 0: no completion within 100 ms
+  };
+  for (const Case& k : {Case{8, 0, std::chrono::milliseconds(1), std::chrono::milliseconds(4)},
+                        Case{8, 7, std::chrono::milliseconds(8), std::chrono::milliseconds(40)},
+                        Case{16, 1, std::chrono::milliseconds(0), std::chrono::milliseconds(0)}}) {
+    build(test_link_config());
+    set_retry(a_, kIpB, 0xabcde, k.timeout, k.retry_cnt, 7, 12);
+    SendWqe w;
+    w.wr_id = 3;
+    w.op = WqeOp::kWrite;
+    w.signaled = true;
+    w.num_sge = 1;
+    w.sge[0] = sge(a_, 0, 64);
+    w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data());
+    w.rkey = b_.key;
+    ASSERT_EQ(a_.qp->post_send(w), 0);
+    const transport::Time start = clock_;
+    auto got = run_until(a_, 1, 10000);  // 100 ms at most
+    if (k.by.count() == 0) {
+      EXPECT_TRUE(got.empty()) << int{k.timeout};
+      continue;
+    }
+    ASSERT_EQ(got.size(), 1u) << int{k.retry_cnt};
+    EXPECT_EQ(got[0].status, WcStatus::kRetryExcErr);
+    EXPECT_GE(clock_ - start, k.not_before) << int{k.retry_cnt};
+    EXPECT_LT(clock_ - start, k.by) << int{k.retry_cnt};
+  }
+}
+
 TEST_F(NicTest, ModifyToErrorFlushesPostedReceives) {
   RecvWqe r;
   r.wr_id = 11;

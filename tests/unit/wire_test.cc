@@ -255,6 +255,29 @@ TEST(Mrh, RnrNakRecordsAreAccepted) {
   EXPECT_EQ(p.nak(0).syndrome, 1);
 }
 
+TEST(Mrh, AnRnrNakCarriesTheRespondersTimerAndOnlyAnRnrNak) {
+  Packet p;
+  const uint8_t timer = kRnrTimerValid | 16;  // 2.56 ms
+  auto buf = ack_packet(sample_base(Opcode::kAck), AckHeader{},
+                        {{9, 2, 3, 1, timer}, {10, 2, 4, 2, timer}});
+  EXPECT_EQ(buf[kAckHeadersLen + 13], timer);
+  EXPECT_EQ(buf[kAckHeadersLen + kNakRecordLen + 13], 0);  // not RNR: sent as 0
+  ASSERT_EQ(decode(buf, p), DecodeError::kNone);
+  EXPECT_EQ(p.nak(0).rnr_timer, timer);
+  EXPECT_EQ(p.nak(1).rnr_timer, 0);
+  // No timer named (0) is valid; a byte that is neither 0 nor kRnrTimerValid | code is not.
+  buf[kAckHeadersLen + 13] = 0;
+  ASSERT_EQ(decode(buf, p), DecodeError::kNone);
+  EXPECT_EQ(p.nak(0).rnr_timer, 0);
+  buf[kAckHeadersLen + 13] = kRnrTimerValid | 0x20;
+  EXPECT_EQ(decode(buf, p), DecodeError::kBadField);
+  // The byte of a record that is not RNR is ignored.
+  buf[kAckHeadersLen + 13] = timer;
+  buf[kAckHeadersLen + kNakRecordLen + 13] = 0xff;
+  ASSERT_EQ(decode(buf, p), DecodeError::kNone);
+  EXPECT_EQ(p.nak(1).rnr_timer, 0);
+}
+
 TEST(Mrh, FailoverCopyCarriesItsOriginalPathAndSequence) {
   BaseHeader b = sample_base(Opcode::kSend);
   b.flags = failover_flags(7);
