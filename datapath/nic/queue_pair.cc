@@ -46,8 +46,8 @@ Op transport_op(WqeOp op) {
     case WqeOp::kWrite: return Op::kWrite;
     case WqeOp::kWriteImm: return Op::kWriteImm;
     case WqeOp::kRead: return Op::kReadReq;
-    case WqeOp::kCmpSwp:
-    case WqeOp::kFetchAdd: return Op::kWrite;  // with an atomic rsn tag (queue_pair.h)
+    case WqeOp::kCmpSwp: return Op::kAtomicCmpSwp;
+    case WqeOp::kFetchAdd: return Op::kAtomicFetchAdd;
   }
   return Op::kSend;
 }
@@ -292,7 +292,6 @@ bool QueuePair::drain() {
     m.length = s.length;
     s.resp_length = w.op == WqeOp::kRead ? s.length : 0;
     if (hostif::is_atomic(w.op)) {
-      m.rsn = w.op == WqeOp::kCmpSwp ? kRsnAtomicCmpSwp : kRsnAtomicFetchAdd;
       m.length = kAtomicRequestLen;
       s.resp_length = kAtomicSize;
     }
@@ -517,8 +516,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     comm_est_ = true;  // the connection is established: the peer reached us before our RTS
     raise(AsyncEvent::kCommEst);
   }
-  const bool atomic = seg.op == Op::kWrite &&
-                      (seg.rsn == kRsnAtomicCmpSwp || seg.rsn == kRsnAtomicFetchAdd);
+  const bool atomic = seg.op == Op::kAtomicCmpSwp || seg.op == Op::kAtomicFetchAdd;
   const uint32_t ahead = seg.msn - rx_next_msn_;
   if (ahead >= 0x80000000u) {
     // A message completed long ago: a duplicate. An atomic is answered again, not re-executed.
@@ -612,6 +610,8 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
       break;
     }
     case Op::kReadResp:
+    case Op::kAtomicCmpSwp:  // handled above
+    case Op::kAtomicFetchAdd:
       break;
   }
   m.seen = true;
@@ -676,7 +676,7 @@ Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate
   Access rd{seg.remote_addr, reinterpret_cast<uint8_t*>(&original), kAtomicSize};
   if (mr->mem->read({&rd, 1}) != 1) return Syndrome::kRemoteAccess;
   uint64_t value = original;
-  if (seg.rsn == kRsnAtomicCmpSwp) {
+  if (seg.op == Op::kAtomicCmpSwp) {
     if (original == compare_add) value = swap;
   } else {
     value = original + compare_add;

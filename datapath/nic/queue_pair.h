@@ -16,6 +16,7 @@
 #include "datapath/nic/memory.h"
 #include "datapath/nic/shared_receive_queue.h"
 #include "datapath/transport/engine.h"
+#include "datapath/wire/mrh.h"
 
 namespace metaroce::nic {
 
@@ -229,11 +230,8 @@ class QueuePair {
   std::vector<UdSeen> ud_seen_;
 };
 
-// What the rsn field of a kWrite message means to the NIC (docs/spec/verbs-mapping.md §3): 0 for
-// an RDMA WRITE; these values turn the message into an atomic request whose 16-byte payload is
-// the big-endian compare/add operand followed by the big-endian swap operand.
-inline constexpr uint32_t kRsnAtomicCmpSwp = 0x41435300;    // "ACS"
-inline constexpr uint32_t kRsnAtomicFetchAdd = 0x41464100;  // "AFA"
-inline constexpr uint32_t kAtomicRequestLen = 16;
+// An atomic request's payload (docs/spec/wire.md §2.2, opcodes 7 and 8): the big-endian
+// compare/add operand followed by the big-endian swap operand.
+inline constexpr uint32_t kAtomicRequestLen = wire::kAtomicRequestLen;
 
 }  // namespace metaroce::nic

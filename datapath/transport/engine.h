@@ -41,6 +41,8 @@ enum class Op : uint8_t {
   kSendImm = 4,
   kReadReq = 5,   // carries no payload; length = bytes requested
   kReadResp = 6,  // payload flows responder -> requester
+  kAtomicCmpSwp = 7,    // payload: 16 bytes of operands; answered by a kReadResp
+  kAtomicFetchAdd = 8,
 };
 
 // A message the NIC asks the transport to deliver reliably to one peer.

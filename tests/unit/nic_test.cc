@@ -589,11 +589,10 @@ TEST_F(NicTest, AtomicRequestSeenTwiceIsAnsweredButExecutedOnce) {
   ops[7] = 3;  // add 3, big-endian
   transport::Segment seg;
   seg.peer_ip = 0xC6120001;
-  seg.op = transport::Op::kWrite;
+  seg.op = transport::Op::kAtomicFetchAdd;
   seg.dst_stream = b_.qp->qpn();
   seg.src_stream = a_.qp->qpn();
   seg.msn = 0;
-  seg.rsn = kRsnAtomicFetchAdd;
   seg.total_length = kAtomicRequestLen;
   seg.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data());
   seg.rkey = b_.key;
