@@ -693,13 +693,29 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
     case Op::kRegMr: {
       auto b = req.as<hostif::RegMrReq>();
       if (!b) return done(EINVAL);
-      constexpr unsigned kKnown = nic::kLocalWrite | nic::kRemoteWrite | nic::kRemoteRead |
-                                  nic::kRemoteAtomic | nic::kMwBind;
-      if (b->access & ~kKnown) return done(EINVAL);
+      if (b->access & ~nic::kMrAccessKnown) return done(EINVAL);
       hostif::RegMrResp m;
       int e = 0;
-      on_datapath([&] { e = nic.reg_mr(&s, b->pd, b->addr, b->length, b->access, &m.lkey, &m.rkey); });
+      on_datapath([&] {
+        e = nic.reg_mr(&s, b->pd, b->addr, b->length, b->iova, b->access, &m.lkey, &m.rkey);
+      });
       if (!e) r.set(m);
+      return done(e);
+    }
+    case Op::kReregMr: {
+      auto b = req.as<hostif::ReregMrReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] {
+        e = nic.rereg_mr(&s, b->lkey, b->flags, b->pd, b->addr, b->length, b->access);
+      });
+      return done(e);
+    }
+    case Op::kCheckMr: {
+      auto b = req.as<hostif::CheckMrReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.check_mr(&s, b->lkey, b->pd, b->addr, b->length); });
       return done(e);
     }
     case Op::kDeregMr: {

@@ -46,6 +46,8 @@ enum class Op : uint16_t {
   kQueryPaths = 16,   // a page of its connection's paths
   kRepath = 17,       // a new entropy value for one of them
   kQueryDevice = 18,  // what only the engine knows of the device (planes up)
+  kReregMr = 19,      // ibv_rereg_mr
+  kCheckMr = 20,      // ibv_advise_mr: does an lkey of the PD cover a range
   // Administration (uid 0, or the engine's own user: a user who runs an engine for a private run
   // dir administers it): what `metaroce link` and `metaroce engine` ask.
   kLinkOpen = 100,
@@ -98,9 +100,22 @@ struct IdReq {  // kDeallocPd, kDestroyCq, kDestroySrq, kDestroyQp, kDeregMr
 
 struct RegMrReq {
   uint32_t pd = 0;
-  uint32_t access = 0;  // ibv_access_flags
+  uint32_t access = 0;  // ibv_access_flags the NIC knows (nic::kMrAccessKnown)
   uint64_t addr = 0;
   uint64_t length = 0;
+  uint64_t iova = 0;    // the address verbs use for byte 0 (ibv_reg_mr_iova2); addr for reg_mr
+};
+struct ReregMrReq {
+  uint32_t lkey = 0;
+  uint32_t flags = 0;   // IBV_REREG_MR_CHANGE_* (nic::ReregFlag)
+  uint32_t pd = 0;      // CHANGE_PD
+  uint32_t access = 0;  // CHANGE_ACCESS
+  uint64_t addr = 0;    // CHANGE_TRANSLATION
+  uint64_t length = 0;
+};
+struct CheckMrReq {
+  uint32_t lkey = 0, pd = 0;
+  uint64_t addr = 0, length = 0;
 };
 struct RegMrResp {
   uint32_t lkey = 0, rkey = 0;

@@ -160,6 +160,24 @@ int cq_poll(CqHeader* h, int n, Cqe* out) {
   return got;
 }
 
+int cq_clean(CqHeader* h, uint32_t qpn) {
+  // [tail, head) is the driver's to read and the engine never rewrites it: the kept entries
+  // slide towards head, and tail moves past what was removed.
+  const uint32_t tail = h->tail.peek();
+  const uint32_t head = h->head.load();
+  Cqe* ring = cq_ring(h);
+  const uint32_t mask = h->entries - 1;
+  uint32_t w = head;
+  for (uint32_t r = head; r != tail;) {
+    --r;
+    if (ring[r & mask].qp_num == qpn) continue;
+    --w;
+    if (w != r) ring[w & mask] = ring[r & mask];
+  }
+  h->tail.store(w);
+  return static_cast<int>(w - tail);
+}
+
 bool cq_push_orphan(CqHeader* h, const Cqe& c) {
   const uint32_t head = h->head.peek();
   if (head - h->tail.load() >= h->capacity) {

@@ -17,7 +17,7 @@
 
 namespace metaroce::hostif {
 
-inline constexpr uint32_t kAbiVersion = 1;
+inline constexpr uint32_t kAbiVersion = 2;  // 2: RegMrReq carries an IOVA; rereg, MW ops
 
 // Limits of the interface (the engine may grant less; ibv_query_device reports these).
 inline constexpr uint32_t kMaxSge = 16;
@@ -332,6 +332,9 @@ void rq_post(QpHeader* h);
 // Posts one receive into an SRQ: 0, or ENOMEM when every slot is outstanding.
 int srq_post(SrqHeader* h, uint64_t wr_id, const Sge* sge, uint32_t num_sge);
 // Takes up to n completions; returns how many.
+// Driver: removes the completions of QP qpn not yet polled, keeping the others in order (a
+// QP moved to RESET); returns how many went. The caller excludes its own pollers.
+int cq_clean(CqHeader* h, uint32_t qpn);
 int cq_poll(CqHeader* h, int n, Cqe* out);
 // Once the engine is gone (it died or removed the device), the driver completes what is still
 // outstanding itself, as flushed work: it becomes the CQ's producer. False when the CQ is full.

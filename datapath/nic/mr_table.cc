@@ -4,8 +4,8 @@
 
 namespace metaroce::nic {
 
-uint32_t MrTable::add(uint32_t pd, uint64_t addr, uint64_t length, unsigned int access,
-                      Memory* mem, const Owner* owner) {
+uint32_t MrTable::add(uint32_t pd, uint64_t iova, uint64_t va, uint64_t length,
+                      unsigned int access, Memory* mem, const Owner* owner) {
   uint32_t index;
   if (!free_.empty()) {
     index = free_.back();
@@ -18,7 +18,7 @@ uint32_t MrTable::add(uint32_t pd, uint64_t addr, uint64_t length, unsigned int 
   MemoryRegion& r = regions_[index - 1];
   // A new generation per reuse, so a stale key of a freed region does not match its successor.
   uint32_t gen = ((r.key & 0xff) + 1) & 0xff;
-  r = MemoryRegion{addr, length, access, pd, (index << 8) | gen, mem, owner, true};
+  r = MemoryRegion{iova, length, access, pd, (index << 8) | gen, mem, owner, true, va};
   ++live_;
   return r.key;
 }
@@ -29,6 +29,10 @@ const MemoryRegion* MrTable::find(uint32_t key, const Owner* owner) const {
   const MemoryRegion& r = regions_[index - 1];
   if (!r.valid || r.key != key || (owner && r.owner != owner)) return nullptr;
   return &r;
+}
+
+MemoryRegion* MrTable::find_mutable(uint32_t key, const Owner* owner) {
+  return const_cast<MemoryRegion*>(find(key, owner));
 }
 
 bool MrTable::remove(uint32_t key) {

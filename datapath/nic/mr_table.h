@@ -15,7 +15,7 @@ namespace metaroce::nic {
 class Owner;
 
 struct MemoryRegion {
-  uint64_t addr = 0;
+  uint64_t addr = 0;        // where the region starts in the addresses verbs use for it (its IOVA)
   uint64_t length = 0;
   unsigned int access = 0;  // ibv_access_flags values
   uint32_t pd = 0;
@@ -23,15 +23,22 @@ struct MemoryRegion {
   Memory* mem = nullptr;
   const Owner* owner = nullptr;
   bool valid = false;
+  uint64_t va = 0;          // where byte 0 lies in mem (== addr unless registered with an IOVA)
+
+  // The address in mem of verbs address a (checked to lie in the region).
+  uint64_t translate(uint64_t a) const { return va + (a - addr); }
 };
 
 enum class MrCheck : uint8_t { kOk, kBadKey, kBadPd, kNoAccess, kOutOfBounds };
 
 class MrTable {
  public:
-  // Returns the new key, or 0 when the table is full (2^24 regions).
-  uint32_t add(uint32_t pd, uint64_t addr, uint64_t length, unsigned int access, Memory* mem,
-               const Owner* owner);
+  // Returns the new key, or 0 when the table is full (2^24 regions). iova: the address verbs
+  // use for byte 0 (local SGEs and remote accesses alike); va: where it lies in mem.
+  uint32_t add(uint32_t pd, uint64_t iova, uint64_t va, uint64_t length, unsigned int access,
+               Memory* mem, const Owner* owner);
+  // The region of key, to change in place (ibv_rereg_mr); nullptr when there is none.
+  MemoryRegion* find_mutable(uint32_t key, const Owner* owner);
   // The region of key if it belongs to owner (nullptr: any owner).
   const MemoryRegion* find(uint32_t key, const Owner* owner = nullptr) const;
   bool remove(uint32_t key);

@@ -121,13 +121,48 @@ int Nic::dealloc_pd(Owner* o, uint32_t pd) {
   return 0;
 }
 
-int Nic::reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, unsigned int access,
-                uint32_t* lkey, uint32_t* rkey) {
-  if (!pd_of(o, pd) || length == 0 || length > kMaxMrSize || addr + length < addr) return EINVAL;
-  const uint32_t key = mrs_.add(pd, addr, length, access, &o->memory(), o);
+namespace {
+
+// The region registration verbs allow: within kMaxMrSize and not wrapping, or the whole address
+// space for implicit on-demand paging (verbs-mapping.md §12).
+bool mr_range_ok(uint64_t addr, uint64_t length, uint64_t iova, unsigned access) {
+  if (addr == 0 && length == UINT64_MAX && iova == 0 && (access & kOnDemand)) return true;
+  return length != 0 && length <= kMaxMrSize && addr + length >= addr && iova + length >= iova;
+}
+
+}  // namespace
+
+int Nic::reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova,
+                unsigned int access, uint32_t* lkey, uint32_t* rkey) {
+  if (!pd_of(o, pd) || (access & ~kMrAccessKnown) || !mr_range_ok(addr, length, iova, access))
+    return EINVAL;
+  const uint32_t key = mrs_.add(pd, iova, addr, length, access, &o->memory(), o);
   if (key == 0) return ENOMEM;
   *lkey = *rkey = key;
   return 0;
+}
+
+int Nic::rereg_mr(Owner* o, uint32_t lkey, unsigned flags, uint32_t pd, uint64_t addr,
+                  uint64_t length, unsigned int access) {
+  MemoryRegion* r = mrs_.find_mutable(lkey, o);
+  if (!r || flags == 0 || (flags & ~(kReregTranslation | kReregPd | kReregAccess))) return EINVAL;
+  if ((flags & kReregPd) && !pd_of(o, pd)) return EINVAL;
+  if ((flags & kReregAccess) && (access & ~kMrAccessKnown)) return EINVAL;
+  const unsigned new_access = (flags & kReregAccess) ? access : r->access;
+  if ((flags & kReregTranslation) && !mr_range_ok(addr, length, addr, new_access)) return EINVAL;
+  // Checked whole before anything changes: a refused rereg leaves the region as it was.
+  if (flags & kReregPd) r->pd = pd;
+  if (flags & kReregAccess) r->access = access;
+  if (flags & kReregTranslation) {
+    r->addr = r->va = addr;
+    r->length = length;
+  }
+  return 0;
+}
+
+int Nic::check_mr(Owner* o, uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t length) const {
+  if (!mrs_.find(lkey, o)) return EFAULT;
+  return mrs_.check(lkey, pd, 0, addr, length, nullptr) == MrCheck::kOk ? 0 : EFAULT;
 }
 
 int Nic::dereg_mr(Owner* o, uint32_t lkey) {

@@ -50,8 +50,14 @@ enum AccessFlag : unsigned {
   kRemoteWrite = 2,
   kRemoteRead = 4,
   kRemoteAtomic = 8,
-  kMwBind = 16,  // accepted and recorded; there are no memory windows yet
+  kMwBind = 16,      // memory windows may be bound to the region
+  kOnDemand = 64,    // IBV_ACCESS_ON_DEMAND: nothing is pinned (nothing ever is); with address 0
+                     // and length UINT64_MAX, the whole address space (implicit ODP)
 };
+inline constexpr unsigned kMrAccessKnown =
+    kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic | kMwBind | kOnDemand;
+// ibv_rereg_mr's flags (IBV_REREG_MR_CHANGE_*).
+enum ReregFlag : unsigned { kReregTranslation = 1, kReregPd = 2, kReregAccess = 4 };
 
 // Who created an object: a driver context (a process's ibv_context), or a test.
 class Owner {
@@ -110,9 +116,20 @@ class Nic final : private transport::Host {
   // --- objects: 0 or an errno (EINVAL: not one of the owner's; EBUSY: still in use) ----------
   int alloc_pd(Owner* o, uint32_t* pd);
   int dealloc_pd(Owner* o, uint32_t pd);
+  // iova: the address verbs use for byte 0 of [addr, addr + length) (ibv_reg_mr_iova2).
+  int reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova,
+             unsigned int access, uint32_t* lkey, uint32_t* rkey);
   int reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, unsigned int access,
-             uint32_t* lkey, uint32_t* rkey);
+             uint32_t* lkey, uint32_t* rkey) {
+    return reg_mr(o, pd, addr, length, addr, access, lkey, rkey);
+  }
+  // ibv_rereg_mr: what flags (ReregFlag) name changes, in place; the keys stay. A new
+  // translation is [addr, addr + length) at IOVA addr.
+  int rereg_mr(Owner* o, uint32_t lkey, unsigned flags, uint32_t pd, uint64_t addr,
+               uint64_t length, unsigned int access);
   int dereg_mr(Owner* o, uint32_t lkey);
+  // 0 when lkey names a region of o in pd covering [addr, addr + length), else EFAULT.
+  int check_mr(Owner* o, uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t length) const;
   // ring: a segment formatted by hostif::init_cq; the NIC uses it until destroy_cq.
   int create_cq(Owner* o, hostif::CqHeader* ring, uint64_t handle, bool channel, uint32_t* id);
   int destroy_cq(Owner* o, uint32_t id);

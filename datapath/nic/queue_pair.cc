@@ -434,7 +434,10 @@ void QueuePair::gather(uint32_t msn, uint32_t offset, std::span<uint8_t> out) {
       continue;
     }
     const size_t n = std::min<size_t>(g.length - offset, out.size() - done);
-    nic_.queue_read(&mem, g.addr + offset, out.subspan(done, n), qpn_, msn);
+    // Checked at submission; its region gives where the SGE's (IOVA) address lies.
+    const MemoryRegion* mr = nic_.mrs().find(g.lkey);
+    const uint64_t at = mr ? mr->translate(g.addr + offset) : g.addr + offset;
+    nic_.queue_read(&mem, at, out.subspan(done, n), qpn_, msn);
     done += n;
     offset = 0;
   }
@@ -466,7 +469,7 @@ Syndrome QueuePair::scatter(const Receive& r, uint32_t offset, std::span<const u
       *local_err = WcStatus::kLocProtErr;
       return Syndrome::kRemoteOp;
     }
-    nic_.queue_write(mr->mem, g.addr + offset, data.subspan(done, n), qpn_, 0);
+    nic_.queue_write(mr->mem, mr->translate(g.addr + offset), data.subspan(done, n), qpn_, 0);
     done += n;
     offset = 0;
   }
@@ -563,7 +566,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
                             : MrCheck::kNoAccess;
       if (c == MrCheck::kOk) {
         if (!seg.payload.empty())
-          nic_.queue_write(mr->mem, seg.remote_addr, seg.payload, qpn_, seg.msn);
+          nic_.queue_write(mr->mem, mr->translate(seg.remote_addr), seg.payload, qpn_, seg.msn);
       } else {
         result = mr_syndrome(c);
         m.status = WcStatus::kRemAccessErr;
@@ -601,7 +604,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
         resp.op = Op::kReadResp;
         resp.lane = lane_;
         resp.length = seg.total_length;
-        nic_.queue_read_response(resp, mr->mem, seg.remote_addr, &seg);
+        nic_.queue_read_response(resp, mr->mem, mr->translate(seg.remote_addr), &seg);
       } else {
         result = mr_syndrome(c);
       }
@@ -673,7 +676,8 @@ Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate
   // thread, and earlier writes of this pass are carried out first (RC ordering).
   nic_.flush_writes();
   uint64_t original = 0;
-  Access rd{seg.remote_addr, reinterpret_cast<uint8_t*>(&original), kAtomicSize};
+  const uint64_t target = mr->translate(seg.remote_addr);
+  Access rd{target, reinterpret_cast<uint8_t*>(&original), kAtomicSize};
   if (mr->mem->read({&rd, 1}) != 1) return Syndrome::kRemoteAccess;
   uint64_t value = original;
   if (seg.op == Op::kAtomicCmpSwp) {
@@ -682,7 +686,7 @@ Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate
     value = original + compare_add;
   }
   if (value != original) {
-    Access wr{seg.remote_addr, reinterpret_cast<uint8_t*>(&value), kAtomicSize};
+    Access wr{target, reinterpret_cast<uint8_t*>(&value), kAtomicSize};
     if (mr->mem->write({&wr, 1}) != 1) return Syndrome::kRemoteAccess;
   }
   if (atomics_.empty()) atomics_.resize(kAtomicCache);

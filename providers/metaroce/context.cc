@@ -69,6 +69,7 @@ void free_context(ibv_context* ibctx) {
 
 const abi::ContextOps kContextOps = [] {
   abi::ContextOps ops{};
+  ops.advise_mr = advise_mr;
   ops.alloc_pd = alloc_pd;
   ops.create_ah = create_ah;
   ops.create_cq = create_cq;
@@ -95,6 +96,7 @@ const abi::ContextOps kContextOps = [] {
   ops.query_srq = query_srq;
   ops.reg_mr = reg_mr;
   ops.req_notify_cq = req_notify_cq;
+  ops.rereg_mr = rereg_mr;
   return ops;
 }();
 
@@ -235,6 +237,10 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data
     return abandon(ctx, EAGAIN);
   }
   ctx->vctx.context.num_comp_vectors = 1;
+  // What a kernel would report: the optional access range (relaxed ordering) reaches reg_mr,
+  // which accepts it (libibverbs strips it otherwise).
+  reinterpret_cast<abi::VerbsDevice*>(ibdev)->core_support |=
+      IB_UVERBS_CORE_SUPPORT_OPTIONAL_MR_ACCESS;
   verbs_set_ops(&ctx->vctx, &kContextOps);
   if (!comp_channel_preload_active())
     METAROCE_LOG(&ctx->vctx, abi::kLogInfo,

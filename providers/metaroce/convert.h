@@ -110,7 +110,12 @@ inline constexpr uint64_t kSupportedSendOps =
 // before we see it, ON_DEMAND and ZERO_BASED are not offered).
 inline constexpr unsigned kSupportedAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                              IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                                             IBV_ACCESS_MW_BIND;
+                                             IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND;
+// Accepted, and changing nothing for a NIC that never pins and reaches memory through the
+// kernel: huge pages are a hint, and the optional range (relaxed ordering, ...) may be ignored
+// by definition (ibv_reg_mr(3)).
+inline constexpr unsigned kHintAccess =
+    unsigned{IBV_ACCESS_HUGETLB} | unsigned{IBV_ACCESS_OPTIONAL_RANGE};
 
 // 0 or EINVAL: remote write or atomic access needs local write (IB spec o10-37).
 constexpr int check_mr_access(unsigned access) {

@@ -43,8 +43,11 @@ int dealloc_pd(ibv_pd* ibpd) noexcept {
 }
 
 ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int access) noexcept {
-  const auto flags = static_cast<unsigned>(access);
-  if (!addr || length == 0 || length > hostif::kMaxMrSize) {
+  const auto flags = static_cast<unsigned>(access) & ~kHintAccess;
+  // Implicit on-demand paging: the whole address space, as ibv_reg_mr(3) spells it.
+  const bool implicit = !addr && length == SIZE_MAX && (flags & IBV_ACCESS_ON_DEMAND);
+  if (!implicit && (!addr || length == 0 || length > hostif::kMaxMrSize ||
+                    hca_va + length < hca_va)) {
     errno = EINVAL;
     return nullptr;
   }
@@ -53,12 +56,11 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
     return nullptr;
   }
   if (flags & ~kSupportedAccess) {
-    errno = EOPNOTSUPP;  // ON_DEMAND, ZERO_BASED, HUGETLB, ...: not offered by this NIC
+    errno = EOPNOTSUPP;  // ZERO_BASED and what later headers add: not offered by this NIC
     return nullptr;
   }
-  // The wire carries virtual addresses of the MR's owner; a distinct IOVA is not modelled.
-  if (hca_va != reinterpret_cast<uintptr_t>(addr)) {
-    errno = EOPNOTSUPP;
+  if (implicit && hca_va != 0) {
+    errno = EINVAL;  // the whole address space is reached at its own addresses
     return nullptr;
   }
   auto* mr = new (std::nothrow) abi::VerbsMr{};
@@ -72,6 +74,7 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
   req.access = flags;
   req.addr = reinterpret_cast<uintptr_t>(addr);
   req.length = length;
+  req.iova = hca_va;  // ibv_reg_mr passes addr; ibv_reg_mr_iova2 the address verbs will use
   hostif::Message resp;
   const int err = engine_call(ibpd->context, hostif::Op::kRegMr, req, &resp);
   auto body = resp.as<hostif::RegMrResp>();
@@ -91,6 +94,66 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
   mr->mr.rkey = body->rkey;
   mr->mr.handle = body->lkey;
   return &mr->mr;
+}
+
+// libibverbs has checked the flags, that a new translation has an address and a length, and that
+// access comes only with CHANGE_ACCESS; it updates pd, addr and length on success. Failure:
+// errno and a non-zero return (libibverbs answers IBV_REREG_MR_ERR_CMD); the region is unchanged.
+int rereg_mr(abi::VerbsMr* mr, int flags, ibv_pd* ibpd, void* addr, size_t length,
+             int access) noexcept {
+  hostif::ReregMrReq req;
+  req.lkey = mr->mr.lkey;
+  req.flags = static_cast<uint32_t>(flags);
+  int err = 0;
+  if ((flags & IBV_REREG_MR_CHANGE_PD) && (!ibpd || ibpd->context != mr->mr.context)) err = EINVAL;
+  if (flags & IBV_REREG_MR_CHANGE_PD && !err) req.pd = to_pd(ibpd)->id;
+  if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && !err) {
+    const auto a = static_cast<unsigned>(access) & ~kHintAccess;
+    err = check_mr_access(a);
+    if (!err && (a & ~kSupportedAccess)) err = EOPNOTSUPP;
+    req.access = a;
+  }
+  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && !err) {
+    if (length > hostif::kMaxMrSize) err = EINVAL;
+    req.addr = reinterpret_cast<uintptr_t>(addr);
+    req.length = length;
+  }
+  if (!err) {
+    hostif::Message resp;
+    err = engine_call(mr->mr.context, hostif::Op::kReregMr, req, &resp);
+  }
+  if (err) {
+    errno = err;
+    return err;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_PD) {
+    to_pd(mr->mr.pd)->users.fetch_sub(1, std::memory_order_release);
+    to_pd(ibpd)->users.fetch_add(1, std::memory_order_relaxed);
+  }
+  // ibv_dereg_mr reads it (an on-demand region was never excluded from fork).
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) mr->access = access;
+  return 0;
+}
+
+// Prefetch advice (ibv_advise_mr(3)): the NIC resolves pages through the kernel at each access
+// and pins none, so there is nothing to fault in ahead of time; the advice is checked (each SGE
+// must lie in a region of the PD: EFAULT otherwise) and accepted.
+int advise_mr(ibv_pd* ibpd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+              uint32_t num_sge) noexcept {
+  if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+      advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+    return EOPNOTSUPP;
+  if ((flags & ~IBV_ADVISE_MR_FLAG_FLUSH) || !sg_list || num_sge == 0) return EINVAL;
+  for (uint32_t i = 0; i < num_sge; ++i) {
+    hostif::CheckMrReq req;
+    req.pd = to_pd(ibpd)->id;
+    req.lkey = sg_list[i].lkey;
+    req.addr = sg_list[i].addr;
+    req.length = sg_list[i].length;
+    hostif::Message resp;
+    if (int err = engine_call(ibpd->context, hostif::Op::kCheckMr, req, &resp)) return err;
+  }
+  return 0;
 }
 
 int dereg_mr(abi::VerbsMr* mr) noexcept {

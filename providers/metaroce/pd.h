@@ -25,6 +25,10 @@ inline Pd* to_pd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
 ibv_pd* alloc_pd(ibv_context* context) noexcept;
 int dealloc_pd(ibv_pd* pd) noexcept;
 ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int access) noexcept;
+int rereg_mr(abi::VerbsMr* mr, int flags, ibv_pd* pd, void* addr, size_t length,
+             int access) noexcept;
 int dereg_mr(abi::VerbsMr* mr) noexcept;
+int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+              uint32_t num_sge) noexcept;
 
 }  // namespace metaroce::provider

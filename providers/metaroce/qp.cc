@@ -23,6 +23,9 @@ namespace {
 constexpr uint32_t kPsnMask = 0xffffff;  // PSNs and QP numbers are 24-bit on the verbs side
 constexpr unsigned kQpAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+// Region-only flags an application may pass in qp_access_flags too (rdma-core's ODP tests
+// pass ON_DEMAND): accepted and recorded, meaningless for a QP.
+constexpr unsigned kQpAccessIgnored = IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND | kHintAccess;
 constexpr unsigned kSendFlags =
     IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE;
 constexpr int kCreateMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
@@ -164,7 +167,8 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
 int check_values(uint32_t active_mtu, const ibv_qp_attr& a, int mask, uint32_t* peer_ip) noexcept {
   if ((mask & IBV_QP_PORT) && a.port_num != kPortNum) return EINVAL;
   if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index != 0) return EINVAL;
-  if ((mask & IBV_QP_ACCESS_FLAGS) && (a.qp_access_flags & ~kQpAccess)) return EINVAL;
+  if ((mask & IBV_QP_ACCESS_FLAGS) && (a.qp_access_flags & ~(kQpAccess | kQpAccessIgnored)))
+    return EINVAL;
   if (mask & IBV_QP_AV) {
     // RoCE-style addressing: the GRH carries the peer; there are no LIDs on Ethernet.
     const ibv_ah_attr& ah = a.ah_attr;
@@ -431,7 +435,7 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
       if (mask & IBV_QP_ACCESS_FLAGS) req.what |= hostif::kModAccess;
       if (mask & kRemoteMask) req.what |= hostif::kModRemote;
     }
-    req.access = qp->attr.qp_access_flags;
+    req.access = qp->attr.qp_access_flags & kQpAccess;
     req.remote = qp->remote;
     if (mask & IBV_QP_STATE) {
       req.what |= hostif::kModState;
@@ -449,6 +453,14 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
         SpinGuard r(&qp->rq_lock);
         qp->ring->sq_head.store(0);
         qp->ring->rq_head.store(0);
+        // Its completions not yet polled go too, as a hardware NIC cleans its CQs of a QP
+        // that is reset (rdma-core's tests restate failed QPs and poll on).
+        Cq* const cqs[2] = {qp->send_cq, qp->recv_cq};
+        for (int i = 0; i < 2; ++i) {
+          if (!cqs[i] || (i == 1 && cqs[1] == cqs[0])) continue;
+          SpinGuard c(&cqs[i]->poll_lock);
+          hostif::cq_clean(cqs[i]->ring, ibqp->qp_num);
+        }
       }
       qp->attr.qp_state = next;
       qp->attr.cur_qp_state = next;

@@ -114,7 +114,8 @@ using UnusedOp = void (*)();
 
 // libibverbs' verbs_context_ops: 76 slots in alphabetical order; the order is the ABI.
 struct ContextOps {
-  UnusedOp advise_mr;
+  int (*advise_mr)(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+                   uint32_t num_sge);
   UnusedOp alloc_dm;
   UnusedOp alloc_mw;
   UnusedOp alloc_null_mr;
@@ -186,7 +187,7 @@ struct ContextOps {
   UnusedOp reg_dmabuf_mr;
   ibv_mr* (*reg_mr)(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int access);
   int (*req_notify_cq)(ibv_cq* cq, int solicited_only);
-  UnusedOp rereg_mr;
+  int (*rereg_mr)(VerbsMr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access);
   UnusedOp resize_cq;
   UnusedOp set_ece;
   UnusedOp unimport_dm;

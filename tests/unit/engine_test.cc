@@ -421,6 +421,7 @@ class Driver {
     req.access = access;
     req.addr = addr;
     req.length = length;
+    req.iova = addr;  // as ibv_reg_mr asks
     Message resp;
     const int e = call(Op::kRegMr, req, &resp);
     auto body = resp.as<hostif::RegMrResp>();

@@ -94,6 +94,34 @@ TEST(CqRing, StagedCompletionsAreInvisibleUntilPublished) {
   EXPECT_EQ(cq_poll(h, 8, out), 0);
 }
 
+TEST(CqRing, CleaningAQpRemovesOnlyItsUnpolledCompletionsInOrderAcrossTheWrap) {
+  Seg s(cq_layout(8).bytes);
+  init_cq(s.data(), 8);
+  auto* h = s.as<CqHeader>();
+  CqProducer p(h);
+  Cqe out[16];
+  // Move the indices near the wrap of the 8-entry ring first.
+  for (uint64_t i = 0; i < 6; ++i) ASSERT_TRUE(p.stage(cqe(100 + i)));
+  p.publish();
+  ASSERT_EQ(cq_poll(h, 16, out), 6);
+  for (uint64_t i = 1; i <= 6; ++i) {
+    Cqe c = cqe(i);
+    c.qp_num = i % 2 ? 7 : 9;  // 1, 3, 5 of QP 7; 2, 4, 6 of QP 9
+    ASSERT_TRUE(p.stage(c));
+  }
+  p.publish();
+  EXPECT_EQ(cq_clean(h, 7), 3);
+  EXPECT_EQ(cq_clean(h, 12345), 0);
+  // The room freed is the engine's again: all but the 3 kept fit.
+  const uint32_t room = h->capacity - 3;
+  for (uint64_t i = 0; i < room; ++i) EXPECT_TRUE(p.stage(cqe(50 + i)));
+  EXPECT_FALSE(p.stage(cqe(99)));
+  p.publish();
+  ASSERT_EQ(cq_poll(h, 16, out), static_cast<int>(h->capacity));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(out[i].wr_id, static_cast<uint64_t>(2 * i + 2));
+  EXPECT_EQ(out[3].wr_id, 50u);
+}
+
 TEST(CqRing, AStagedCompletionCanBeAmendedBeforePublish) {
   Seg s(cq_layout(8).bytes);
   init_cq(s.data(), 8);
@@ -509,7 +537,7 @@ TEST(SrqRing, ValidSrqRejectsWhatDoesNotFitOrIsNotAnSrq) {
     return !valid_srq(s.data(), l.bytes);
   };
   EXPECT_TRUE(broken([](SrqHeader* x) { x->magic = kCqMagic; }));
-  EXPECT_TRUE(broken([](SrqHeader* x) { x->version = 2; }));
+  EXPECT_TRUE(broken([](SrqHeader* x) { x->version = kAbiVersion + 1; }));
   EXPECT_TRUE(broken([](SrqHeader* x) { x->entries = 12; }));
   EXPECT_TRUE(broken([](SrqHeader* x) { x->max_wr = 0; }));
   EXPECT_TRUE(broken([](SrqHeader* x) { x->max_wr = x->entries + 1; }));

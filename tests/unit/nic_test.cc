@@ -1162,10 +1162,130 @@ TEST_F(NicTest, AnIdleQpHoldsLittleEngineMemory) {
   EXPECT_LT(bytes, 8192u);
 }
 
+TEST_F(NicTest, ARegionRegisteredAtAnIovaIsReachedAtThatIovaLocallyAndRemotely) {
+  // b's second region: bytes at b.buf + 8192 known to verbs as IOVA 0x10000000 (ibv_reg_mr_iova2).
+  constexpr uint64_t kIova = 0x10000000;
+  uint32_t lkey = 0, rkey = 0;
+  ASSERT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, reinterpret_cast<uint64_t>(b_.buf.data()) + 8192,
+                           4096, kIova, kAllAccess, &lkey, &rkey), 0);
+  for (int i = 0; i < 64; ++i) a_.buf[i] = static_cast<uint8_t>(i + 1);
+  SendWqe w;
+  w.wr_id = 1;
+  w.op = WqeOp::kWrite;
+  w.signaled = true;
+  w.num_sge = 1;
+  w.sge[0] = sge(a_, 0, 64);
+  w.remote_addr = kIova + 100;
+  w.rkey = rkey;
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  auto c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 8192 + 100, a_.buf.data(), 64), 0);
+  // The region's own address is not its verbs address: out of bounds there.
+  w.wr_id = 2;
+  w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data()) + 8192;
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRemAccessErr);
+  // Locally too: b sends from IOVA addresses of its region.
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, reinterpret_cast<uint64_t>(b_.buf.data()) + 8192,
+                           4096, kIova, kAllAccess, &lkey, &rkey), 0);
+  std::memset(b_.buf.data() + 8192 + 300, 0x5a, 32);
+  RecvWqe r;
+  r.wr_id = 3;
+  r.num_sge = 1;
+  r.sge[0] = sge(a_, 4096, 32);
+  ASSERT_EQ(a_.qp->post_recv(r), 0);
+  SendWqe s;
+  s.wr_id = 4;
+  s.op = WqeOp::kSend;
+  s.signaled = true;
+  s.num_sge = 1;
+  s.sge[0] = Sge{kIova + 300, 32, lkey};
+  ASSERT_EQ(b_.qp->post_send(s), 0);
+  auto rc = run_until(a_, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(a_.buf[4096], 0x5a);
+  EXPECT_EQ(a_.buf[4096 + 31], 0x5a);
+}
+
+TEST_F(NicTest, ReregChangesAccessPdAndTranslationInPlaceAndARefusalChangesNothing) {
+  Nic& n = nic(b_);
+  const uint64_t base = reinterpret_cast<uint64_t>(b_.buf.data());
+  uint32_t other_pd = 0;
+  ASSERT_EQ(n.alloc_pd(&b_.owner, &other_pd), 0);
+  auto write_to = [&](uint64_t addr) {
+    SendWqe w;
+    w.wr_id = addr;
+    w.op = WqeOp::kWrite;
+    w.signaled = true;
+    w.num_sge = 1;
+    w.sge[0] = sge(a_, 0, 8);
+    w.remote_addr = addr;
+    w.rkey = b_.key;
+    EXPECT_EQ(a_.qp->post_send(w), 0);
+    auto c = run_until(a_, 1);
+    return c.size() == 1 ? c[0].status : WcStatus::kGeneralErr;
+  };
+  // Access: no remote write any more.
+  ASSERT_EQ(n.rereg_mr(&b_.owner, b_.key, kReregAccess, 0, 0, 0, kLocalWrite), 0);
+  EXPECT_EQ(write_to(base), WcStatus::kRemAccessErr);
+  build(test_link_config());
+  // PD: the region leaves the QP's PD; a dealloc of the new PD is refused while it holds it.
+  ASSERT_EQ(nic(b_).alloc_pd(&b_.owner, &other_pd), 0);
+  ASSERT_EQ(nic(b_).rereg_mr(&b_.owner, b_.key, kReregPd, other_pd, 0, 0, 0), 0);
+  EXPECT_EQ(nic(b_).dealloc_pd(&b_.owner, other_pd), EBUSY);
+  EXPECT_EQ(write_to(base), WcStatus::kRemAccessErr);
+  build(test_link_config());
+  // Translation: the region now covers [base + 65536, + 4096) at that address.
+  ASSERT_EQ(nic(b_).rereg_mr(&b_.owner, b_.key, kReregTranslation, 0, base + 65536, 4096, 0), 0);
+  EXPECT_EQ(write_to(base + 65536 + 8), WcStatus::kSuccess);
+  EXPECT_EQ(write_to(base), WcStatus::kRemAccessErr);
+  // Refusals: unknown flags, no flag, a PD of nobody, a range too long: nothing changes.
+  build(test_link_config());
+  Nic& m = nic(b_);
+  EXPECT_EQ(m.rereg_mr(&b_.owner, b_.key, 8, 0, 0, 0, 0), EINVAL);
+  EXPECT_EQ(m.rereg_mr(&b_.owner, b_.key, 0, 0, 0, 0, 0), EINVAL);
+  EXPECT_EQ(m.rereg_mr(&b_.owner, b_.key, kReregPd | kReregAccess, 999, 0, 0, kLocalWrite), EINVAL);
+  EXPECT_EQ(m.rereg_mr(&b_.owner, b_.key, kReregTranslation, 0, base, uint64_t{1} << 40, 0), EINVAL);
+  EXPECT_EQ(m.rereg_mr(&a_.owner, b_.key, kReregAccess, 0, 0, 0, kLocalWrite), EINVAL);
+  EXPECT_EQ(write_to(base), WcStatus::kSuccess);
+}
+
+TEST_F(NicTest, AnImplicitOnDemandRegionCoversTheWholeAddressSpace) {
+  uint32_t lkey = 0, rkey = 0;
+  // Only with ON_DEMAND, at address 0, for everything.
+  EXPECT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, 0, UINT64_MAX, kAllAccess, &lkey, &rkey), EINVAL);
+  EXPECT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, 4096, UINT64_MAX, kAllAccess | kOnDemand, &lkey, &rkey),
+            EINVAL);
+  ASSERT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, 0, UINT64_MAX, kAllAccess | kOnDemand, &lkey, &rkey), 0);
+  std::vector<uint8_t> elsewhere(256, 0);  // memory registered nowhere else
+  for (int i = 0; i < 8; ++i) a_.buf[i] = static_cast<uint8_t>(0xa0 + i);
+  SendWqe w;
+  w.wr_id = 1;
+  w.op = WqeOp::kWrite;
+  w.signaled = true;
+  w.num_sge = 1;
+  w.sge[0] = sge(a_, 0, 8);
+  w.remote_addr = reinterpret_cast<uint64_t>(elsewhere.data()) + 16;
+  w.rkey = rkey;
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  auto c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(elsewhere.data() + 16, a_.buf.data(), 8), 0);
+  EXPECT_EQ(nic(b_).check_mr(&b_.owner, lkey, b_.pd, reinterpret_cast<uint64_t>(elsewhere.data()), 256), 0);
+  EXPECT_EQ(nic(b_).check_mr(&b_.owner, lkey + 1, b_.pd, 0, 1), EFAULT);
+}
+
 TEST(MrTableTest, ChecksKeyPdAccessAndBounds) {
   MrTable t;
   DirectMemory mem;
-  uint32_t k = t.add(1, 1000, 100, kRemoteWrite | kLocalWrite, &mem, nullptr);
+  uint32_t k = t.add(1, 1000, 1000, 100, kRemoteWrite | kLocalWrite, &mem, nullptr);
   ASSERT_NE(k, 0u);
   const MemoryRegion* mr;
   EXPECT_EQ(t.check(k, 1, kRemoteWrite, 1000, 100, &mr), MrCheck::kOk);
@@ -1178,7 +1298,7 @@ TEST(MrTableTest, ChecksKeyPdAccessAndBounds) {
   EXPECT_EQ(t.check(k + 1, 1, 0, 1000, 1, &mr), MrCheck::kBadKey);
   ASSERT_TRUE(t.remove(k));
   EXPECT_EQ(t.check(k, 1, 0, 1000, 1, &mr), MrCheck::kBadKey);
-  uint32_t k2 = t.add(1, 1000, 100, 0, &mem, nullptr);
+  uint32_t k2 = t.add(1, 1000, 1000, 100, 0, &mem, nullptr);
   EXPECT_NE(k2, k) << "a reused slot must not accept the old key";
   EXPECT_EQ(t.check(k, 1, 0, 1000, 1, &mr), MrCheck::kBadKey);
 }
