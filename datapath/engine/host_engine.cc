@@ -718,6 +718,22 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       on_datapath([&] { e = nic.check_mr(&s, b->lkey, b->pd, b->addr, b->length); });
       return done(e);
     }
+    case Op::kAllocMw: {
+      auto b = req.as<hostif::AllocMwReq>();
+      if (!b || (b->type != 1 && b->type != 2)) return done(EINVAL);
+      hostif::AllocMwResp m;
+      int e = 0;
+      on_datapath([&] { e = nic.alloc_mw(&s, b->pd, static_cast<uint8_t>(b->type), &m.rkey); });
+      if (!e) r.set(m);
+      return done(e);
+    }
+    case Op::kDeallocMw: {
+      auto b = req.as<hostif::IdReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.dealloc_mw(&s, b->id); });
+      return done(e);
+    }
     case Op::kDeregMr: {
       auto b = req.as<hostif::IdReq>();
       if (!b) return done(EINVAL);

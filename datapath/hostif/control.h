@@ -48,6 +48,8 @@ enum class Op : uint16_t {
   kQueryDevice = 18,  // what only the engine knows of the device (planes up)
   kReregMr = 19,      // ibv_rereg_mr
   kCheckMr = 20,      // ibv_advise_mr: does an lkey of the PD cover a range
+  kAllocMw = 21,      // ibv_alloc_mw
+  kDeallocMw = 22,    // ibv_dealloc_mw (IdReq: its rkey)
   // Administration (uid 0, or the engine's own user: a user who runs an engine for a private run
   // dir administers it): what `metaroce link` and `metaroce engine` ask.
   kLinkOpen = 100,
@@ -116,6 +118,14 @@ struct ReregMrReq {
 struct CheckMrReq {
   uint32_t lkey = 0, pd = 0;
   uint64_t addr = 0, length = 0;
+};
+struct AllocMwReq {
+  uint32_t pd = 0;
+  uint32_t type = 0;  // 1 or 2 (IBV_MW_TYPE_*)
+};
+struct AllocMwResp {
+  uint32_t rkey = 0;
+  uint32_t reserved = 0;
 };
 struct RegMrResp {
   uint32_t lkey = 0, rkey = 0;

@@ -51,8 +51,15 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "indices are shared be
 
 // --- work requests -----------------------------------------------------------------------------
 
-enum class WqeOp : uint8_t { kSend, kSendImm, kWrite, kWriteImm, kRead, kCmpSwp, kFetchAdd };
-inline constexpr uint8_t kWqeOpCount = 7;
+enum class WqeOp : uint8_t {
+  kSend, kSendImm, kWrite, kWriteImm, kRead, kCmpSwp, kFetchAdd,
+  kBindMw,    // local: binds a memory window (fields: see SendWqe)
+  kLocalInv,  // local: invalidates the type 2 window named by rkey
+  kSendInv,   // a SEND whose responder invalidates the type 2 window named by rkey
+};
+inline constexpr uint8_t kWqeOpCount = 10;
+// Operations the NIC carries out itself, with no message to the peer.
+constexpr bool is_local(WqeOp op) { return op == WqeOp::kBindMw || op == WqeOp::kLocalInv; }
 
 constexpr bool is_atomic(WqeOp op) { return op == WqeOp::kCmpSwp || op == WqeOp::kFetchAdd; }
 // Operations whose WQE waits for a response from the peer (limited by max_rd_atomic).
@@ -69,6 +76,10 @@ static_assert(sizeof(Sge) == 16);
 
 // A send WQE's fixed part. In its ring slot it is followed by max_sge Sge entries, then by
 // max_inline bytes of inline payload; the slot stride is in the QP header.
+// kBindMw: rkey = the window's current rkey, imm = its new rkey (host order), remote_addr and
+// compare_add = the range bound (IOVA of the region, length; length 0 unbinds), swap = the
+// region's lkey << 32 | the window's access flags; no SGEs. kLocalInv and kSendInv: rkey = the
+// rkey to invalidate.
 struct SendWqe {
   uint64_t wr_id;
   WqeOp op;
@@ -110,6 +121,7 @@ enum class WcOpcode : uint32_t {
   kLocalInv = 6, kTso = 7, kRecv = 128, kRecvRdmaWithImm = 129,
 };
 inline constexpr uint32_t kWcWithImm = 1 << 1;  // IBV_WC_WITH_IMM
+inline constexpr uint32_t kWcWithInv = 1 << 3;  // IBV_WC_WITH_INV: imm is the invalidated rkey
 inline constexpr uint32_t kWcGrh = 1 << 0;      // IBV_WC_GRH
 
 struct Cqe {

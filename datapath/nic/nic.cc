@@ -145,7 +145,9 @@ int Nic::reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, uint64_t 
 int Nic::rereg_mr(Owner* o, uint32_t lkey, unsigned flags, uint32_t pd, uint64_t addr,
                   uint64_t length, unsigned int access) {
   MemoryRegion* r = mrs_.find_mutable(lkey, o);
-  if (!r || flags == 0 || (flags & ~(kReregTranslation | kReregPd | kReregAccess))) return EINVAL;
+  if (!r || r->mw_type || flags == 0 || (flags & ~(kReregTranslation | kReregPd | kReregAccess)))
+    return EINVAL;
+  if (r->windows) return EBUSY;  // windows are bound to what it is now
   if ((flags & kReregPd) && !pd_of(o, pd)) return EINVAL;
   if ((flags & kReregAccess) && (access & ~kMrAccessKnown)) return EINVAL;
   const unsigned new_access = (flags & kReregAccess) ? access : r->access;
@@ -165,8 +167,22 @@ int Nic::check_mr(Owner* o, uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t 
   return mrs_.check(lkey, pd, 0, addr, length, nullptr) == MrCheck::kOk ? 0 : EFAULT;
 }
 
+int Nic::alloc_mw(Owner* o, uint32_t pd, uint8_t type, uint32_t* rkey) {
+  if (!pd_of(o, pd)) return EINVAL;
+  return mrs_.add_window(pd, type, o, rkey);
+}
+
+int Nic::dealloc_mw(Owner* o, uint32_t rkey) {
+  const MemoryRegion* w = mrs_.window_at(rkey, o);
+  if (!w) return EINVAL;
+  mrs_.remove(w->key);  // a bound window is invalidated with it
+  return 0;
+}
+
 int Nic::dereg_mr(Owner* o, uint32_t lkey) {
-  if (!mrs_.find(lkey, o)) return EINVAL;
+  const MemoryRegion* r = mrs_.find(lkey, o);
+  if (!r || r->mw_type) return EINVAL;
+  if (r->windows) return EBUSY;  // ibv_dereg_mr(3): windows are still bound to it
   mrs_.remove(lkey);
   return 0;
 }

@@ -128,6 +128,10 @@ class Nic final : private transport::Host {
   int rereg_mr(Owner* o, uint32_t lkey, unsigned flags, uint32_t pd, uint64_t addr,
                uint64_t length, unsigned int access);
   int dereg_mr(Owner* o, uint32_t lkey);
+  // Memory windows (verbs-mapping.md §13): type 1 or 2, in pd; binds go through a QP's send
+  // queue (WqeOp::kBindMw, kLocalInv, kSendInv).
+  int alloc_mw(Owner* o, uint32_t pd, uint8_t type, uint32_t* rkey);
+  int dealloc_mw(Owner* o, uint32_t rkey);
   // 0 when lkey names a region of o in pd covering [addr, addr + length), else EFAULT.
   int check_mr(Owner* o, uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t length) const;
   // ring: a segment formatted by hostif::init_cq; the NIC uses it until destroy_cq.
@@ -195,6 +199,7 @@ class Nic final : private transport::Host {
   // Drops everything the transport holds for stream qpn (the QP reset, failed or went away).
   void forget_stream(uint32_t qpn);
   const MrTable& mrs() const { return mrs_; }
+  MrTable& mrs() { return mrs_; }  // window binds and invalidations, in send-queue order
   // Queues a write into application memory, carried out at end_rx; origin names what fails.
   void queue_write(Memory* m, uint64_t addr, std::span<const uint8_t> data, uint32_t qpn,
                    uint32_t msn);

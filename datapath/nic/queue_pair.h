@@ -101,7 +101,9 @@ class QueuePair {
  private:
   // Requester state of one send WQE, by slot.
   struct SendSlot {
-    uint32_t msn = 0;
+    uint32_t msn = 0;          // its place in the send queue (the NIC's cookie names it)
+    uint32_t wire_msn = 0;     // the message's sequence number towards the peer (local
+                               // operations, binds and invalidations, send none)
     uint32_t length = 0;       // message bytes
     uint32_t resp_length = 0;  // kRead, atomics: response bytes expected
     uint32_t read_bytes = 0;   // kRead, atomics: response bytes placed so far
@@ -121,6 +123,8 @@ class QueuePair {
     bool consumes_recv = false;
     bool with_imm = false;
     bool is_write = false;
+    bool with_inv = false;  // SEND with invalidate: imm is the rkey it invalidated
+    bool invalidated = false;
     uint32_t rsn = 0;
     uint32_t total = 0;
     uint32_t received = 0;
@@ -162,6 +166,10 @@ class QueuePair {
   void raise(AsyncEvent ev) const;
 
   transport::Syndrome execute_atomic(const transport::Segment& seg, bool duplicate);
+  // A bind or local invalidation, carried out in send-queue order (verbs-mapping.md §13).
+  void execute_local(const hostif::SendWqe& w, SendSlot& s);
+  // The send slot of the message the peer knows as wire_msn, among those outstanding.
+  SendSlot* slot_of_wire_msn(uint32_t wire_msn);
   void answer_atomic(const transport::Segment& seg, AtomicResult& r);
 
   void retire_sends();
@@ -200,6 +208,7 @@ class QueuePair {
   uint32_t sq_next_ = 0;
   uint32_t sq_retired_ = 0;
   uint32_t next_rsn_ = 0;        // receives consumed at the peer by our SENDs / WRITE_IMMs
+  uint32_t next_wire_msn_ = 0;   // msn of the next message to the peer
   uint32_t rd_outstanding_ = 0;  // READ/atomic WQEs submitted and not yet retired
   bool rd_blocked_ = false;      // the next WQE waits for rd_outstanding_ < max_rd_atomic
   transport::Time response_progress_{};  // last response progress while rd_outstanding_ > 0

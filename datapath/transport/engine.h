@@ -43,6 +43,7 @@ enum class Op : uint8_t {
   kReadResp = 6,  // payload flows responder -> requester
   kAtomicCmpSwp = 7,    // payload: 16 bytes of operands; answered by a kReadResp
   kAtomicFetchAdd = 8,
+  kSendInv = 9,         // a SEND whose rkey the receiver invalidates (a memory window)
 };
 
 // A message the NIC asks the transport to deliver reliably to one peer.

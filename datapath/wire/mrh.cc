@@ -39,7 +39,7 @@ static_assert(kAckHeadersLen + kMaxNakRecords * kNakRecordLen <= 512,
 constexpr uint8_t kMinNakSyndrome = 1, kMaxNakSyndrome = 7, kLocalOnlySyndrome = 6;
 
 bool known_opcode(uint8_t op) {
-  return (op >= 1 && op <= 8) || op == static_cast<uint8_t>(Opcode::kAck) ||
+  return (op >= 1 && op <= 9) || op == static_cast<uint8_t>(Opcode::kAck) ||
          op == static_cast<uint8_t>(Opcode::kProbe);
 }
 
@@ -69,7 +69,8 @@ bool data_fields_ok(Opcode op, const DataHeader& d) {
     return false;
   // Only what consumes a receive names one (an RDMA WRITE, READ or atomic with an rsn is
   // malformed, not a write to perform).
-  if (d.rsn != 0 && op != Opcode::kSend && op != Opcode::kSendImm && op != Opcode::kWriteImm)
+  if (d.rsn != 0 && op != Opcode::kSend && op != Opcode::kSendImm && op != Opcode::kWriteImm &&
+      op != Opcode::kSendInv)
     return false;
   // An address range that wraps the 64-bit space cannot name memory.
   if (d.remote_addr + uint64_t{d.total_length} < d.remote_addr) return false;

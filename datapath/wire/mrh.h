@@ -44,12 +44,13 @@ enum class Opcode : uint8_t {
   kReadResp = 6,
   kAtomicCmpSwp = 7,    // 16-byte payload: compare, swap (big-endian); answered by a READ_RESP
   kAtomicFetchAdd = 8,  // 16-byte payload: add, 0 (big-endian); answered by a READ_RESP
+  kSendInv = 9,         // SEND with invalidate: rkey names what the receiver invalidates
   kAck = 16,
   kProbe = 17,
 };
 
 inline constexpr bool is_data_opcode(Opcode op) {
-  return static_cast<uint8_t>(op) >= 1 && static_cast<uint8_t>(op) <= 8;
+  return static_cast<uint8_t>(op) >= 1 && static_cast<uint8_t>(op) <= 9;
 }
 inline constexpr bool is_atomic_opcode(Opcode op) {
   return op == Opcode::kAtomicCmpSwp || op == Opcode::kAtomicFetchAdd;
@@ -81,7 +82,7 @@ struct BaseHeader {
   uint32_t ack_floor = 0;    // every seq below it is resolved at the sender (spec §3.1)
 };
 
-// Data extension, 48 bytes, for opcodes 1..8 (spec §2.2).
+// Data extension, 48 bytes, for opcodes 1..9 (spec §2.2).
 struct DataHeader {
   uint32_t dst_stream = 0;
   uint32_t src_stream = 0;

@@ -70,13 +70,16 @@ void free_context(ibv_context* ibctx) {
 const abi::ContextOps kContextOps = [] {
   abi::ContextOps ops{};
   ops.advise_mr = advise_mr;
+  ops.alloc_mw = alloc_mw;
   ops.alloc_pd = alloc_pd;
+  ops.bind_mw = bind_mw;
   ops.create_ah = create_ah;
   ops.create_cq = create_cq;
   ops.create_cq_ex = create_cq_ex;
   ops.create_qp = create_qp;
   ops.create_qp_ex = create_qp_ex;
   ops.create_srq = create_srq;
+  ops.dealloc_mw = dealloc_mw;
   ops.dealloc_pd = dealloc_pd;
   ops.dereg_mr = dereg_mr;
   ops.destroy_ah = destroy_ah;
@@ -91,12 +94,14 @@ const abi::ContextOps kContextOps = [] {
   ops.post_send = post_send;
   ops.post_srq_recv = post_srq_recv;
   ops.query_device_ex = query_device_ex;
+  ops.query_ece = query_ece;
   ops.query_port = query_port;
   ops.query_qp = query_qp;
   ops.query_srq = query_srq;
   ops.reg_mr = reg_mr;
   ops.req_notify_cq = req_notify_cq;
   ops.rereg_mr = rereg_mr;
+  ops.set_ece = set_ece;
   return ops;
 }();
 

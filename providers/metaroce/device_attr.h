@@ -55,13 +55,15 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   a.max_qp = kMaxQp;
   a.max_qp_wr = hostif::kMaxQpWr;
   // Honest flags only: RNR NAKs are generated; the GUID above is a system image GUID.
-  a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID;
+  a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
+                       IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   a.max_sge = hostif::kMaxSge;
   a.max_sge_rd = hostif::kMaxSge;
   a.max_cq = kMaxCq;
   a.max_cqe = hostif::kMaxCqe;
   a.max_mr = kMaxMr;
   a.max_pd = kMaxPd;
+  a.max_mw = kMaxMr;  // windows and regions share the key space
   a.max_qp_rd_atom = kMaxRdAtom;
   a.max_ee_rd_atom = 0;
   a.max_res_rd_atom = kMaxRdAtom * kMaxQp;

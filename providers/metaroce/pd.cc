@@ -135,6 +135,48 @@ int rereg_mr(abi::VerbsMr* mr, int flags, ibv_pd* ibpd, void* addr, size_t lengt
   return 0;
 }
 
+ibv_mw* alloc_mw(ibv_pd* ibpd, ibv_mw_type type) noexcept {
+  if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* mw = new (std::nothrow) ibv_mw{};
+  if (!mw) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  Pd* pd = to_pd(ibpd);
+  hostif::AllocMwReq req;
+  req.pd = pd->id;
+  req.type = type;
+  hostif::Message resp;
+  const int err = engine_call(ibpd->context, hostif::Op::kAllocMw, req, &resp);
+  auto body = resp.as<hostif::AllocMwResp>();
+  if (err || !body) {
+    delete mw;
+    errno = err ? err : EPROTO;
+    return nullptr;
+  }
+  pd->users.fetch_add(1, std::memory_order_relaxed);
+  mw->context = ibpd->context;
+  mw->pd = ibpd;
+  mw->rkey = body->rkey;
+  mw->handle = body->rkey >> 8;
+  mw->type = type;
+  return mw;
+}
+
+// A bound window is invalidated with it (its rkey reaches nothing any more).
+int dealloc_mw(ibv_mw* mw) noexcept {
+  hostif::Message resp;
+  const int err =
+      engine_call(mw->context, hostif::Op::kDeallocMw, hostif::IdReq{mw->rkey}, &resp);
+  if (err && !engine_gone(err)) return err;
+  to_pd(mw->pd)->users.fetch_sub(1, std::memory_order_release);
+  delete mw;
+  return 0;
+}
+
 // Prefetch advice (ibv_advise_mr(3)): the NIC resolves pages through the kernel at each access
 // and pins none, so there is nothing to fault in ahead of time; the advice is checked (each SGE
 // must lie in a region of the PD: EFAULT otherwise) and accepted.

@@ -28,6 +28,9 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
 int rereg_mr(abi::VerbsMr* mr, int flags, ibv_pd* pd, void* addr, size_t length,
              int access) noexcept;
 int dereg_mr(abi::VerbsMr* mr) noexcept;
+// Memory windows (verbs-mapping.md §13); binds: qp.h.
+ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type) noexcept;
+int dealloc_mw(ibv_mw* mw) noexcept;
 int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
               uint32_t num_sge) noexcept;
 

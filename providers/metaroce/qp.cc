@@ -248,6 +248,21 @@ int build_send(const Qp& qp, const ibv_send_wr& wr, uint8_t* slot) noexcept {
       ((wr.send_flags & IBV_SEND_SOLICITED) ? hostif::kSolicited : 0) |
       ((wr.send_flags & IBV_SEND_FENCE) ? hostif::kFence : 0));
   w->imm = (*op == hostif::WqeOp::kSendImm || *op == hostif::WqeOp::kWriteImm) ? wr.imm_data : 0;
+  if (*op == hostif::WqeOp::kBindMw || *op == hostif::WqeOp::kLocalInv ||
+      *op == hostif::WqeOp::kSendInv) {
+    if (qp.type != IBV_QPT_RC) return EINVAL;
+  }
+  if (*op == hostif::WqeOp::kBindMw) {
+    // A type 2 window, bound by this QP to part of a region of its PD (ibv_post_send(3)).
+    if (int err = check_bind(qp, wr.bind_mw.mw, wr.bind_mw.rkey, wr.bind_mw.bind_info)) return err;
+    fill_bind(w, wr.bind_mw.mw->rkey, wr.bind_mw.rkey, wr.bind_mw.bind_info);
+    return 0;
+  }
+  if (*op == hostif::WqeOp::kLocalInv) {
+    w->rkey = wr.invalidate_rkey;
+    return 0;
+  }
+  if (*op == hostif::WqeOp::kSendInv) w->rkey = wr.invalidate_rkey;
   const bool remote = *op == hostif::WqeOp::kWrite || *op == hostif::WqeOp::kWriteImm ||
                       *op == hostif::WqeOp::kRead;
   if (remote) {
@@ -301,11 +316,33 @@ hostif::WcOpcode flush_opcode(hostif::WqeOp op) {
     case hostif::WqeOp::kRead: return hostif::WcOpcode::kRdmaRead;
     case hostif::WqeOp::kCmpSwp: return hostif::WcOpcode::kCompSwap;
     case hostif::WqeOp::kFetchAdd: return hostif::WcOpcode::kFetchAdd;
+    case hostif::WqeOp::kBindMw: return hostif::WcOpcode::kBindMw;
+    case hostif::WqeOp::kLocalInv: return hostif::WcOpcode::kLocalInv;
     default: return hostif::WcOpcode::kSend;
   }
 }
 
 }  // namespace
+
+void fill_bind(hostif::SendWqe* w, uint32_t rkey, uint32_t new_rkey,
+               const ibv_mw_bind_info& b) noexcept {
+  w->op = hostif::WqeOp::kBindMw;
+  w->rkey = rkey;
+  w->imm = new_rkey;
+  w->remote_addr = b.length ? b.addr : 0;
+  w->compare_add = b.length;
+  w->swap = (uint64_t{b.length && b.mr ? b.mr->lkey : 0u} << 32) | b.mw_access_flags;
+}
+
+int check_bind(const Qp& qp, const ibv_mw* mw, uint32_t new_rkey,
+               const ibv_mw_bind_info& b) noexcept {
+  if (qp.type != IBV_QPT_RC || !mw || mw->type != IBV_MW_TYPE_2 ||
+      mw->context != qp.vqp.qp.context || (new_rkey >> 8) != (mw->rkey >> 8))
+    return EINVAL;
+  if (b.length && (!b.mr || b.mr->pd != mw->pd)) return EINVAL;
+  if (b.mw_access_flags & ~kMwAccess) return EINVAL;
+  return 0;
+}
 
 uint8_t* sq_slot_ahead(Qp* qp, uint32_t i) noexcept {
   hostif::QpHeader* h = qp->ring;
@@ -470,6 +507,32 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
   return err;
 }
 
+// ECE: connection options two ends agree on out of band before RTR (NCCL exchanges them with
+// the QP numbers). Our vendor id names the provider; no option is offered yet, so what a peer
+// asks for is accepted as the empty set and set_ece answers it (its ece is IN/OUT). A peer of
+// another vendor, or a comp_mask we do not know, is EINVAL.
+constexpr uint32_t kEceOptions = 0;
+
+int query_ece(ibv_qp* ibqp, ibv_ece* ece) noexcept {
+  Qp* qp = to_qp(ibqp);
+  pthread_mutex_lock(&qp->lock);
+  ece->vendor_id = kVendorId;
+  ece->options = qp->ece_options;
+  ece->comp_mask = 0;
+  pthread_mutex_unlock(&qp->lock);
+  return 0;
+}
+
+int set_ece(ibv_qp* ibqp, ibv_ece* ece) noexcept {
+  if (!ece || ece->comp_mask || ece->vendor_id != kVendorId) return EINVAL;
+  Qp* qp = to_qp(ibqp);
+  pthread_mutex_lock(&qp->lock);
+  qp->ece_options = ece->options & kEceOptions;
+  ece->options = qp->ece_options;
+  pthread_mutex_unlock(&qp->lock);
+  return 0;
+}
+
 int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int /*attr_mask*/,
              ibv_qp_init_attr* init_attr) noexcept {
   Qp* qp = to_qp(ibqp);
@@ -512,6 +575,31 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
   // The WRs before a bad one are posted, as verbs specifies.
   sq_publish(qp, n);
   return err;
+}
+
+// ibv_bind_mw (type 1): libibverbs checked the type and the region's PD. The bind is a WQE of
+// the QP's send queue, in order with the rest; the window takes its next key now.
+int bind_mw(ibv_qp* ibqp, ibv_mw* mw, ibv_mw_bind* bind) noexcept {
+  Qp* qp = to_qp(ibqp);
+  if (qp->type != IBV_QPT_RC || mw->context != ibqp->context ||
+      (bind->bind_info.mw_access_flags & ~kMwAccess) ||
+      (bind->send_flags & ~(IBV_SEND_SIGNALED | IBV_SEND_FENCE)))
+    return EINVAL;
+  SpinGuard g(&qp->sq_lock);
+  if (!sq_accepts(qp)) return EINVAL;
+  uint8_t* slot = sq_slot_ahead(qp, 0);
+  if (!slot) return ENOMEM;
+  hostif::SendWqe* w = hostif::send_wqe(slot);
+  std::memset(w, 0, sizeof(*w));
+  const uint32_t next = ibv_inc_rkey(mw->rkey);
+  fill_bind(w, mw->rkey, next, bind->bind_info);
+  w->wr_id = bind->wr_id;
+  w->flags = static_cast<uint8_t>(
+      (((bind->send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) ? hostif::kSignaled : 0) |
+      ((bind->send_flags & IBV_SEND_FENCE) ? hostif::kFence : 0));
+  sq_publish(qp, 1);
+  mw->rkey = next;
+  return 0;
 }
 
 int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {

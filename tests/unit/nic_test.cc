@@ -20,7 +20,7 @@ namespace {
 using namespace metaroce::nic::test;
 using hostif::AsyncEvent;
 
-constexpr unsigned kAllAccess = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
+constexpr unsigned kAllAccess = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic | kMwBind;
 constexpr uint32_t kIpA = 0xC6120001, kIpB = 0xC6120002;
 
 struct Side {
@@ -1280,6 +1280,194 @@ TEST_F(NicTest, AnImplicitOnDemandRegionCoversTheWholeAddressSpace) {
   EXPECT_EQ(std::memcmp(elsewhere.data() + 16, a_.buf.data(), 8), 0);
   EXPECT_EQ(nic(b_).check_mr(&b_.owner, lkey, b_.pd, reinterpret_cast<uint64_t>(elsewhere.data()), 256), 0);
   EXPECT_EQ(nic(b_).check_mr(&b_.owner, lkey + 1, b_.pd, 0, 1), EFAULT);
+}
+
+// A bind WQE of window `rkey` onto [addr, addr + len) of the side's region (hostif::SendWqe).
+SendWqe bind_wqe(uint64_t wr_id, uint32_t rkey, uint32_t new_rkey, uint32_t lkey, uint64_t addr,
+                 uint64_t len, unsigned access) {
+  SendWqe w;
+  w.wr_id = wr_id;
+  w.op = WqeOp::kBindMw;
+  w.signaled = true;
+  w.rkey = rkey;
+  w.imm = new_rkey;
+  w.remote_addr = addr;
+  w.compare_add = len;
+  w.swap = (uint64_t{lkey} << 32) | access;
+  return w;
+}
+
+class NicWindowTest : public NicTest {
+ protected:
+  // a writes 8 bytes to b at addr through rkey; the completion's status.
+  WcStatus write_to(uint64_t addr, uint32_t rkey, uint64_t wr_id = 100) {
+    SendWqe w;
+    w.wr_id = wr_id;
+    w.op = WqeOp::kWrite;
+    w.signaled = true;
+    w.num_sge = 1;
+    w.sge[0] = sge(a_, 0, 8);
+    w.remote_addr = addr;
+    w.rkey = rkey;
+    EXPECT_EQ(a_.qp->post_send(w), 0);
+    auto c = run_until(a_, 1);
+    return c.size() == 1 ? c[0].status : WcStatus::kGeneralErr;
+  }
+  // b's QP carries out w (a bind or an invalidation); its completion.
+  Cqe on_b(const SendWqe& w) {
+    EXPECT_EQ(b_.qp->post_send(w), 0);
+    auto c = run_until(b_, 1);
+    return c.size() == 1 ? c[0] : Cqe{};
+  }
+  uint64_t base() { return reinterpret_cast<uint64_t>(b_.buf.data()); }
+  static constexpr unsigned kWinAccess = kRemoteWrite | kRemoteRead;
+};
+
+TEST_F(NicWindowTest, AType1WindowReachesOnlyWhatItIsBoundToAndAnEmptyBindClosesIt) {
+  uint32_t mw = 0;
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 1, &mw), 0);
+  EXPECT_EQ(write_to(base(), mw), WcStatus::kRemAccessErr) << "an unbound window reaches nothing";
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 1, &mw), 0);
+  // b's region allows windows (kAllAccess has kMwBind).
+  const uint32_t k1 = (mw & ~0xffu) | ((mw + 1) & 0xff);
+  Cqe c = on_b(bind_wqe(1, mw, k1, b_.key, base() + 4096, 4096, kWinAccess));
+  EXPECT_EQ(c.status, WcStatus::kSuccess);
+  EXPECT_EQ(c.opcode, WcOpcode::kBindMw);
+  EXPECT_EQ(write_to(base() + 4096 + 8, k1), WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 4096 + 8, a_.buf.data(), 8), 0);
+  // The region's region is not the window's: outside it, and through the old key, no access.
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 1, &mw), 0);
+  const uint32_t k2 = (mw & ~0xffu) | ((mw + 7) & 0xff);
+  ASSERT_EQ(on_b(bind_wqe(1, mw, k2, b_.key, base() + 4096, 4096, kWinAccess)).status,
+            WcStatus::kSuccess);
+  EXPECT_EQ(nic(b_).dereg_mr(&b_.owner, b_.key), EBUSY) << "a window is bound to it";
+  EXPECT_EQ(write_to(base(), k2), WcStatus::kRemAccessErr);
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 1, &mw), 0);
+  ASSERT_EQ(on_b(bind_wqe(1, mw, mw + 1, b_.key, base(), 4096, kWinAccess)).status, WcStatus::kSuccess);
+  ASSERT_EQ(on_b(bind_wqe(2, mw + 1, mw + 2, 0, 0, 0, 0)).status, WcStatus::kSuccess);  // empty
+  EXPECT_EQ(write_to(base(), mw + 2), WcStatus::kRemAccessErr);
+  EXPECT_EQ(nic(b_).dereg_mr(&b_.owner, b_.key), 0) << "nothing is bound to it any more";
+}
+
+TEST_F(NicWindowTest, AType2WindowServesOnlyItsQpAndIsInvalidatedLocallyRemotelyOrByDealloc) {
+  uint32_t mw = 0;
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 2, &mw), 0);
+  const uint32_t k = mw + 1;
+  ASSERT_EQ(on_b(bind_wqe(1, mw, k, b_.key, base(), 65536, kWinAccess)).status, WcStatus::kSuccess);
+  // Bound to b's QP: a's QP (connected to it) reaches it.
+  EXPECT_EQ(write_to(base() + 16, k), WcStatus::kSuccess);
+  // A second bind of a bound type 2 window fails the bind, and the QP.
+  Cqe c = on_b(bind_wqe(2, k, k + 1, b_.key, base(), 64, kWinAccess));
+  EXPECT_EQ(c.status, WcStatus::kMwBindErr);
+  EXPECT_EQ(b_.qp->state(), QpState::kErr);
+
+  // Local invalidation.
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 2, &mw), 0);
+  ASSERT_EQ(on_b(bind_wqe(1, mw, mw + 1, b_.key, base(), 65536, kWinAccess)).status, WcStatus::kSuccess);
+  SendWqe inv;
+  inv.wr_id = 3;
+  inv.op = WqeOp::kLocalInv;
+  inv.signaled = true;
+  inv.rkey = mw + 1;
+  c = on_b(inv);
+  EXPECT_EQ(c.status, WcStatus::kSuccess);
+  EXPECT_EQ(c.opcode, WcOpcode::kLocalInv);
+  EXPECT_EQ(write_to(base(), mw + 1), WcStatus::kRemAccessErr);
+
+  // Remote invalidation: a's SEND_WITH_INV names the window; b's receive says so.
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 2, &mw), 0);
+  ASSERT_EQ(on_b(bind_wqe(1, mw, mw + 1, b_.key, base(), 65536, kWinAccess)).status, WcStatus::kSuccess);
+  RecvWqe r;
+  r.wr_id = 4;
+  r.num_sge = 1;
+  r.sge[0] = sge(b_, 8192, 64);
+  ASSERT_EQ(b_.qp->post_recv(r), 0);
+  SendWqe s;
+  s.wr_id = 5;
+  s.op = WqeOp::kSendInv;
+  s.signaled = true;
+  s.rkey = mw + 1;
+  s.num_sge = 1;
+  s.sge[0] = sge(a_, 0, 32);
+  ASSERT_EQ(a_.qp->post_send(s), 0);
+  auto rc = run_until(b_, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(rc[0].wc_flags & hostif::kWcWithInv);
+  EXPECT_EQ(rc[0].imm, mw + 1);
+  auto sc = run_until(a_, 1);
+  ASSERT_EQ(sc.size(), 1u);
+  EXPECT_EQ(sc[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(write_to(base(), mw + 1), WcStatus::kRemAccessErr);
+
+  // Dealloc.
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 2, &mw), 0);
+  ASSERT_EQ(on_b(bind_wqe(1, mw, mw + 1, b_.key, base(), 65536, kWinAccess)).status, WcStatus::kSuccess);
+  EXPECT_EQ(nic(b_).dealloc_mw(&b_.owner, mw + 1), 0);
+  EXPECT_EQ(write_to(base(), mw + 1), WcStatus::kRemAccessErr);
+  EXPECT_EQ(nic(b_).dereg_mr(&b_.owner, b_.key), 0);
+}
+
+TEST_F(NicWindowTest, BindsThatCannotBeAreRefusedWithMwBindErr) {
+  uint32_t mw = 0, lkey = 0, rkey = 0;
+  // A region without MW_BIND; a range outside the region; a key of another window.
+  ASSERT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, base(), 4096, kLocalWrite | kRemoteWrite, &lkey, &rkey), 0);
+  struct Case { uint32_t lkey; uint64_t addr, len; int key_shift; };
+  for (const Case& k : {Case{lkey, base(), 64, 0}, Case{b_.key, base() + (1 << 20) - 8, 64, 0},
+                        Case{b_.key, base(), 64, 0x100}}) {
+    build(test_link_config());
+    ASSERT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, base(), 4096, kLocalWrite | kRemoteWrite, &lkey, &rkey), 0);
+    ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 1, &mw), 0);
+    const uint32_t use = k.lkey == b_.key ? b_.key : lkey;
+    Cqe c = on_b(bind_wqe(1, mw, mw + 1 + k.key_shift, use, k.addr, k.len, kWinAccess));
+    EXPECT_EQ(c.status, WcStatus::kMwBindErr) << k.addr;
+    EXPECT_EQ(c.wr_id, 1u);
+  }
+  // Allocation: types 1 and 2 only, in one of the owner's PDs.
+  EXPECT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 3, &mw), EINVAL);
+  EXPECT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd + 100, 1, &mw), EINVAL);
+  EXPECT_EQ(nic(b_).alloc_mw(&a_.owner, b_.pd, 1, &mw), EINVAL);
+  // A window's key is not an lkey, and not a region to dereg; a region is no window.
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 1, &mw), 0);
+  EXPECT_EQ(nic(b_).dereg_mr(&b_.owner, mw), EINVAL);
+  EXPECT_EQ(nic(b_).dealloc_mw(&b_.owner, b_.key), EINVAL);
+  EXPECT_EQ(nic(b_).check_mr(&b_.owner, mw, b_.pd, base(), 1), EFAULT);
+  EXPECT_EQ(nic(b_).dealloc_pd(&b_.owner, b_.pd), EBUSY);
+}
+
+TEST_F(NicWindowTest, ReadsAfterABindAreAnsweredIntoTheirOwnBuffers) {
+  // A bind takes a send-queue slot but sends no message: the READ answers behind it must still
+  // find their WQEs (the peer numbers messages without the bind).
+  uint32_t mw = 0;
+  ASSERT_EQ(nic(a_).alloc_mw(&a_.owner, a_.pd, 1, &mw), 0);
+  for (int i = 0; i < 64; ++i) b_.buf[65536 + i] = static_cast<uint8_t>(0x40 + i);
+  auto read = [&](uint64_t wr_id, size_t local, uint64_t remote_off) {
+    SendWqe w;
+    w.wr_id = wr_id;
+    w.op = WqeOp::kRead;
+    w.signaled = true;
+    w.num_sge = 1;
+    w.sge[0] = sge(a_, local, 32);
+    w.remote_addr = base() + 65536 + remote_off;
+    w.rkey = b_.key;
+    return a_.qp->post_send(w);
+  };
+  ASSERT_EQ(read(1, 1000, 0), 0);
+  ASSERT_EQ(a_.qp->post_send(bind_wqe(2, mw, mw + 1, a_.key, reinterpret_cast<uint64_t>(a_.buf.data()),
+                                      64, kWinAccess)), 0);
+  ASSERT_EQ(read(3, 2000, 32), 0);
+  auto c = run_until(a_, 3);
+  ASSERT_EQ(c.size(), 3u);
+  for (const Cqe& e : c) EXPECT_EQ(e.status, WcStatus::kSuccess) << e.wr_id;
+  EXPECT_EQ(c[1].opcode, WcOpcode::kBindMw);
+  EXPECT_EQ(std::memcmp(a_.buf.data() + 1000, b_.buf.data() + 65536, 32), 0);
+  EXPECT_EQ(std::memcmp(a_.buf.data() + 2000, b_.buf.data() + 65536 + 32, 32), 0);
 }
 
 TEST(MrTableTest, ChecksKeyPdAccessAndBounds) {

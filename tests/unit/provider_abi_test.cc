@@ -159,18 +159,22 @@ TEST(Convert, MtuEnumsAndBytesRoundTrip) {
   EXPECT_EQ(bytes_to_mtu(100), IBV_MTU_256);
 }
 
-TEST(Convert, TheSevenRcOperationsReachTheNicAndNothingElse) {
+TEST(Convert, TheRcOperationsAndWindowOperationsReachTheNicAndNothingElse) {
   EXPECT_EQ(to_nic(IBV_WR_RDMA_WRITE_WITH_IMM), hostif::WqeOp::kWriteImm);
   EXPECT_EQ(to_nic(IBV_WR_RDMA_READ), hostif::WqeOp::kRead);
   EXPECT_EQ(to_nic(IBV_WR_ATOMIC_CMP_AND_SWP), hostif::WqeOp::kCmpSwp);
   EXPECT_EQ(to_nic(IBV_WR_ATOMIC_FETCH_AND_ADD), hostif::WqeOp::kFetchAdd);
-  EXPECT_FALSE(to_nic(IBV_WR_LOCAL_INV).has_value());
-  EXPECT_FALSE(to_nic(IBV_WR_BIND_MW).has_value());
-  EXPECT_FALSE(to_nic(IBV_WR_SEND_WITH_INV).has_value());
+  EXPECT_EQ(to_nic(IBV_WR_LOCAL_INV), hostif::WqeOp::kLocalInv);
+  EXPECT_EQ(to_nic(IBV_WR_BIND_MW), hostif::WqeOp::kBindMw);
+  EXPECT_EQ(to_nic(IBV_WR_SEND_WITH_INV), hostif::WqeOp::kSendInv);
   EXPECT_FALSE(to_nic(IBV_WR_ATOMIC_WRITE).has_value());
+  EXPECT_FALSE(to_nic(IBV_WR_TSO).has_value());
   EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, 0u);
   EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, 0u);
-  EXPECT_EQ(kSupportedSendOps & IBV_QP_EX_WITH_BIND_MW, 0u);
+  EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_BIND_MW, 0u);
+  EXPECT_EQ(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_WRITE, 0u);
+  EXPECT_TRUE(hostif::is_local(hostif::WqeOp::kBindMw));
+  EXPECT_FALSE(hostif::is_local(hostif::WqeOp::kSendInv));
   EXPECT_TRUE(hostif::needs_response(hostif::WqeOp::kRead));
   EXPECT_TRUE(hostif::needs_response(hostif::WqeOp::kFetchAdd));
   EXPECT_FALSE(hostif::needs_response(hostif::WqeOp::kWriteImm));

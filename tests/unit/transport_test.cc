@@ -1985,7 +1985,7 @@ TEST_F(Crafted, MalformedPacketsAreDroppedAndCountedByReason) {
   feed(bad);
   EXPECT_EQ(e->stats().drop_version, 1u);
   bad = good;
-  bad[1] = 9;
+  bad[1] = 10;  // the first unassigned opcode after the data ones
   feed(bad);
   EXPECT_EQ(drops(wire::DecodeError::kBadOpcode), 1u);
   bad = good;

@@ -68,7 +68,7 @@ TEST(Bytes, BigEndianAccessorsPutTheMostSignificantByteFirst) {
 TEST(Mrh, EveryDataOpcodeRoundTrips) {
   for (Opcode op : {Opcode::kWrite, Opcode::kWriteImm, Opcode::kSend, Opcode::kSendImm,
                     Opcode::kReadReq, Opcode::kReadResp, Opcode::kAtomicCmpSwp,
-                    Opcode::kAtomicFetchAdd}) {
+                    Opcode::kAtomicFetchAdd, Opcode::kSendInv}) {
     const bool atomic = is_atomic_opcode(op);
     const uint32_t len = op == Opcode::kReadReq ? 0 : atomic ? kAtomicRequestLen : 100;
     BaseHeader b = sample_base(op);
@@ -76,7 +76,9 @@ TEST(Mrh, EveryDataOpcodeRoundTrips) {
     if (op == Opcode::kReadReq || atomic) d.offset = 0;
     if (atomic) d.total_length = kAtomicRequestLen;
     // Only what consumes a receive names one.
-    if (op != Opcode::kSend && op != Opcode::kSendImm && op != Opcode::kWriteImm) d.rsn = 0;
+    if (op != Opcode::kSend && op != Opcode::kSendImm && op != Opcode::kWriteImm &&
+        op != Opcode::kSendInv)
+      d.rsn = 0;
     auto buf = data_packet(b, d);
     Packet p;
     ASSERT_EQ(decode(buf, p), DecodeError::kNone) << static_cast<int>(op);
@@ -192,7 +194,7 @@ TEST(Mrh, WrongVersionAndUnknownOpcodeHaveTheirOwnReasons) {
     bad[0] = v;
     EXPECT_EQ(decode(bad, p), DecodeError::kBadVersion);
   }
-  for (uint8_t op : {0, 9, 15, 18, 255}) {
+  for (uint8_t op : {0, 10, 15, 18, 255}) {
     auto bad = buf;
     bad[1] = op;
     EXPECT_EQ(decode(bad, p), DecodeError::kBadOpcode) << int{op};
