@@ -766,6 +766,25 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       s.keep_segment('c', c.id, std::move(seg));
       return done(0);
     }
+    case Op::kResizeCq: {
+      auto b = req.as<hostif::ResizeCqReq>();
+      if (!b || b->cqe < 1 || b->cqe > nic::kMaxCqe) return done(EINVAL);
+      const hostif::CqLayout l = hostif::cq_layout(b->cqe);
+      Segment seg = Segment::create("metaroce-cq", l.bytes);
+      if (!seg.ok()) return done(ENOMEM);
+      hostif::init_cq(seg.base(), b->cqe);
+      int e = 0;
+      on_datapath([&] { e = nic.resize_cq(&s, b->id, static_cast<hostif::CqHeader*>(seg.base())); });
+      if (e) return done(e);
+      hostif::CreateCqResp c;
+      c.id = b->id;
+      c.bytes = l.bytes;
+      r.set(c);
+      r.fds.push_back(dup(seg.share(false)));
+      seg.close_fd();
+      s.keep_segment('c', b->id, std::move(seg));  // the old ring goes: nothing writes it now
+      return done(0);
+    }
     case Op::kDestroyCq: {
       auto b = req.as<hostif::IdReq>();
       if (!b) return done(EINVAL);

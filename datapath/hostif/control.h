@@ -50,6 +50,7 @@ enum class Op : uint16_t {
   kCheckMr = 20,      // ibv_advise_mr: does an lkey of the PD cover a range
   kAllocMw = 21,      // ibv_alloc_mw
   kDeallocMw = 22,    // ibv_dealloc_mw (IdReq: its rkey)
+  kResizeCq = 23,     // ibv_resize_cq: a new ring (fd) takes the old one's completions
   // Administration (uid 0, or the engine's own user: a user who runs an engine for a private run
   // dir administers it): what `metaroce link` and `metaroce engine` ask.
   kLinkOpen = 100,
@@ -142,6 +143,12 @@ struct CreateCqResp {
   uint32_t id = 0;
   uint32_t bytes = 0;
 };
+
+struct ResizeCqReq {
+  uint32_t id = 0;
+  uint32_t cqe = 0;
+};
+// Fds: the CQ's new segment (CreateCqResp's fields).
 
 struct CreateSrqReq {
   uint32_t pd = 0, max_wr = 0, max_sge = 0, reserved = 0;

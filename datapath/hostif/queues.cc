@@ -201,6 +201,26 @@ bool CqProducer::stage(const Cqe& c) {
   return true;
 }
 
+bool CqProducer::move_to(CqHeader* to, uint32_t owed) {
+  const uint32_t tail = h_->tail.load();
+  const uint32_t n = staged_head_ - tail;
+  if (uint64_t{n} + owed > to->capacity) return false;
+  Cqe* dst = cq_ring(to);
+  const uint32_t dst_mask = to->entries - 1;
+  for (uint32_t i = 0; i < n; ++i) dst[i & dst_mask] = ring_[(tail + i) & mask_];
+  to->tail.store(0);
+  to->head.store(published_ - tail);
+  to->armed.store(h_->armed.peek());
+  to->overflow.store(h_->overflow.peek());
+  h_ = to;
+  ring_ = dst;
+  mask_ = dst_mask;
+  capacity_ = to->capacity;
+  published_ -= tail;
+  staged_head_ = n;
+  return true;
+}
+
 bool CqProducer::publish() {
   if (staged_head_ == published_) return false;
   published_ = staged_head_;

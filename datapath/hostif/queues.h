@@ -378,6 +378,11 @@ class CqProducer {
   // Staged completions not yet published, most recent last (to amend one before publish()).
   uint32_t staged() const { return staged_head_ - published_; }
   Cqe& staged_at(uint32_t i) { return ring_[(published_ + i) & mask_]; }
+  // Moves to ring `to` (formatted by init_cq, not yet shared with the driver) what the driver
+  // has not polled, published and staged, in order, with the armed and overflow state; from
+  // then on completions go there (ibv_resize_cq: the driver does not poll meanwhile). False,
+  // and nothing moved, when they and `owed` more do not fit.
+  bool move_to(CqHeader* to, uint32_t owed = 0);
 
  private:
   CqHeader* h_;

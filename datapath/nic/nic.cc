@@ -204,6 +204,17 @@ int Nic::destroy_cq(Owner* o, uint32_t id) {
   return 0;
 }
 
+int Nic::resize_cq(Owner* o, uint32_t id, hostif::CqHeader* ring) {
+  CompletionQueue* cq = cq_of(o, id);
+  if (!cq) return EINVAL;
+  // What it holds, and what the send queues feeding it are owed: sends already posted complete
+  // into it whatever the size (receives are not counted: an application keeps many posted).
+  uint32_t owed = 0;
+  for (const QueuePair* qp : qp_list_)
+    if (qp->init().send_cq == cq) owed += qp->sends_outstanding();
+  return cq->move_to(ring, owed) ? 0 : EINVAL;
+}
+
 int Nic::create_srq(Owner* o, uint32_t pd, hostif::SrqHeader* ring, uint64_t handle,
                     uint32_t* id) {
   if (!pd_of(o, pd)) return EINVAL;

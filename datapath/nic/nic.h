@@ -137,6 +137,9 @@ class Nic final : private transport::Host {
   // ring: a segment formatted by hostif::init_cq; the NIC uses it until destroy_cq.
   int create_cq(Owner* o, hostif::CqHeader* ring, uint64_t handle, bool channel, uint32_t* id);
   int destroy_cq(Owner* o, uint32_t id);
+  // ibv_resize_cq: ring (formatted by init_cq) replaces the CQ's; EINVAL when what it holds
+  // does not fit (the old ring stays). The driver does not poll meanwhile.
+  int resize_cq(Owner* o, uint32_t id, hostif::CqHeader* ring);
   int create_srq(Owner* o, uint32_t pd, hostif::SrqHeader* ring, uint64_t handle, uint32_t* id);
   int destroy_srq(Owner* o, uint32_t id);
   // ring: a segment formatted by hostif::init_qp (qpn 0); the NIC writes the QP number it

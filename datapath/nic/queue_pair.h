@@ -97,6 +97,9 @@ class QueuePair {
   // after the QP's timeout x (retry_cnt + 1) without progress they fail with RETRY_EXC_ERR.
   void check_responses(transport::Time now);
   bool awaits_response() const { return rd_outstanding_ > 0; }
+  // Send WQEs posted and not yet completed: completions its send CQ is owed (at most the
+  // queue's depth, whatever the driver wrote into the ring's head).
+  uint32_t sends_outstanding() const { return std::min(sq_head() - sq_retired_, max_send_wr_); }
 
  private:
   // Requester state of one send WQE, by slot.

@@ -101,6 +101,7 @@ const abi::ContextOps kContextOps = [] {
   ops.reg_mr = reg_mr;
   ops.req_notify_cq = req_notify_cq;
   ops.rereg_mr = rereg_mr;
+  ops.resize_cq = resize_cq;
   ops.set_ece = set_ece;
   return ops;
 }();

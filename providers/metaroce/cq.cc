@@ -210,8 +210,42 @@ int destroy_cq(ibv_cq* ibcq) noexcept {
   if (err && !engine_gone(err)) return err;
   untrack(ibcq->context, cq);
   munmap(cq->ring, cq->ring_bytes);
+  if (cq->retired_ring) munmap(cq->retired_ring, cq->retired_bytes);
   pthread_spin_destroy(&cq->poll_lock);
   delete cq;
+  return 0;
+}
+
+// The engine moves what the CQ holds into a new ring of the new size and answers with it; no
+// poll runs meanwhile. EINVAL: a size out of range, or smaller than what the CQ holds.
+int resize_cq(ibv_cq* ibcq, int cqe) noexcept {
+  if (cqe < 1 || static_cast<uint32_t>(cqe) > hostif::kMaxCqe) return EINVAL;
+  Cq* cq = to_cq(ibcq);
+  SpinGuard g(&cq->poll_lock);
+  hostif::ResizeCqReq req;
+  req.id = cq->id;
+  req.cqe = static_cast<uint32_t>(cqe);
+  hostif::Message resp;
+  int err = engine_call(ibcq->context, hostif::Op::kResizeCq, req, &resp);
+  auto body = resp.as<hostif::CreateCqResp>();
+  if (!err && (!body || resp.fds.size() != 1)) err = EPROTO;
+  void* seg = nullptr;
+  if (!err) {
+    seg = map_segment(resp.fds[0], body->bytes);
+    resp.fds.clear();
+    if (!seg || !hostif::valid_cq(seg, body->bytes)) err = EPROTO;
+  }
+  hostif::close_fds(&resp);
+  if (err) {
+    if (seg) munmap(seg, body->bytes);
+    return err;
+  }
+  if (cq->retired_ring) munmap(cq->retired_ring, cq->retired_bytes);
+  cq->retired_ring = cq->ring;
+  cq->retired_bytes = cq->ring_bytes;
+  cq->ring = static_cast<hostif::CqHeader*>(seg);
+  cq->ring_bytes = body->bytes;
+  ibcq->cqe = static_cast<int>(cq->ring->capacity);
   return 0;
 }
 

@@ -188,7 +188,7 @@ struct ContextOps {
   ibv_mr* (*reg_mr)(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int access);
   int (*req_notify_cq)(ibv_cq* cq, int solicited_only);
   int (*rereg_mr)(VerbsMr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access);
-  UnusedOp resize_cq;
+  int (*resize_cq)(ibv_cq* cq, int cqe);
   int (*set_ece)(ibv_qp* qp, ibv_ece* ece);
   UnusedOp unimport_dm;
   UnusedOp unimport_mr;

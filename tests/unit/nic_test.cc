@@ -1282,6 +1282,37 @@ TEST_F(NicTest, AnImplicitOnDemandRegionCoversTheWholeAddressSpace) {
   EXPECT_EQ(nic(b_).check_mr(&b_.owner, lkey + 1, b_.pd, 0, 1), EFAULT);
 }
 
+TEST_F(NicTest, AResizedCqKeepsItsCompletionsAndRefusesToShrinkBelowWhatItHoldsOrIsOwed) {
+  // Three signaled WRITEs complete into a's CQ; a fourth is posted and not yet carried out.
+  auto write = [&](uint64_t wr_id) {
+    SendWqe w;
+    w.wr_id = wr_id;
+    w.op = WqeOp::kWrite;
+    w.signaled = true;
+    w.num_sge = 1;
+    w.sge[0] = sge(a_, 0, 8);
+    w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data());
+    w.rkey = b_.key;
+    ASSERT_EQ(a_.qp->post_send(w), 0);
+  };
+  for (uint64_t i = 1; i <= 3; ++i) write(i);
+  for (int i = 0; i < 2000 && a_.cq->header()->head.load() < 3; ++i) step();
+  ASSERT_EQ(a_.cq->header()->head.load(), 3u);
+  write(4);
+  EXPECT_EQ(a_.cq->resize(3), EINVAL) << "3 held + 1 owed do not fit in 3";
+  EXPECT_EQ(a_.cq->resize(0), EINVAL);
+  ASSERT_EQ(a_.cq->resize(4), 0);
+  EXPECT_GE(a_.cq->header()->capacity, 4u);
+  auto c = run_until(a_, 4);
+  ASSERT_EQ(c.size(), 4u);
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(c[i].wr_id, i + 1);
+  EXPECT_EQ(a_.cq->resize(1), 0) << "empty and owed nothing: any size";
+  write(5);
+  c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 5u);
+}
+
 // A bind WQE of window `rkey` onto [addr, addr + len) of the side's region (hostif::SendWqe).
 SendWqe bind_wqe(uint64_t wr_id, uint32_t rkey, uint32_t new_rkey, uint32_t lkey, uint64_t addr,
                  uint64_t len, unsigned access) {
