@@ -309,6 +309,17 @@ void HostEngine::run_commands() {
   cmd_cv_.notify_all();
 }
 
+// The link's port went down or came back: every context of the device hears it, as from a
+// NIC's port (element: the port number).
+void HostEngine::port_event(const Link& link) {
+  const auto ev = link.nic->port_active() ? hostif::AsyncEvent::kPortActive
+                                          : hostif::AsyncEvent::kPortErr;
+  log("link %s: port %s", link.cfg.name.c_str(), link.nic->port_active() ? "active" : "down");
+  std::lock_guard lock(sessions_mu_);
+  for (auto& [sock, s] : sessions_)
+    if (s->link() == &link) s->async_event(1, ev);
+}
+
 void HostEngine::datapath_main() {
   prctl(PR_SET_NAME, "metaroce-dp", 0, 0, 0);
   prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);  // short naps stay short
@@ -327,6 +338,7 @@ void HostEngine::datapath_main() {
     bool work = false;
     for (Link* l : active_) {
       work |= l->layer->poll(t);
+      if (l->nic->take_port_change()) port_event(*l);
       if (t >= l->next_publish) {
         l->next_publish = t + kPublishEvery;
         nic::publish_telemetry(*l->telemetry, *l->nic, *l->layer, l->sessions.load());
@@ -542,7 +554,13 @@ void HostEngine::hello(Session& s, Message& req, Message* resp) {
   }
   Link* link = it->second.get();
   const int async_fd = take_fd(req, 0);
-  if (!s.attach(link, async_fd)) {
+  bool attached;
+  {
+    // The datapath thread reads sessions' links (port events) under this lock.
+    std::lock_guard lock(sessions_mu_);
+    attached = s.attach(link, async_fd);
+  }
+  if (!attached) {
     const int e = errno ? errno : ESRCH;
     if (async_fd >= 0) close(async_fd);
     *resp = reply_to(req, e);
@@ -907,7 +925,10 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       hostif::QueryDeviceResp d;
       d.wire_version = wire::kMrhVersion;
       d.max_streams = nic::kMaxQps;
-      on_datapath([&] { d.planes_up = s.link()->layer->planes_up(); });
+      on_datapath([&] {
+        d.planes_up = s.link()->layer->planes_up();
+        d.port_active = s.link()->nic->port_active() ? 1 : 0;
+      });
       r.set(d);
       return done(0);
     }

@@ -259,7 +259,7 @@ struct QueryDeviceResp {
   uint32_t wire_version = 0;
   uint32_t planes_up = 0;   // mask
   uint32_t max_streams = 0;
-  uint32_t reserved = 0;
+  uint32_t port_active = 0;  // 1: the verbs port is ACTIVE (verbs-mapping.md §8)
 };
 // kLinkPlane (admin).
 struct LinkPlaneReq {

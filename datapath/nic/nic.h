@@ -11,6 +11,7 @@
 // only through rkeys, as RDMA allows.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -166,6 +167,15 @@ class Nic final : private transport::Host {
   // A plane's port went down or came up (the link layer says so): transport::Engine::set_plane_up.
   void set_plane_up(transport::Time now, uint8_t plane, bool up);
   uint32_t planes_up() const { return engine_->planes_up(); }
+  // The verbs port went down or came back (the link layer says so). The engine hears of it
+  // through take_port_change and raises IBV_EVENT_PORT_ERR / PORT_ACTIVE in every context
+  // of the device.
+  void set_port_active(bool active) {
+    port_active_.store(active, std::memory_order_release);
+    port_changed_.store(true, std::memory_order_release);
+  }
+  bool port_active() const { return port_active_.load(std::memory_order_acquire); }
+  bool take_port_change() { return port_changed_.exchange(false, std::memory_order_acq_rel); }
   // The lane a QP's settings give (wire.md §3.4): 0 for the defaults.
   uint32_t lane_for(const QueuePair& qp) const;
   // The plane mask of every plane the device has.
@@ -272,6 +282,7 @@ class Nic final : private transport::Host {
   std::unordered_map<uint32_t, std::unique_ptr<SharedReceiveQueue>> srqs_;
   uint32_t next_srq_ = 1;
   std::unordered_map<uint32_t, std::unique_ptr<QueuePair>> qps_;
+  std::atomic<bool> port_active_{true}, port_changed_{false};
   std::vector<QueuePair*> qp_list_;  // drain order
   uint32_t next_qpn_;
   NicCounters counters_;

@@ -361,8 +361,17 @@ int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input
 int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr) noexcept {
   if (port_num != kPortNum) return EINVAL;
   const ContextState& st = state_of(context);
-  // ACTIVE while the engine serves the link (docs/design.md, "Port state"); DOWN once it is gone.
-  *attr = port_attr(!st.dead.load(std::memory_order_acquire), st.engine.active_mtu);
+  // ACTIVE while the engine serves the link and the link's port is up (verbs-mapping.md §8);
+  // DOWN once the engine is gone.
+  bool active = !st.dead.load(std::memory_order_acquire);
+  if (active) {
+    hostif::Message resp;
+    const int err = engine_call(context, hostif::Op::kQueryDevice, nullptr, 0, {}, &resp);
+    auto body = resp.as<hostif::QueryDeviceResp>();
+    hostif::close_fds(&resp);
+    active = !err && body && body->port_active;
+  }
+  *attr = port_attr(active, st.engine.active_mtu);
   return 0;
 }
 

@@ -1313,6 +1313,33 @@ TEST_F(NicTest, AResizedCqKeepsItsCompletionsAndRefusesToShrinkBelowWhatItHoldsO
   EXPECT_EQ(c[0].wr_id, 5u);
 }
 
+TEST_F(NicTest, ThePortGoesDownWhenItsPlaneIsTakenOutOfServiceOrLosesItsPeerAndComesBack) {
+  Nic& n = nic(a_);
+  for (int i = 0; i < 5; ++i) step();
+  EXPECT_TRUE(n.port_active());
+  EXPECT_FALSE(n.take_port_change());
+  // The operator takes the only plane out of service: down, said once.
+  ASSERT_TRUE(a_.dev->layer->set_plane_admin(0, false));
+  for (int i = 0; i < 5; ++i) step();
+  EXPECT_FALSE(n.port_active());
+  EXPECT_TRUE(n.take_port_change());
+  EXPECT_FALSE(n.take_port_change());
+  ASSERT_TRUE(a_.dev->layer->set_plane_admin(0, true));
+  for (int i = 0; i < 5; ++i) step();
+  EXPECT_TRUE(n.port_active());
+  EXPECT_TRUE(n.take_port_change());
+  // The peer goes away: the carrier of a link that was up drops (checked every 10 ms).
+  b_.qp.reset();
+  b_.cq.reset();
+  b_.dev.reset();
+  for (int i = 0; i < 3000 && n.port_active(); ++i) {
+    clock_ += std::chrono::microseconds(10);
+    a_.dev->progress(clock_);
+  }
+  EXPECT_FALSE(n.port_active());
+  EXPECT_TRUE(n.take_port_change());
+}
+
 // A bind WQE of window `rkey` onto [addr, addr + len) of the side's region (hostif::SendWqe).
 SendWqe bind_wqe(uint64_t wr_id, uint32_t rkey, uint32_t new_rkey, uint32_t lkey, uint64_t addr,
                  uint64_t len, unsigned access) {
