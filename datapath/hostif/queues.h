@@ -158,7 +158,7 @@ static_assert(sizeof(AsyncEventDesc) == 16);
 // --- queue states ------------------------------------------------------------------------------
 
 enum class QpState : uint32_t { kReset, kInit, kRtr, kRts, kErr };
-enum class QpType : uint32_t { kRc, kUd };
+enum class QpType : uint32_t { kRc, kUd, kUc };
 
 // --- shared segments ---------------------------------------------------------------------------
 // Each object's rings live in one segment of their own (a sealed memfd the engine creates and

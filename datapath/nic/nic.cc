@@ -245,7 +245,7 @@ int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* r
   init.sq_sig_all = req.sq_sig_all != 0;
   init.handle = req.handle;
   if (!pd_of(o, req.pd) || !init.send_cq || !init.recv_cq || (req.srq && !init.srq) ||
-      (req.type != QpType::kRc && req.type != QpType::kUd))
+      (req.type != QpType::kRc && req.type != QpType::kUd && req.type != QpType::kUc))
     return EINVAL;
   if (qps_.size() >= kMaxQps) return ENOMEM;
   uint32_t n;

@@ -60,6 +60,12 @@ Op transport_op(WqeOp op) {
   return Op::kSend;
 }
 
+// What an unreliable connection carries (verbs-mapping.md §15): SENDs and RDMA WRITEs.
+bool uc_op(WqeOp op) {
+  return op == WqeOp::kSend || op == WqeOp::kSendImm || op == WqeOp::kWrite ||
+         op == WqeOp::kWriteImm;
+}
+
 WcStatus remote_status(Syndrome why) {
   switch (why) {
     case Syndrome::kRemoteAccess:
@@ -133,7 +139,7 @@ QueuePair::QueuePair(Nic& nic, uint32_t qpn, const QpInit& init, hostif::QpHeade
       rq_stride_(ring->rq_stride), max_recv_wr_(ring->max_recv_wr),
       max_recv_sge_(ring->max_recv_sge), sq_slots_(ring->sq_entries),
       rx_msgs_(init.type == QpType::kUd ? 1 : kRecvWindowInitial), srq_(init.srq),
-      claimed_(init.srq && init.type == QpType::kRc ? kRecvWindowInitial : 0),
+      claimed_(init.srq && init.type != QpType::kUd ? kRecvWindowInitial : 0),
       ud_seen_(init.type == QpType::kUd ? kUdSeen : 0) {
   publish_state();
 }
@@ -251,7 +257,8 @@ bool QueuePair::drain() {
     s.swap = w.swap;
     ++sq_next_;
     if (!known_op || w.num_sge > max_send_sge_ || w.inline_len > max_inline_ ||
-        (init_.type == QpType::kUd && w.op != WqeOp::kSend && w.op != WqeOp::kSendImm)) {
+        (init_.type == QpType::kUd && w.op != WqeOp::kSend && w.op != WqeOp::kSendImm) ||
+        (init_.type == QpType::kUc && !uc_op(w.op))) {
       s.failed = true;
       s.status = WcStatus::kLocQpOpErr;
       break;

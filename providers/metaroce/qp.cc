@@ -41,6 +41,9 @@ void fail(int err) noexcept { errno = err; }
 
 // Send operations of a UD QP: datagrams only.
 constexpr uint64_t kUdSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+// UC: SENDs and RDMA WRITEs (verbs-mapping.md §15).
+constexpr uint64_t kUcSendOps = kUdSendOps | IBV_QP_EX_WITH_RDMA_WRITE |
+                                IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
 
 // 0 or an errno for the requested caps; writes back what will be granted.
 int grant_caps(const ibv_qp_cap& want, ibv_qp_cap* got) noexcept {
@@ -64,8 +67,8 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   }
   if ((a->comp_mask & ~kCreateMask) ||
       ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) ||
-      (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UD)) {
-    fail(EOPNOTSUPP);  // UC, XRC, raw packet, RSS and creation flags are not offered
+      (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UD && a->qp_type != IBV_QPT_UC)) {
+    fail(EOPNOTSUPP);  // XRC, raw packet, RSS and creation flags are not offered
     return nullptr;
   }
   if (a->srq && a->srq->context != context) {
@@ -73,7 +76,9 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
     return nullptr;
   }
   const bool ex = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  const uint64_t send_ops = a->qp_type == IBV_QPT_UD ? kUdSendOps : kSupportedSendOps;
+  const uint64_t send_ops = a->qp_type == IBV_QPT_UD   ? kUdSendOps
+                            : a->qp_type == IBV_QPT_UC ? kUcSendOps
+                                                       : kSupportedSendOps;
   if (ex && (a->send_ops_flags & ~send_ops)) {
     fail(EOPNOTSUPP);
     return nullptr;
@@ -106,7 +111,9 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   req.send_cq = qp->send_cq->id;
   req.recv_cq = qp->recv_cq->id;
   req.srq = qp->srq ? qp->srq->id : 0;
-  req.type = qp->type == IBV_QPT_UD ? hostif::QpType::kUd : hostif::QpType::kRc;
+  req.type = qp->type == IBV_QPT_UD   ? hostif::QpType::kUd
+             : qp->type == IBV_QPT_UC ? hostif::QpType::kUc
+                                      : hostif::QpType::kRc;
   req.sq_sig_all = qp->sq_sig_all;
   req.caps.max_send_wr = cap.max_send_wr;
   req.caps.max_recv_wr = std::max<uint32_t>(cap.max_recv_wr, 1);
@@ -228,7 +235,10 @@ constexpr int kRemoteMask = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_
 // Writes a classic work request into a send slot; 0 or EINVAL. Never allocates.
 int build_send(const Qp& qp, const ibv_send_wr& wr, uint8_t* slot) noexcept {
   auto op = to_nic(wr.opcode);
-  if (!op) return EINVAL;  // MW binds, invalidations, TSO: no such WQE in this NIC
+  if (!op) return EINVAL;  // TSO, atomic write: no such WQE in this NIC
+  if (qp.type == IBV_QPT_UC && *op != hostif::WqeOp::kSend && *op != hostif::WqeOp::kSendImm &&
+      *op != hostif::WqeOp::kWrite && *op != hostif::WqeOp::kWriteImm)
+    return EINVAL;  // no READ, atomic or window operation on an unreliable connection
   hostif::SendWqe* w = hostif::send_wqe(slot);
   std::memset(w, 0, sizeof(*w));
   if (qp.type == IBV_QPT_UD) {
@@ -452,8 +462,9 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
   if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur)
     err = EINVAL;
   else
-    err = qp->type == IBV_QPT_UD ? check_ud_modify(cur, mask, attr->qp_state)
-                                 : check_rc_modify(cur, mask, attr->qp_state);
+    err = qp->type == IBV_QPT_UD   ? check_ud_modify(cur, mask, attr->qp_state)
+          : qp->type == IBV_QPT_UC ? check_uc_modify(cur, mask, attr->qp_state)
+                                   : check_rc_modify(cur, mask, attr->qp_state);
   if (!err && !to_nic(next)) err = EOPNOTSUPP;  // SQD: the NIC cannot drain a send queue yet
   if (!err) err = check_values(st.engine.active_mtu, *attr, mask, &peer_ip);
   if (!err) {

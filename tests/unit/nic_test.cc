@@ -1340,6 +1340,50 @@ TEST_F(NicTest, ThePortGoesDownWhenItsPlaneIsTakenOutOfServiceOrLosesItsPeerAndC
   EXPECT_TRUE(n.take_port_change());
 }
 
+TEST_F(NicTest, UnreliableConnectionsCarrySendsAndWritesButNoReads) {
+  TestCq cqa(nic(a_), &a_.owner, 64), cqb(nic(b_), &b_.owner, 64);
+  TestQp ua(nic(a_), &a_.owner, a_.pd, cqa, cqa, caps(16), QpType::kUc);
+  TestQp ub(nic(b_), &b_.owner, b_.pd, cqb, cqb, caps(16), QpType::kUc);
+  ASSERT_EQ(ua.err, 0);
+  ASSERT_EQ(ub.err, 0);
+  bring_up(ua, kIpB, ub.qpn());
+  bring_up(ub, kIpA, ua.qpn());
+  RecvWqe r;
+  r.wr_id = 1;
+  r.num_sge = 1;
+  r.sge[0] = sge(b_, 0, 64);
+  ASSERT_EQ(ub.post_recv(r), 0);
+  std::memset(a_.buf.data(), 0x3c, 64);
+  SendWqe s;
+  s.wr_id = 2;
+  s.op = WqeOp::kSend;
+  s.signaled = true;
+  s.num_sge = 1;
+  s.sge[0] = sge(a_, 0, 64);
+  ASSERT_EQ(ua.post_send(s), 0);
+  s.wr_id = 3;
+  s.op = WqeOp::kWrite;
+  s.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data()) + 4096;
+  s.rkey = b_.key;
+  ASSERT_EQ(ua.post_send(s), 0);
+  auto rc = run_until(cqb, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(rc[0].byte_len, 64u);
+  auto sc = run_until(cqa, 2);
+  ASSERT_EQ(sc.size(), 2u);
+  EXPECT_EQ(sc[1].status, WcStatus::kSuccess);
+  EXPECT_EQ(b_.buf[4096 + 63], 0x3c);
+  EXPECT_EQ(b_.buf[63], 0x3c);
+  // A READ has no place on an unreliable connection: the WQE fails, and the QP with it.
+  s.wr_id = 4;
+  s.op = WqeOp::kRead;
+  ASSERT_EQ(ua.post_send(s), 0);
+  sc = run_until(cqa, 1);
+  ASSERT_EQ(sc.size(), 1u);
+  EXPECT_EQ(sc[0].status, WcStatus::kLocQpOpErr);
+}
+
 // A bind WQE of window `rkey` onto [addr, addr + len) of the side's region (hostif::SendWqe).
 SendWqe bind_wqe(uint64_t wr_id, uint32_t rkey, uint32_t new_rkey, uint32_t lkey, uint64_t addr,
                  uint64_t len, unsigned access) {

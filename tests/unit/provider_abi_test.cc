@@ -197,6 +197,26 @@ TEST(Convert, RemoteWriteOrAtomicNeedLocalWrite) {
 
 // ---- attributes ----
 
+TEST(QpTransition, TheUcSequenceIsRcsWithoutItsReliabilityAttributes) {
+  constexpr int kInit = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+  constexpr int kRtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  EXPECT_EQ(check_uc_modify(IBV_QPS_RESET, kInit, IBV_QPS_INIT), 0);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_INIT, kRtr, IBV_QPS_RTR), 0);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_INIT, kRtr & ~IBV_QP_DEST_QPN, IBV_QPS_RTR), EINVAL);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_RTR, IBV_QP_STATE | IBV_QP_SQ_PSN, IBV_QPS_RTS), 0);
+  // What only a reliable connection has is refused.
+  EXPECT_EQ(check_uc_modify(IBV_QPS_INIT, kRtr | IBV_QP_MIN_RNR_TIMER, IBV_QPS_RTR), EINVAL);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_INIT, kRtr | IBV_QP_MAX_DEST_RD_ATOMIC, IBV_QPS_RTR), EINVAL);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_RTR, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT, IBV_QPS_RTS),
+            EINVAL);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_RTR, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RETRY_CNT,
+                            IBV_QPS_RTS),
+            EINVAL);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_RTS, IBV_QP_STATE, IBV_QPS_ERR), 0);
+  // RC's own sequence needs them.
+  EXPECT_EQ(check_rc_modify(IBV_QPS_INIT, kRtr, IBV_QPS_RTR), EINVAL);
+}
+
 TEST(QpTransition, TheUdPingpongSequenceIsAcceptedAndNeedsAQkey) {
   constexpr int kUdInit = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
   EXPECT_EQ(check_ud_modify(IBV_QPS_RESET, kUdInit, IBV_QPS_INIT), 0);
