@@ -792,7 +792,8 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       if (!seg.ok()) return done(ENOMEM);
       hostif::init_cq(seg.base(), b->cqe);
       int e = 0;
-      on_datapath([&] { e = nic.resize_cq(&s, b->id, static_cast<hostif::CqHeader*>(seg.base())); });
+      auto* ring = static_cast<hostif::CqHeader*>(seg.base());
+      on_datapath([&] { e = nic.resize_cq(&s, b->id, ring); });
       if (e) return done(e);
       hostif::CreateCqResp c;
       c.id = b->id;

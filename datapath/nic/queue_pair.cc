@@ -621,8 +621,8 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
       if (m.consumes_recv && !recv_for(seg.rsn)) return Syndrome::kRnr;
       const MemoryRegion* mr = nullptr;
       const MrCheck c = (access_ & kRemoteWrite)
-                            ? nic_.mrs().check_remote(seg.rkey, init_.pd, qpn_, kRemoteWrite, seg.remote_addr,
-                                               seg.payload.size(), &mr)
+                            ? nic_.mrs().check_remote(seg.rkey, init_.pd, qpn_, kRemoteWrite,
+                                                      seg.remote_addr, seg.payload.size(), &mr)
                             : MrCheck::kNoAccess;
       if (c == MrCheck::kOk) {
         if (!seg.payload.empty())
@@ -663,8 +663,8 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     case Op::kReadReq: {
       const MemoryRegion* mr = nullptr;
       const MrCheck c = (access_ & kRemoteRead)
-                            ? nic_.mrs().check_remote(seg.rkey, init_.pd, qpn_, kRemoteRead, seg.remote_addr,
-                                               seg.total_length, &mr)
+                            ? nic_.mrs().check_remote(seg.rkey, init_.pd, qpn_, kRemoteRead,
+                                                      seg.remote_addr, seg.total_length, &mr)
                             : MrCheck::kNoAccess;
       if (c == MrCheck::kOk) {
         transport::MessageDesc resp;
@@ -734,8 +734,8 @@ Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate
     return Syndrome::kRemoteInvalid;  // IBV_WC_REM_INV_REQ_ERR at the requester
   const MemoryRegion* mr = nullptr;
   const MrCheck c = (access_ & kRemoteAtomic)
-                        ? nic_.mrs().check_remote(seg.rkey, init_.pd, qpn_, kRemoteAtomic, seg.remote_addr,
-                                           kAtomicSize, &mr)
+                        ? nic_.mrs().check_remote(seg.rkey, init_.pd, qpn_, kRemoteAtomic,
+                                                  seg.remote_addr, kAtomicSize, &mr)
                         : MrCheck::kNoAccess;
   if (c != MrCheck::kOk) return mr_syndrome(c);
   uint64_t compare_add = 0, swap = 0;

@@ -1022,8 +1022,9 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     if (why == Syndrome::kRnr && r.nak_count < kNakSlots) {
       // The refusing QP's min_rnr_timer travels with the refusal (spec §2.4).
       const int t = host_.rnr_timer(h.dst_stream);
-      add_nak(r, b.path_seq, h.src_stream, h.msn, Syndrome::kRnr,
-              t < 0 ? 0 : static_cast<uint8_t>(wire::kRnrTimerValid | (t & wire::kRnrTimerCodeMask)));
+      const uint8_t timer =
+          t < 0 ? 0 : static_cast<uint8_t>(wire::kRnrTimerValid | (t & wire::kRnrTimerCodeMask));
+      add_nak(r, b.path_seq, h.src_stream, h.msn, Syndrome::kRnr, timer);
       ++stats_.rnr_naks_sent;
     }
   } else {
@@ -1267,8 +1268,9 @@ void EngineImpl::rnr_nak(Time now, Connection& c, uint16_t idx, uint8_t rnr_time
   ++stats_.rnr_naks_received;
   if (d.flags & detail::kRnrWait) return;
   detail::MsgSlot& s = slots_[d.slot];
-  const uint8_t limit =
-      s.m.rnr_retry == MessageDesc::kEngineRetries ? cfg_.rnr_retry : std::min(s.m.rnr_retry, kRnrInfinite);
+  const uint8_t limit = s.m.rnr_retry == MessageDesc::kEngineRetries
+                            ? cfg_.rnr_retry
+                            : std::min(s.m.rnr_retry, kRnrInfinite);
   if (d.rnr_retries < UINT8_MAX) ++d.rnr_retries;
   if (limit != kRnrInfinite && d.rnr_retries > limit) {
     fail_message(c, d.slot, Syndrome::kRnr, now);

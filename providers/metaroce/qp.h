@@ -63,7 +63,8 @@ int query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr* ini
 int bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) noexcept;
 // A type 2 bind through the send queue (IBV_WR_BIND_MW, ibv_wr_bind_mw): its checks (0 or
 // EINVAL), and the WQE (hostif::SendWqe documents the fields).
-int check_bind(const Qp& qp, const ibv_mw* mw, uint32_t new_rkey, const ibv_mw_bind_info& b) noexcept;
+int check_bind(const Qp& qp, const ibv_mw* mw, uint32_t new_rkey,
+               const ibv_mw_bind_info& b) noexcept;
 void fill_bind(hostif::SendWqe* w, uint32_t rkey, uint32_t new_rkey,
                const ibv_mw_bind_info& b) noexcept;
 // Enhanced connection establishment (ibv_query_ece(3), ibv_set_ece(3)).

@@ -8,13 +8,15 @@ source "$(dirname "$0")/lib.sh"
 PROG="$BUILD/tests/integration/verbs_complete"
 [ -x "$PROG" ] || fail "$PROG is not built"
 make_pair
-timeout 60 "$PROG" --dev mrA --test memory >"$LOGDIR/memory" 2>&1 || { cat "$LOGDIR/memory"; fail "memory"; }
+timeout 60 "$PROG" --dev mrA --test memory >"$LOGDIR/memory" 2>&1 ||
+  { cat "$LOGDIR/memory"; fail "memory"; }
 
 # wait_for LINE: until the port program printed LINE (30 s at most).
 wait_for() {
   for _ in $(seq 300); do
     grep -qx "$1" "$LOGDIR/port" && return 0
-    kill -0 "$PORT_PID" 2>/dev/null || { cat "$LOGDIR/port"; fail "the port program exited before '$1'"; }
+    kill -0 "$PORT_PID" 2>/dev/null ||
+      { cat "$LOGDIR/port"; fail "the port program exited before '$1'"; }
     sleep 0.1
   done
   cat "$LOGDIR/port"
