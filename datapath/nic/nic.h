@@ -152,7 +152,7 @@ class Nic final : private transport::Host {
   void release(Owner* o);
   // Objects of each kind o holds (metaroce engine status; tests of reclamation).
   struct ObjectCounts {
-    uint32_t pds = 0, mrs = 0, cqs = 0, srqs = 0, qps = 0;
+    uint32_t pds = 0, mrs = 0, cqs = 0, srqs = 0, qps = 0;  // mrs: regions and windows
     bool any() const { return pds || mrs || cqs || srqs || qps; }
   };
   ObjectCounts owned_by(const Owner* o) const;

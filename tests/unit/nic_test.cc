@@ -1543,6 +1543,24 @@ TEST_F(NicWindowTest, BindsThatCannotBeAreRefusedWithMwBindErr) {
   EXPECT_EQ(nic(b_).dealloc_pd(&b_.owner, b_.pd), EBUSY);
 }
 
+TEST_F(NicWindowTest, AProcessThatGoesAwayTakesItsWindowsAndNothingReachesThroughThemAfter) {
+  // b binds a type 2 window and dies (its engine reclaims it): a's WRITE through the window
+  // fails instead of landing in memory that is no longer b's, and b's objects are all gone.
+  uint32_t mw = 0;
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 2, &mw), 0);
+  ASSERT_EQ(on_b(bind_wqe(1, mw, mw + 1, b_.key, base(), 65536, kWinAccess)).status,
+            WcStatus::kSuccess);
+  EXPECT_EQ(nic(b_).owned_by(&b_.owner).mrs, 2u) << "the region and the window";
+  b_.qp.reset();
+  nic(b_).release(&b_.owner);
+  EXPECT_FALSE(nic(b_).owned_by(&b_.owner).any());
+  std::memset(b_.buf.data(), 0, 64);
+  std::memset(a_.buf.data(), 0x77, 8);
+  // No success: an error, or nothing yet (its QP's timeout is longer than the 200 ms run).
+  EXPECT_NE(write_to(base(), mw + 1), WcStatus::kSuccess);
+  EXPECT_EQ(b_.buf[0], 0) << "nothing landed";
+}
+
 TEST_F(NicWindowTest, ReadsAfterABindAreAnsweredIntoTheirOwnBuffers) {
   // A bind takes a send-queue slot but sends no message: the READ answers behind it must still
   // find their WQEs (the peer numbers messages without the bind).
