@@ -128,6 +128,19 @@ class NicTest : public ::testing::Test {
   Sge sge(Side& s, size_t off, uint32_t len) {
     return Sge{reinterpret_cast<uint64_t>(s.buf.data() + off), len, s.key};
   }
+  // A signaled WQE of one SGE (and, for RDMA, its remote address and key).
+  static SendWqe wqe(uint64_t wr_id, WqeOp op, const Sge& g, uint64_t raddr = 0,
+                     uint32_t rkey = 0) {
+    SendWqe w;
+    w.wr_id = wr_id;
+    w.op = op;
+    w.signaled = true;
+    w.num_sge = 1;
+    w.sge[0] = g;
+    w.remote_addr = raddr;
+    w.rkey = rkey;
+    return w;
+  }
   Nic& nic(Side& s) { return *s.dev->nic; }
   QueuePair& core_qp(Side& s, const TestQp& q) { return *nic(s).find_qp(q.qpn()); }
 
@@ -344,13 +357,7 @@ TEST_F(NicTest, TheRequestersRnrRetryBoundsRefusalsOfItsSends) {
   // rnr_retry 0: the first RNR NAK ends the SEND with RNR_RETRY_EXC_ERR (the engine's own
   // limit is 7, for ever: a QP value ignored would leave it waiting).
   set_retry(a_, kIpB, b_.qp->qpn(), 14, 7, 0, 12);
-  SendWqe s;
-  s.wr_id = 5;
-  s.op = WqeOp::kSend;
-  s.signaled = true;
-  s.num_sge = 1;
-  s.sge[0] = sge(a_, 0, 100);
-  ASSERT_EQ(a_.qp->post_send(s), 0);
+  ASSERT_EQ(a_.qp->post_send(wqe(5, WqeOp::kSend, sge(a_, 0, 100))), 0);
   auto got = run_until(a_, 1, 2000);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].wr_id, 5u);
@@ -365,10 +372,8 @@ TEST_F(NicTest, TheRespondersMinRnrTimerSetsTheSendersBackOff) {
   for (uint8_t timer : {uint8_t{1}, uint8_t{24}}) {
     build(test_link_config());
     set_retry(b_, kIpA, a_.qp->qpn(), 14, 7, 7, timer);
-    SendWqe s;
-    s.op = WqeOp::kSend;
-    s.num_sge = 1;
-    s.sge[0] = sge(a_, 0, 100);
+    SendWqe s = wqe(0, WqeOp::kSend, sge(a_, 0, 100));
+    s.signaled = false;
     ASSERT_EQ(a_.qp->post_send(s), 0);
     EXPECT_TRUE(run_until(b_, 1, 100).empty());  // 1 ms: refused, backing off
     RecvWqe r;
@@ -397,15 +402,9 @@ TEST_F(NicTest, TheQpsTimeoutAndRetryCountBoundAWriteToAVanishedPeer) {
                         Case{16, 1, std::chrono::milliseconds(0), std::chrono::milliseconds(0)}}) {
     build(test_link_config());
     set_retry(a_, kIpB, 0xabcde, k.timeout, k.retry_cnt, 7, 12);
-    SendWqe w;
-    w.wr_id = 3;
-    w.op = WqeOp::kWrite;
-    w.signaled = true;
-    w.num_sge = 1;
-    w.sge[0] = sge(a_, 0, 64);
-    w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data());
-    w.rkey = b_.key;
-    ASSERT_EQ(a_.qp->post_send(w), 0);
+    ASSERT_EQ(a_.qp->post_send(wqe(3, WqeOp::kWrite, sge(a_, 0, 64),
+                                   reinterpret_cast<uint64_t>(b_.buf.data()), b_.key)),
+              0);
     const transport::Time start = clock_;
     auto got = run_until(a_, 1, 10000);  // 100 ms at most
     if (k.by.count() == 0) {
@@ -1169,14 +1168,7 @@ TEST_F(NicTest, ARegionRegisteredAtAnIovaIsReachedAtThatIovaLocallyAndRemotely) 
   ASSERT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, reinterpret_cast<uint64_t>(b_.buf.data()) + 8192,
                            4096, kIova, kAllAccess, &lkey, &rkey), 0);
   for (int i = 0; i < 64; ++i) a_.buf[i] = static_cast<uint8_t>(i + 1);
-  SendWqe w;
-  w.wr_id = 1;
-  w.op = WqeOp::kWrite;
-  w.signaled = true;
-  w.num_sge = 1;
-  w.sge[0] = sge(a_, 0, 64);
-  w.remote_addr = kIova + 100;
-  w.rkey = rkey;
+  SendWqe w = wqe(1, WqeOp::kWrite, sge(a_, 0, 64), kIova + 100, rkey);
   ASSERT_EQ(a_.qp->post_send(w), 0);
   auto c = run_until(a_, 1);
   ASSERT_EQ(c.size(), 1u);
@@ -1199,13 +1191,7 @@ TEST_F(NicTest, ARegionRegisteredAtAnIovaIsReachedAtThatIovaLocallyAndRemotely) 
   r.num_sge = 1;
   r.sge[0] = sge(a_, 4096, 32);
   ASSERT_EQ(a_.qp->post_recv(r), 0);
-  SendWqe s;
-  s.wr_id = 4;
-  s.op = WqeOp::kSend;
-  s.signaled = true;
-  s.num_sge = 1;
-  s.sge[0] = Sge{kIova + 300, 32, lkey};
-  ASSERT_EQ(b_.qp->post_send(s), 0);
+  ASSERT_EQ(b_.qp->post_send(wqe(4, WqeOp::kSend, Sge{kIova + 300, 32, lkey})), 0);
   auto rc = run_until(a_, 1);
   ASSERT_EQ(rc.size(), 1u);
   EXPECT_EQ(rc[0].status, WcStatus::kSuccess);
@@ -1219,15 +1205,7 @@ TEST_F(NicTest, ReregChangesAccessPdAndTranslationInPlaceAndARefusalChangesNothi
   uint32_t other_pd = 0;
   ASSERT_EQ(n.alloc_pd(&b_.owner, &other_pd), 0);
   auto write_to = [&](uint64_t addr) {
-    SendWqe w;
-    w.wr_id = addr;
-    w.op = WqeOp::kWrite;
-    w.signaled = true;
-    w.num_sge = 1;
-    w.sge[0] = sge(a_, 0, 8);
-    w.remote_addr = addr;
-    w.rkey = b_.key;
-    EXPECT_EQ(a_.qp->post_send(w), 0);
+    EXPECT_EQ(a_.qp->post_send(wqe(addr, WqeOp::kWrite, sge(a_, 0, 8), addr, b_.key)), 0);
     auto c = run_until(a_, 1);
     return c.size() == 1 ? c[0].status : WcStatus::kGeneralErr;
   };
@@ -1265,15 +1243,9 @@ TEST_F(NicTest, AnImplicitOnDemandRegionCoversTheWholeAddressSpace) {
   ASSERT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, 0, UINT64_MAX, kAllAccess | kOnDemand, &lkey, &rkey), 0);
   std::vector<uint8_t> elsewhere(256, 0);  // memory registered nowhere else
   for (int i = 0; i < 8; ++i) a_.buf[i] = static_cast<uint8_t>(0xa0 + i);
-  SendWqe w;
-  w.wr_id = 1;
-  w.op = WqeOp::kWrite;
-  w.signaled = true;
-  w.num_sge = 1;
-  w.sge[0] = sge(a_, 0, 8);
-  w.remote_addr = reinterpret_cast<uint64_t>(elsewhere.data()) + 16;
-  w.rkey = rkey;
-  ASSERT_EQ(a_.qp->post_send(w), 0);
+  ASSERT_EQ(a_.qp->post_send(wqe(1, WqeOp::kWrite, sge(a_, 0, 8),
+                                 reinterpret_cast<uint64_t>(elsewhere.data()) + 16, rkey)),
+            0);
   auto c = run_until(a_, 1);
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].status, WcStatus::kSuccess);
@@ -1285,15 +1257,9 @@ TEST_F(NicTest, AnImplicitOnDemandRegionCoversTheWholeAddressSpace) {
 TEST_F(NicTest, AResizedCqKeepsItsCompletionsAndRefusesToShrinkBelowWhatItHoldsOrIsOwed) {
   // Three signaled WRITEs complete into a's CQ; a fourth is posted and not yet carried out.
   auto write = [&](uint64_t wr_id) {
-    SendWqe w;
-    w.wr_id = wr_id;
-    w.op = WqeOp::kWrite;
-    w.signaled = true;
-    w.num_sge = 1;
-    w.sge[0] = sge(a_, 0, 8);
-    w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data());
-    w.rkey = b_.key;
-    ASSERT_EQ(a_.qp->post_send(w), 0);
+    ASSERT_EQ(a_.qp->post_send(wqe(wr_id, WqeOp::kWrite, sge(a_, 0, 8),
+                                   reinterpret_cast<uint64_t>(b_.buf.data()), b_.key)),
+              0);
   };
   for (uint64_t i = 1; i <= 3; ++i) write(i);
   for (int i = 0; i < 2000 && a_.cq->header()->head.load() < 3; ++i) step();
@@ -1354,17 +1320,9 @@ TEST_F(NicTest, UnreliableConnectionsCarrySendsAndWritesButNoReads) {
   r.sge[0] = sge(b_, 0, 64);
   ASSERT_EQ(ub.post_recv(r), 0);
   std::memset(a_.buf.data(), 0x3c, 64);
-  SendWqe s;
-  s.wr_id = 2;
-  s.op = WqeOp::kSend;
-  s.signaled = true;
-  s.num_sge = 1;
-  s.sge[0] = sge(a_, 0, 64);
-  ASSERT_EQ(ua.post_send(s), 0);
-  s.wr_id = 3;
-  s.op = WqeOp::kWrite;
-  s.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data()) + 4096;
-  s.rkey = b_.key;
+  ASSERT_EQ(ua.post_send(wqe(2, WqeOp::kSend, sge(a_, 0, 64))), 0);
+  SendWqe s = wqe(3, WqeOp::kWrite, sge(a_, 0, 64),
+                  reinterpret_cast<uint64_t>(b_.buf.data()) + 4096, b_.key);
   ASSERT_EQ(ua.post_send(s), 0);
   auto rc = run_until(cqb, 1);
   ASSERT_EQ(rc.size(), 1u);
@@ -1403,15 +1361,7 @@ class NicWindowTest : public NicTest {
  protected:
   // a writes 8 bytes to b at addr through rkey; the completion's status.
   WcStatus write_to(uint64_t addr, uint32_t rkey, uint64_t wr_id = 100) {
-    SendWqe w;
-    w.wr_id = wr_id;
-    w.op = WqeOp::kWrite;
-    w.signaled = true;
-    w.num_sge = 1;
-    w.sge[0] = sge(a_, 0, 8);
-    w.remote_addr = addr;
-    w.rkey = rkey;
-    EXPECT_EQ(a_.qp->post_send(w), 0);
+    EXPECT_EQ(a_.qp->post_send(wqe(wr_id, WqeOp::kWrite, sge(a_, 0, 8), addr, rkey)), 0);
     auto c = run_until(a_, 1);
     return c.size() == 1 ? c[0].status : WcStatus::kGeneralErr;
   }
@@ -1489,14 +1439,7 @@ TEST_F(NicWindowTest, AType2WindowServesOnlyItsQpAndIsInvalidatedLocallyRemotely
   r.num_sge = 1;
   r.sge[0] = sge(b_, 8192, 64);
   ASSERT_EQ(b_.qp->post_recv(r), 0);
-  SendWqe s;
-  s.wr_id = 5;
-  s.op = WqeOp::kSendInv;
-  s.signaled = true;
-  s.rkey = mw + 1;
-  s.num_sge = 1;
-  s.sge[0] = sge(a_, 0, 32);
-  ASSERT_EQ(a_.qp->post_send(s), 0);
+  ASSERT_EQ(a_.qp->post_send(wqe(5, WqeOp::kSendInv, sge(a_, 0, 32), 0, mw + 1)), 0);
   auto rc = run_until(b_, 1);
   ASSERT_EQ(rc.size(), 1u);
   EXPECT_EQ(rc[0].status, WcStatus::kSuccess);
@@ -1568,15 +1511,8 @@ TEST_F(NicWindowTest, ReadsAfterABindAreAnsweredIntoTheirOwnBuffers) {
   ASSERT_EQ(nic(a_).alloc_mw(&a_.owner, a_.pd, 1, &mw), 0);
   for (int i = 0; i < 64; ++i) b_.buf[65536 + i] = static_cast<uint8_t>(0x40 + i);
   auto read = [&](uint64_t wr_id, size_t local, uint64_t remote_off) {
-    SendWqe w;
-    w.wr_id = wr_id;
-    w.op = WqeOp::kRead;
-    w.signaled = true;
-    w.num_sge = 1;
-    w.sge[0] = sge(a_, local, 32);
-    w.remote_addr = base() + 65536 + remote_off;
-    w.rkey = b_.key;
-    return a_.qp->post_send(w);
+    return a_.qp->post_send(
+        wqe(wr_id, WqeOp::kRead, sge(a_, local, 32), base() + 65536 + remote_off, b_.key));
   };
   ASSERT_EQ(read(1, 1000, 0), 0);
   ASSERT_EQ(a_.qp->post_send(bind_wqe(2, mw, mw + 1, a_.key, reinterpret_cast<uint64_t>(a_.buf.data()),
