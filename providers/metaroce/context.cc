@@ -71,7 +71,9 @@ const abi::ContextOps kContextOps = [] {
   abi::ContextOps ops{};
   ops.advise_mr = advise_mr;
   ops.alloc_mw = alloc_mw;
+  ops.alloc_parent_domain = alloc_parent_domain;
   ops.alloc_pd = alloc_pd;
+  ops.alloc_td = alloc_td;
   ops.bind_mw = bind_mw;
   ops.create_ah = create_ah;
   ops.create_cq = create_cq;
@@ -81,6 +83,7 @@ const abi::ContextOps kContextOps = [] {
   ops.create_srq = create_srq;
   ops.dealloc_mw = dealloc_mw;
   ops.dealloc_pd = dealloc_pd;
+  ops.dealloc_td = dealloc_td;
   ops.dereg_mr = dereg_mr;
   ops.destroy_ah = destroy_ah;
   ops.destroy_cq = destroy_cq;

@@ -15,8 +15,12 @@
 
 namespace metaroce::provider {
 
+struct Pd;
+
 struct Cq {
   abi::VerbsCq vcq;               // first: the application holds &vcq.cq (or &vcq.cq_ex)
+  Pd* mem_from;                   // the parent domain whose allocator gave this memory, or null
+  Pd* parent;                     // the parent domain it was created with (holds a use), or null
   hostif::CqHeader* ring;
   size_t ring_bytes;
   // The ring before the last resize: kept mapped until the next resize or destroy, since a

@@ -35,6 +35,12 @@ ibv_pd* alloc_pd(ibv_context* context) noexcept {
 int dealloc_pd(ibv_pd* ibpd) noexcept {
   Pd* pd = to_pd(ibpd);
   if (pd->users.load(std::memory_order_acquire) != 0) return EBUSY;
+  if (pd->parent_of) {  // a parent domain: the engine knows only the PD it extends
+    pd->parent_of->users.fetch_sub(1, std::memory_order_release);
+    if (pd->td) reinterpret_cast<Td*>(pd->td)->users.fetch_sub(1, std::memory_order_release);
+    delete pd;
+    return 0;
+  }
   hostif::Message resp;
   const int err = engine_call(ibpd->context, hostif::Op::kDeallocPd, hostif::IdReq{pd->id}, &resp);
   if (err && !engine_gone(err)) return err;
@@ -175,6 +181,62 @@ int dealloc_mw(ibv_mw* mw) noexcept {
   to_pd(mw->pd)->users.fetch_sub(1, std::memory_order_release);
   delete mw;
   return 0;
+}
+
+ibv_td* alloc_td(ibv_context* context, ibv_td_init_attr* attr) noexcept {
+  if (!attr || attr->comp_mask) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* td = new (std::nothrow) Td{};
+  if (!td) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  td->td.context = context;
+  return &td->td;
+}
+
+int dealloc_td(ibv_td* ibtd) noexcept {
+  auto* td = reinterpret_cast<Td*>(ibtd);
+  if (td->users.load(std::memory_order_acquire) != 0) return EBUSY;
+  delete td;
+  return 0;
+}
+
+// A parent domain is its PD for every verb (the same engine PD), plus a thread domain and the
+// allocators of the provider's memory for the QPs, CQs and SRQs made with it (the queues' rings
+// are the engine's shared segments and never come from them).
+ibv_pd* alloc_parent_domain(ibv_context* context, ibv_parent_domain_init_attr* attr) noexcept {
+  constexpr uint32_t kKnown =
+      IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+  const bool allocators = attr && (attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS);
+  if (!attr || !attr->pd || attr->pd->context != context || (attr->comp_mask & ~kKnown) ||
+      (attr->td && attr->td->context != context) ||
+      (allocators && (!attr->alloc || !attr->free))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  Pd* base = to_pd(attr->pd);
+  if (base->parent_of) base = base->parent_of;  // a parent of a parent extends the same PD
+  auto* pd = new (std::nothrow) Pd{};
+  if (!pd) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  pd->pd.context = context;
+  pd->pd.handle = base->pd.handle;
+  pd->id = base->id;
+  pd->parent_of = base;
+  pd->td = attr->td;
+  if (allocators) {
+    pd->alloc = attr->alloc;
+    pd->free = attr->free;
+  }
+  if (attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT) pd->pd_context = attr->pd_context;
+  base->users.fetch_add(1, std::memory_order_relaxed);
+  if (attr->td) reinterpret_cast<Td*>(attr->td)->users.fetch_add(1, std::memory_order_relaxed);
+  return &pd->pd;
 }
 
 // Prefetch advice (ibv_advise_mr(3)): the NIC resolves pages through the kernel at each access

@@ -3,6 +3,8 @@
 // ibv_post_send / ibv_post_recv paths, which write WQEs straight into the shared rings.
 #include "providers/metaroce/qp.h"
 
+#include <infiniband/metaroce_dv.h>
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -92,7 +94,8 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   }
   if (a->srq) cap.max_recv_wr = 0;
 
-  auto* qp = new (std::nothrow) Qp{};
+  Pd* from = nullptr;
+  auto* qp = alloc_resource<Qp>(a->pd, MRDV_RES_TYPE_QP, &from);
   if (!qp) {
     fail(ENOMEM);
     return nullptr;
@@ -126,10 +129,11 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   const int err = create_mapped(context, hostif::Op::kCreateQp, req, {}, hostif::Op::kDestroyQp,
                                 &hostif::CreateQpResp::qpn, hostif::valid_qp, &body, &seg);
   if (err) {
-    delete qp;
+    free_resource(qp, from, MRDV_RES_TYPE_QP);
     fail(err);
     return nullptr;
   }
+  qp->mem_from = from;
   qp->ring = static_cast<hostif::QpHeader*>(seg);
   qp->ring_bytes = body.bytes;
   qp->ring_sge = qp->ring->max_send_sge;
@@ -447,7 +451,7 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
   pthread_spin_destroy(&qp->rq_lock);
   pthread_cond_destroy(&ibqp->cond);
   pthread_mutex_destroy(&ibqp->mutex);
-  delete qp;
+  free_resource(qp, qp->mem_from, MRDV_RES_TYPE_QP);
   return 0;
 }
 

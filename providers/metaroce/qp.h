@@ -20,6 +20,7 @@ namespace metaroce::provider {
 
 struct Qp {
   abi::VerbsQp vqp;  // first: the application holds &vqp.qp (or &vqp.qp_ex)
+  Pd* mem_from;      // the parent domain whose allocator gave this memory; nullptr: the heap
   hostif::QpHeader* ring;
   size_t ring_bytes;
   uint32_t ring_sge;    // SGE entries per send slot (where inline bytes start)

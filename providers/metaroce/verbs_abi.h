@@ -119,9 +119,9 @@ struct ContextOps {
   UnusedOp alloc_dm;
   ibv_mw* (*alloc_mw)(ibv_pd* pd, ibv_mw_type type);
   UnusedOp alloc_null_mr;
-  UnusedOp alloc_parent_domain;
+  ibv_pd* (*alloc_parent_domain)(ibv_context* context, ibv_parent_domain_init_attr* attr);
   ibv_pd* (*alloc_pd)(ibv_context* context);
-  UnusedOp alloc_td;
+  ibv_td* (*alloc_td)(ibv_context* context, ibv_td_init_attr* attr);
   void (*async_event)(ibv_context* context, ibv_async_event* event);
   UnusedOp attach_counters_point_flow;
   UnusedOp attach_mcast;
@@ -143,7 +143,7 @@ struct ContextOps {
   UnusedOp create_wq;
   int (*dealloc_mw)(ibv_mw* mw);
   int (*dealloc_pd)(ibv_pd* pd);
-  UnusedOp dealloc_td;
+  int (*dealloc_td)(ibv_td* td);
   int (*dereg_mr)(VerbsMr* mr);
   int (*destroy_ah)(ibv_ah* ah);
   UnusedOp destroy_counters;

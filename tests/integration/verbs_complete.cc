@@ -5,6 +5,7 @@
 //   verbs_complete --dev NAME --test memory   ibv_reg_mr_iova2, implicit ODP and its caps,
 //                                             ibv_advise_mr, ibv_reg_dmabuf_mr, ibv_rereg_mr,
 //                                             relaxed ordering, ECE, ibv_resize_cq, windows
+//   verbs_complete --dev NAME --test domains  thread and parent domains, their allocators
 //   verbs_complete --dev NAME --test port     IBV_EVENT_PORT_ERR / PORT_ACTIVE: prints "ready",
 //                                             then waits for down, up, down, up (the script
 //                                             takes the port down and up twice), each seen in
@@ -257,6 +258,100 @@ void test_memory(const char* name) {
   std::printf("verbs_complete memory: done\n");
 }
 
+// A parent domain's allocators that count what the provider asks for.
+struct AllocLog {
+  int allocs = 0, frees = 0;
+  std::vector<uint64_t> types;
+};
+void* log_alloc(ibv_pd*, void* ctx, size_t size, size_t alignment, uint64_t type) {
+  auto* log = static_cast<AllocLog*>(ctx);
+  ++log->allocs;
+  log->types.push_back(type);
+  void* p = nullptr;
+  return posix_memalign(&p, alignment < sizeof(void*) ? sizeof(void*) : alignment, size) ? nullptr
+                                                                                           : p;
+}
+void log_free(ibv_pd*, void* ctx, void* ptr, uint64_t) {
+  ++static_cast<AllocLog*>(ctx)->frees;
+  std::free(ptr);
+}
+
+// Thread and parent domains: a parent domain is its PD for every verb, and the provider's
+// memory for the QPs and CQs made with it comes from its allocators.
+void test_domains(const char* name) {
+  Dev d = open_dev(name);
+  ibv_td_init_attr ta{};
+  ibv_td* td = ibv_alloc_td(d.ctx, &ta);
+  CHECK(td, "ibv_alloc_td: %s", std::strerror(errno));
+  AllocLog log;
+  ibv_parent_domain_init_attr pa{};
+  pa.pd = d.pd;
+  pa.td = td;
+  pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+  pa.alloc = log_alloc;
+  pa.free = log_free;
+  pa.pd_context = &log;
+  ibv_pd* parent = ibv_alloc_parent_domain(d.ctx, &pa);
+  CHECK(parent, "ibv_alloc_parent_domain: %s", std::strerror(errno));
+  if (!td || !parent) return;
+  pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;
+  pa.free = nullptr;
+  errno = 0;
+  CHECK(!ibv_alloc_parent_domain(d.ctx, &pa) && errno == EINVAL, "allocators without free");
+  ibv_cq_init_attr_ex ca{};
+  ca.cqe = 16;
+  ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+  ca.parent_domain = parent;
+  ibv_cq_ex* cqx = ibv_create_cq_ex(d.ctx, &ca);
+  CHECK(cqx, "a CQ of the parent domain: %s", std::strerror(errno));
+  ca.parent_domain = d.pd;
+  errno = 0;
+  CHECK(!ibv_create_cq_ex(d.ctx, &ca) && errno == EINVAL, "a plain PD is no parent domain");
+  if (!cqx) return;
+  ibv_cq* cq = ibv_cq_ex_to_cq(cqx);
+  ibv_qp* q[2];
+  for (auto& x : q) {
+    ibv_qp_init_attr a{};
+    a.send_cq = a.recv_cq = cq;
+    a.cap.max_send_wr = a.cap.max_recv_wr = 4;
+    a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+    a.qp_type = IBV_QPT_RC;
+    x = ibv_create_qp(parent, &a);
+    if (!x) die("ibv_create_qp in a parent domain");
+    modify_to_init(x, kRemote);
+  }
+  CHECK(log.allocs == 3 && log.types.size() == 3 && log.types[0] != log.types[1] &&
+            log.types[1] == log.types[2],
+        "one allocation for the CQ, one per QP (got %d)", log.allocs);
+  for (int i = 0; i < 2; ++i) {
+    RcPeer p;
+    p.qpn = q[1 - i]->qp_num;
+    p.gid = d.gid.raw;
+    modify_to_rts(q[i], p);
+  }
+  // The parent domain is the PD: a region of the PD serves its QPs.
+  auto* buf = static_cast<uint8_t*>(aligned_alloc(4096, 8192));
+  std::memset(buf, 0x5a, 4096);
+  std::memset(buf + 4096, 0, 4096);
+  ibv_mr* mr = ibv_reg_mr(d.pd, buf, 8192, kRemote);
+  if (!mr) die("reg");
+  Dev view = d;
+  view.cq = cq;
+  CHECK(write_status(view, q[0], mr->lkey, buf, 64, mr->rkey,
+                     reinterpret_cast<uintptr_t>(buf) + 4096) == IBV_WC_SUCCESS,
+        "WRITE between QPs of the parent domain");
+  CHECK(buf[4096 + 63] == 0x5a, "it landed");
+  CHECK(ibv_dealloc_pd(parent) == EBUSY, "a parent domain in use: EBUSY");
+  CHECK(ibv_dealloc_td(td) == EBUSY, "a thread domain in use: EBUSY");
+  CHECK(ibv_dealloc_pd(d.pd) == EBUSY, "the PD it extends: EBUSY");
+  for (ibv_qp* x : q) CHECK(ibv_destroy_qp(x) == 0, "destroy QP");
+  CHECK(ibv_destroy_cq(cq) == 0, "destroy CQ");
+  CHECK(log.frees == 3, "every allocation given back (%d)", log.frees);
+  CHECK(ibv_dealloc_pd(parent) == 0, "dealloc the parent domain");
+  CHECK(ibv_dealloc_td(td) == 0, "dealloc the thread domain");
+  std::printf("verbs_complete domains: done\n");
+}
+
 // Reads async events until one of type `want` or `secs` passed.
 bool wait_port_event(ibv_context* ctx, ibv_event_type want, double secs) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(secs);
@@ -305,11 +400,12 @@ int main(int argc, char** argv) {
     if (a == "--dev" && i + 1 < argc) dev = argv[++i];
     else if (a == "--test" && i + 1 < argc) test = argv[++i];
     else {
-      std::fprintf(stderr, "usage: verbs_complete --dev NAME --test memory|port\n");
+      std::fprintf(stderr, "usage: verbs_complete --dev NAME --test memory|domains|port\n");
       return 2;
     }
   }
   if (test == "memory") test_memory(dev.c_str());
+  else if (test == "domains") test_domains(dev.c_str());
   else if (test == "port") test_port(dev.c_str());
   else return 2;
   if (failures) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The second round of verbs over one MetaRoCE device with our verbs_complete program: memory
-# (IOVA, implicit ODP, advise, dmabuf, rereg, relaxed ordering, ECE, resize CQ, windows), and
+# (IOVA, implicit ODP, advise, dmabuf, rereg, relaxed ordering, ECE, resize CQ, windows), thread
+# and parent domains, and
 # port events while the link's port is taken down and up, by the operator (link set --plane)
 # and by its memif peer going away and coming back.
 source "$(dirname "$0")/lib.sh"
@@ -10,6 +11,8 @@ PROG="$BUILD/tests/integration/verbs_complete"
 make_pair
 timeout 60 "$PROG" --dev mrA --test memory >"$LOGDIR/memory" 2>&1 ||
   { cat "$LOGDIR/memory"; fail "memory"; }
+timeout 60 "$PROG" --dev mrA --test domains >"$LOGDIR/domains" 2>&1 ||
+  { cat "$LOGDIR/domains"; fail "domains"; }
 
 # wait_for LINE: until the port program printed LINE (30 s at most).
 wait_for() {
