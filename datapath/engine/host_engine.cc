@@ -331,6 +331,17 @@ void HostEngine::run_commands() {
   cmd_cv_.notify_all();
 }
 
+// The link's port went down or came back: every context of the device hears it, as from a
+// NIC's port (element: the port number).
+void HostEngine::port_event(const Link& link) {
+  const auto ev = link.nic->port_active() ? hostif::AsyncEvent::kPortActive
+                                          : hostif::AsyncEvent::kPortErr;
+  log("link %s: port %s", link.cfg.name.c_str(), link.nic->port_active() ? "active" : "down");
+  std::lock_guard lock(sessions_mu_);
+  for (auto& [sock, s] : sessions_)
+    if (s->link() == &link) s->async_event(1, ev);
+}
+
 void HostEngine::datapath_main() {
   prctl(PR_SET_NAME, "metaroce-dp", 0, 0, 0);
   prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);  // short naps stay short
@@ -349,6 +360,7 @@ void HostEngine::datapath_main() {
     bool work = false;
     for (Link* l : active_) {
       work |= l->layer->poll(t);
+      if (l->nic->take_port_change()) port_event(*l);
       if (t >= l->next_publish) {
         l->next_publish = t + kPublishEvery;
         nic::publish_telemetry(*l->telemetry, *l->nic, *l->layer, l->sessions.load());
@@ -566,7 +578,13 @@ void HostEngine::hello(Session& s, Message& req, Message* resp) {
   }
   Link* link = it->second.get();
   const int async_fd = take_fd(req, 0);
-  if (!s.attach(link, async_fd)) {
+  bool attached;
+  {
+    // The datapath thread reads sessions' links (port events) under this lock.
+    std::lock_guard lock(sessions_mu_);
+    attached = s.attach(link, async_fd);
+  }
+  if (!attached) {
     const int e = errno ? errno : ESRCH;
     if (async_fd >= 0) close(async_fd);
     *resp = reply_to(req, e);
@@ -758,13 +776,45 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
     case Op::kRegMr: {
       auto b = req.as<hostif::RegMrReq>();
       if (!b) return done(EINVAL);
-      constexpr unsigned kKnown = nic::kLocalWrite | nic::kRemoteWrite | nic::kRemoteRead |
-                                  nic::kRemoteAtomic | nic::kMwBind;
-      if (b->access & ~kKnown) return done(EINVAL);
+      if (b->access & ~nic::kMrAccessKnown) return done(EINVAL);
       hostif::RegMrResp m;
       int e = 0;
-      on_datapath([&] { e = nic.reg_mr(&s, b->pd, b->addr, b->length, b->access, &m.lkey, &m.rkey); });
+      on_datapath([&] {
+        e = nic.reg_mr(&s, b->pd, b->addr, b->length, b->iova, b->access, &m.lkey, &m.rkey);
+      });
       if (!e) r.set(m);
+      return done(e);
+    }
+    case Op::kReregMr: {
+      auto b = req.as<hostif::ReregMrReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] {
+        e = nic.rereg_mr(&s, b->lkey, b->flags, b->pd, b->addr, b->length, b->access);
+      });
+      return done(e);
+    }
+    case Op::kCheckMr: {
+      auto b = req.as<hostif::CheckMrReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.check_mr(&s, b->lkey, b->pd, b->addr, b->length); });
+      return done(e);
+    }
+    case Op::kAllocMw: {
+      auto b = req.as<hostif::AllocMwReq>();
+      if (!b || (b->type != 1 && b->type != 2)) return done(EINVAL);
+      hostif::AllocMwResp m;
+      int e = 0;
+      on_datapath([&] { e = nic.alloc_mw(&s, b->pd, static_cast<uint8_t>(b->type), &m.rkey); });
+      if (!e) r.set(m);
+      return done(e);
+    }
+    case Op::kDeallocMw: {
+      auto b = req.as<hostif::IdReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.dealloc_mw(&s, b->id); });
       return done(e);
     }
     case Op::kDeregMr: {
@@ -797,6 +847,26 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       r.fds.push_back(dup(seg.share(false)));
       seg.close_fd();
       s.keep_segment('c', c.id, std::move(seg));
+      return done(0);
+    }
+    case Op::kResizeCq: {
+      auto b = req.as<hostif::ResizeCqReq>();
+      if (!b || b->cqe < 1 || b->cqe > nic::kMaxCqe) return done(EINVAL);
+      const hostif::CqLayout l = hostif::cq_layout(b->cqe);
+      Segment seg = Segment::create("metaroce-cq", l.bytes);
+      if (!seg.ok()) return done(ENOMEM);
+      hostif::init_cq(seg.base(), b->cqe);
+      int e = 0;
+      auto* ring = static_cast<hostif::CqHeader*>(seg.base());
+      on_datapath([&] { e = nic.resize_cq(&s, b->id, ring); });
+      if (e) return done(e);
+      hostif::CreateCqResp c;
+      c.id = b->id;
+      c.bytes = l.bytes;
+      r.set(c);
+      r.fds.push_back(dup(seg.share(false)));
+      seg.close_fd();
+      s.keep_segment('c', b->id, std::move(seg));  // the old ring goes: nothing writes it now
       return done(0);
     }
     case Op::kDestroyCq: {
@@ -921,7 +991,10 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       hostif::QueryDeviceResp d;
       d.wire_version = wire::kMrhVersion;
       d.max_streams = nic::kMaxQps;
-      on_datapath([&] { d.planes_up = s.link()->layer->planes_up(); });
+      on_datapath([&] {
+        d.planes_up = s.link()->layer->planes_up();
+        d.port_active = s.link()->nic->port_active() ? 1 : 0;
+      });
       r.set(d);
       return done(0);
     }

@@ -136,6 +136,7 @@ class HostEngine {
   // Sessions by socket and by pidfd (control thread only).
   std::unordered_map<int, std::unique_ptr<Session>> sessions_;
   std::unordered_map<int, int> pidfds_;  // pidfd -> socket
+  void port_event(const Link& link);
   mutable std::mutex sessions_mu_;       // session_count() from other threads
 
   // Commands for the datapath thread.

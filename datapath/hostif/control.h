@@ -46,6 +46,11 @@ enum class Op : uint16_t {
   kQueryPaths = 16,   // a page of its connection's paths
   kRepath = 17,       // a new entropy value for one of them
   kQueryDevice = 18,  // what only the engine knows of the device (planes up)
+  kReregMr = 19,      // ibv_rereg_mr
+  kCheckMr = 20,      // ibv_advise_mr: does an lkey of the PD cover a range
+  kAllocMw = 21,      // ibv_alloc_mw
+  kDeallocMw = 22,    // ibv_dealloc_mw (IdReq: its rkey)
+  kResizeCq = 23,     // ibv_resize_cq: a new ring (fd) takes the old one's completions
   // Administration (uid 0, or the engine's own user: a user who runs an engine for a private run
   // dir administers it): what `metaroce link` and `metaroce engine` ask.
   kLinkOpen = 100,
@@ -99,9 +104,30 @@ struct IdReq {  // kDeallocPd, kDestroyCq, kDestroySrq, kDestroyQp, kDeregMr
 
 struct RegMrReq {
   uint32_t pd = 0;
-  uint32_t access = 0;  // ibv_access_flags
+  uint32_t access = 0;  // ibv_access_flags the NIC knows (nic::kMrAccessKnown)
   uint64_t addr = 0;
   uint64_t length = 0;
+  uint64_t iova = 0;    // the address verbs use for byte 0 (ibv_reg_mr_iova2); addr for reg_mr
+};
+struct ReregMrReq {
+  uint32_t lkey = 0;
+  uint32_t flags = 0;   // IBV_REREG_MR_CHANGE_* (nic::ReregFlag)
+  uint32_t pd = 0;      // CHANGE_PD
+  uint32_t access = 0;  // CHANGE_ACCESS
+  uint64_t addr = 0;    // CHANGE_TRANSLATION
+  uint64_t length = 0;
+};
+struct CheckMrReq {
+  uint32_t lkey = 0, pd = 0;
+  uint64_t addr = 0, length = 0;
+};
+struct AllocMwReq {
+  uint32_t pd = 0;
+  uint32_t type = 0;  // 1 or 2 (IBV_MW_TYPE_*)
+};
+struct AllocMwResp {
+  uint32_t rkey = 0;
+  uint32_t reserved = 0;
 };
 struct RegMrResp {
   uint32_t lkey = 0, rkey = 0;
@@ -118,6 +144,12 @@ struct CreateCqResp {
   uint32_t id = 0;
   uint32_t bytes = 0;
 };
+
+struct ResizeCqReq {
+  uint32_t id = 0;
+  uint32_t cqe = 0;
+};
+// Fds: the CQ's new segment (CreateCqResp's fields).
 
 struct CreateSrqReq {
   uint32_t pd = 0, max_wr = 0, max_sge = 0, reserved = 0;
@@ -228,7 +260,7 @@ struct QueryDeviceResp {
   uint32_t wire_version = 0;
   uint32_t planes_up = 0;   // mask
   uint32_t max_streams = 0;
-  uint32_t reserved = 0;
+  uint32_t port_active = 0;  // 1: the verbs port is ACTIVE (verbs-mapping.md §8)
 };
 // kLinkPlane (admin).
 struct LinkPlaneReq {

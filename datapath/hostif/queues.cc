@@ -160,6 +160,24 @@ int cq_poll(CqHeader* h, int n, Cqe* out) {
   return got;
 }
 
+int cq_clean(CqHeader* h, uint32_t qpn) {
+  // [tail, head) is the driver's to read and the engine never rewrites it: the kept entries
+  // slide towards head, and tail moves past what was removed.
+  const uint32_t tail = h->tail.peek();
+  const uint32_t head = h->head.load();
+  Cqe* ring = cq_ring(h);
+  const uint32_t mask = h->entries - 1;
+  uint32_t w = head;
+  for (uint32_t r = head; r != tail;) {
+    --r;
+    if (ring[r & mask].qp_num == qpn) continue;
+    --w;
+    if (w != r) ring[w & mask] = ring[r & mask];
+  }
+  h->tail.store(w);
+  return static_cast<int>(w - tail);
+}
+
 bool cq_push_orphan(CqHeader* h, const Cqe& c) {
   const uint32_t head = h->head.peek();
   if (head - h->tail.load() >= h->capacity) {
@@ -180,6 +198,26 @@ bool CqProducer::stage(const Cqe& c) {
   }
   ring_[staged_head_ & mask_] = c;
   ++staged_head_;
+  return true;
+}
+
+bool CqProducer::move_to(CqHeader* to, uint32_t owed) {
+  const uint32_t tail = h_->tail.load();
+  const uint32_t n = staged_head_ - tail;
+  if (uint64_t{n} + owed > to->capacity) return false;
+  Cqe* dst = cq_ring(to);
+  const uint32_t dst_mask = to->entries - 1;
+  for (uint32_t i = 0; i < n; ++i) dst[i & dst_mask] = ring_[(tail + i) & mask_];
+  to->tail.store(0);
+  to->head.store(published_ - tail);
+  to->armed.store(h_->armed.peek());
+  to->overflow.store(h_->overflow.peek());
+  h_ = to;
+  ring_ = dst;
+  mask_ = dst_mask;
+  capacity_ = to->capacity;
+  published_ -= tail;
+  staged_head_ = n;
   return true;
 }
 

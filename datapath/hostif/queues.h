@@ -17,7 +17,7 @@
 
 namespace metaroce::hostif {
 
-inline constexpr uint32_t kAbiVersion = 1;
+inline constexpr uint32_t kAbiVersion = 2;  // 2: RegMrReq carries an IOVA; rereg, MW ops
 
 // Limits of the interface (the engine may grant less; ibv_query_device reports these).
 inline constexpr uint32_t kMaxSge = 16;
@@ -51,8 +51,15 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "indices are shared be
 
 // --- work requests -----------------------------------------------------------------------------
 
-enum class WqeOp : uint8_t { kSend, kSendImm, kWrite, kWriteImm, kRead, kCmpSwp, kFetchAdd };
-inline constexpr uint8_t kWqeOpCount = 7;
+enum class WqeOp : uint8_t {
+  kSend, kSendImm, kWrite, kWriteImm, kRead, kCmpSwp, kFetchAdd,
+  kBindMw,    // local: binds a memory window (fields: see SendWqe)
+  kLocalInv,  // local: invalidates the type 2 window named by rkey
+  kSendInv,   // a SEND whose responder invalidates the type 2 window named by rkey
+};
+inline constexpr uint8_t kWqeOpCount = 10;
+// Operations the NIC carries out itself, with no message to the peer.
+constexpr bool is_local(WqeOp op) { return op == WqeOp::kBindMw || op == WqeOp::kLocalInv; }
 
 constexpr bool is_atomic(WqeOp op) { return op == WqeOp::kCmpSwp || op == WqeOp::kFetchAdd; }
 // Operations whose WQE waits for a response from the peer (limited by max_rd_atomic).
@@ -69,6 +76,10 @@ static_assert(sizeof(Sge) == 16);
 
 // A send WQE's fixed part. In its ring slot it is followed by max_sge Sge entries, then by
 // max_inline bytes of inline payload; the slot stride is in the QP header.
+// kBindMw: rkey = the window's current rkey, imm = its new rkey (host order), remote_addr and
+// compare_add = the range bound (IOVA of the region, length; length 0 unbinds), swap = the
+// region's lkey << 32 | the window's access flags; no SGEs. kLocalInv and kSendInv: rkey = the
+// rkey to invalidate.
 struct SendWqe {
   uint64_t wr_id;
   WqeOp op;
@@ -110,6 +121,7 @@ enum class WcOpcode : uint32_t {
   kLocalInv = 6, kTso = 7, kRecv = 128, kRecvRdmaWithImm = 129,
 };
 inline constexpr uint32_t kWcWithImm = 1 << 1;  // IBV_WC_WITH_IMM
+inline constexpr uint32_t kWcWithInv = 1 << 3;  // IBV_WC_WITH_INV: imm is the invalidated rkey
 inline constexpr uint32_t kWcGrh = 1 << 0;      // IBV_WC_GRH
 
 struct Cqe {
@@ -146,7 +158,7 @@ static_assert(sizeof(AsyncEventDesc) == 16);
 // --- queue states ------------------------------------------------------------------------------
 
 enum class QpState : uint32_t { kReset, kInit, kRtr, kRts, kErr };
-enum class QpType : uint32_t { kRc, kUd };
+enum class QpType : uint32_t { kRc, kUd, kUc };
 
 // --- shared segments ---------------------------------------------------------------------------
 // Each object's rings live in one segment of their own (a sealed memfd the engine creates and
@@ -332,6 +344,9 @@ void rq_post(QpHeader* h);
 // Posts one receive into an SRQ: 0, or ENOMEM when every slot is outstanding.
 int srq_post(SrqHeader* h, uint64_t wr_id, const Sge* sge, uint32_t num_sge);
 // Takes up to n completions; returns how many.
+// Driver: removes the completions of QP qpn not yet polled, keeping the others in order (a
+// QP moved to RESET); returns how many went. The caller excludes its own pollers.
+int cq_clean(CqHeader* h, uint32_t qpn);
 int cq_poll(CqHeader* h, int n, Cqe* out);
 // Once the engine is gone (it died or removed the device), the driver completes what is still
 // outstanding itself, as flushed work: it becomes the CQ's producer. False when the CQ is full.
@@ -363,6 +378,11 @@ class CqProducer {
   // Staged completions not yet published, most recent last (to amend one before publish()).
   uint32_t staged() const { return staged_head_ - published_; }
   Cqe& staged_at(uint32_t i) { return ring_[(published_ + i) & mask_]; }
+  // Moves to ring `to` (formatted by init_cq, not yet shared with the driver) what the driver
+  // has not polled, published and staged, in order, with the armed and overflow state; from
+  // then on completions go there (ibv_resize_cq: the driver does not poll meanwhile). False,
+  // and nothing moved, when they and `owed` more do not fit.
+  bool move_to(CqHeader* to, uint32_t owed = 0);
 
  private:
   CqHeader* h_;

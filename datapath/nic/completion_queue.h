@@ -30,6 +30,8 @@ class CompletionQueue {
   // Publishes staged completions; true when that should raise a completion event.
   bool publish() { return producer_.publish() && channel_; }
   hostif::CqProducer& producer() { return producer_; }
+  // ibv_resize_cq: its completions move to ring (hostif::CqProducer::move_to).
+  bool move_to(hostif::CqHeader* ring, uint32_t owed) { return producer_.move_to(ring, owed); }
   // The overflow not yet reported (an async event is due); clears the report.
   bool take_overflow_report();
 

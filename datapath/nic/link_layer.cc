@@ -387,15 +387,23 @@ void LinkLayer::check_planes(Time t) {
   if (carrier_checked_ != Time::min() && t - carrier_checked_ < std::chrono::milliseconds(10))
     return;
   carrier_checked_ = t;
+  bool port = false;
   for (size_t i = 0; i < planes_.size(); ++i) {
     Plane& pl = planes_[i];
+    const bool link = pl.port->link_up();
+    pl.carrier_seen |= link;
+    port |= !pl.admin_down && (link || !pl.carrier_seen);
     // One plane: nothing to move its traffic to; its link state is the goodbye logic's.
-    if (planes_.size() > 1) pl.carrier = pl.port->link_up();
+    if (planes_.size() > 1) pl.carrier = link;
     const bool up = !pl.admin_down && pl.carrier;
     if (up != pl.reported_up) {
       pl.reported_up = up;
       nic_.set_plane_up(t, static_cast<uint8_t>(i), up);
     }
+  }
+  if (port != port_active_) {
+    port_active_ = port;
+    nic_.set_port_active(port);
   }
 }
 

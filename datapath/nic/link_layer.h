@@ -51,6 +51,10 @@ class LinkLayer {
   // others. False for a plane the link does not have.
   bool set_plane_admin(size_t plane, bool up);
   uint32_t planes_up() const;
+  // The verbs port (verbs-mapping.md §8): ACTIVE while some plane is in service and has carrier
+  // (a plane whose carrier was never up counts as up: memif and af_xdp links come up when their
+  // peer connects, and the device serves loopback before that).
+  bool port_active() const { return port_active_; }
   uint32_t planes_admin_down() const;
   // Every frame sent and received from now on is written to `capture` (nullptr: no more);
   // returns the one it replaces, flushed.
@@ -78,6 +82,7 @@ class LinkLayer {
     bool quiet_saw_down = false;
     bool admin_down = false;
     bool carrier = true;
+    bool carrier_seen = false;    // its port's link was up once
     bool reported_up = true;      // what the NIC was last told
     transport::Time quiet_since{};
     std::array<io::RxFrame, kRxBurst> rx;  // this pass's frames, held until the NIC placed them
@@ -123,6 +128,7 @@ class LinkLayer {
   LinkCounters counters_;
   std::unique_ptr<Capture> capture_;
   transport::Time carrier_checked_ = transport::Time::min();
+  bool port_active_ = true;
 };
 
 }  // namespace metaroce::nic

@@ -121,17 +121,68 @@ int Nic::dealloc_pd(Owner* o, uint32_t pd) {
   return 0;
 }
 
-int Nic::reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, unsigned int access,
-                uint32_t* lkey, uint32_t* rkey) {
-  if (!pd_of(o, pd) || length == 0 || length > kMaxMrSize || addr + length < addr) return EINVAL;
-  const uint32_t key = mrs_.add(pd, addr, length, access, &o->memory(), o);
+namespace {
+
+// The region registration verbs allow: within kMaxMrSize and not wrapping, or the whole address
+// space for implicit on-demand paging (verbs-mapping.md §12).
+bool mr_range_ok(uint64_t addr, uint64_t length, uint64_t iova, unsigned access) {
+  if (addr == 0 && length == UINT64_MAX && iova == 0 && (access & kOnDemand)) return true;
+  return length != 0 && length <= kMaxMrSize && addr + length >= addr && iova + length >= iova;
+}
+
+}  // namespace
+
+int Nic::reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova,
+                unsigned int access, uint32_t* lkey, uint32_t* rkey) {
+  if (!pd_of(o, pd) || (access & ~kMrAccessKnown) || !mr_range_ok(addr, length, iova, access))
+    return EINVAL;
+  const uint32_t key = mrs_.add(pd, iova, addr, length, access, &o->memory(), o);
   if (key == 0) return ENOMEM;
   *lkey = *rkey = key;
   return 0;
 }
 
+int Nic::rereg_mr(Owner* o, uint32_t lkey, unsigned flags, uint32_t pd, uint64_t addr,
+                  uint64_t length, unsigned int access) {
+  MemoryRegion* r = mrs_.find_mutable(lkey, o);
+  if (!r || r->mw_type || flags == 0 || (flags & ~(kReregTranslation | kReregPd | kReregAccess)))
+    return EINVAL;
+  if (r->windows) return EBUSY;  // windows are bound to what it is now
+  if ((flags & kReregPd) && !pd_of(o, pd)) return EINVAL;
+  if ((flags & kReregAccess) && (access & ~kMrAccessKnown)) return EINVAL;
+  const unsigned new_access = (flags & kReregAccess) ? access : r->access;
+  if ((flags & kReregTranslation) && !mr_range_ok(addr, length, addr, new_access)) return EINVAL;
+  // Checked whole before anything changes: a refused rereg leaves the region as it was.
+  if (flags & kReregPd) r->pd = pd;
+  if (flags & kReregAccess) r->access = access;
+  if (flags & kReregTranslation) {
+    r->addr = r->va = addr;
+    r->length = length;
+  }
+  return 0;
+}
+
+int Nic::check_mr(Owner* o, uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t length) const {
+  if (!mrs_.find(lkey, o)) return EFAULT;
+  return mrs_.check(lkey, pd, 0, addr, length, nullptr) == MrCheck::kOk ? 0 : EFAULT;
+}
+
+int Nic::alloc_mw(Owner* o, uint32_t pd, uint8_t type, uint32_t* rkey) {
+  if (!pd_of(o, pd)) return EINVAL;
+  return mrs_.add_window(pd, type, o, rkey);
+}
+
+int Nic::dealloc_mw(Owner* o, uint32_t rkey) {
+  const MemoryRegion* w = mrs_.window_at(rkey, o);
+  if (!w) return EINVAL;
+  mrs_.remove(w->key);  // a bound window is invalidated with it
+  return 0;
+}
+
 int Nic::dereg_mr(Owner* o, uint32_t lkey) {
-  if (!mrs_.find(lkey, o)) return EINVAL;
+  const MemoryRegion* r = mrs_.find(lkey, o);
+  if (!r || r->mw_type) return EINVAL;
+  if (r->windows) return EBUSY;  // ibv_dereg_mr(3): windows are still bound to it
   mrs_.remove(lkey);
   return 0;
 }
@@ -151,6 +202,17 @@ int Nic::destroy_cq(Owner* o, uint32_t id) {
   std::erase(dirty_cqs_, cq);
   cqs_.erase(id);
   return 0;
+}
+
+int Nic::resize_cq(Owner* o, uint32_t id, hostif::CqHeader* ring) {
+  CompletionQueue* cq = cq_of(o, id);
+  if (!cq) return EINVAL;
+  // What it holds, and what the send queues feeding it are owed: sends already posted complete
+  // into it whatever the size (receives are not counted: an application keeps many posted).
+  uint32_t owed = 0;
+  for (const QueuePair* qp : qp_list_)
+    if (qp->init().send_cq == cq) owed += qp->sends_outstanding();
+  return cq->move_to(ring, owed) ? 0 : EINVAL;
 }
 
 int Nic::create_srq(Owner* o, uint32_t pd, hostif::SrqHeader* ring, uint64_t handle,
@@ -183,7 +245,7 @@ int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* r
   init.sq_sig_all = req.sq_sig_all != 0;
   init.handle = req.handle;
   if (!pd_of(o, req.pd) || !init.send_cq || !init.recv_cq || (req.srq && !init.srq) ||
-      (req.type != QpType::kRc && req.type != QpType::kUd))
+      (req.type != QpType::kRc && req.type != QpType::kUd && req.type != QpType::kUc))
     return EINVAL;
   if (qps_.size() >= kMaxQps) return ENOMEM;
   uint32_t n;
@@ -208,6 +270,8 @@ int Nic::modify_qp(Owner* o, const hostif::ModifyQpReq& req) {
     return EINVAL;
   if (req.what & hostif::kModAccess) qp->set_access(req.access);
   if (req.what & hostif::kModRemote) {
+    const hostif::QpRemote& r = req.remote;
+    if (r.timeout > 31 || r.retry_cnt > 7 || r.rnr_retry > 7 || r.min_rnr_timer > 31) return EINVAL;
     if (qp->lane() >= kIsolatedLane && qp->remote().ip != req.remote.ip)
       engine_->close_lane(qp->remote().ip, qp->lane());
     qp->set_remote(req.remote);
@@ -524,6 +588,12 @@ Syndrome Nic::deliver(const transport::Segment& seg) {
   if (s == Syndrome::kRnr) counters_.rnr++;
   else if (s != Syndrome::kOk && s != Syndrome::kUnreachable) counters_.naks_access++;
   return s;
+}
+
+// The refusing QP's min_rnr_timer (verbs: the responder's), which its RNR NAK carries.
+int Nic::rnr_timer(uint32_t qpn) {
+  const QueuePair* qp = qp_of(qpn);
+  return qp ? qp->remote().min_rnr_timer : -1;
 }
 
 void Nic::message_acked(uint64_t c) {

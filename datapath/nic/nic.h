@@ -11,6 +11,7 @@
 // only through rkeys, as RDMA allows.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -50,8 +51,14 @@ enum AccessFlag : unsigned {
   kRemoteWrite = 2,
   kRemoteRead = 4,
   kRemoteAtomic = 8,
-  kMwBind = 16,  // accepted and recorded; there are no memory windows yet
+  kMwBind = 16,      // memory windows may be bound to the region
+  kOnDemand = 64,    // IBV_ACCESS_ON_DEMAND: nothing is pinned (nothing ever is); with address 0
+                     // and length UINT64_MAX, the whole address space (implicit ODP)
 };
+inline constexpr unsigned kMrAccessKnown =
+    kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic | kMwBind | kOnDemand;
+// ibv_rereg_mr's flags (IBV_REREG_MR_CHANGE_*).
+enum ReregFlag : unsigned { kReregTranslation = 1, kReregPd = 2, kReregAccess = 4 };
 
 // Who created an object: a driver context (a process's ibv_context), or a test.
 class Owner {
@@ -110,12 +117,30 @@ class Nic final : private transport::Host {
   // --- objects: 0 or an errno (EINVAL: not one of the owner's; EBUSY: still in use) ----------
   int alloc_pd(Owner* o, uint32_t* pd);
   int dealloc_pd(Owner* o, uint32_t pd);
+  // iova: the address verbs use for byte 0 of [addr, addr + length) (ibv_reg_mr_iova2).
+  int reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova,
+             unsigned int access, uint32_t* lkey, uint32_t* rkey);
   int reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, unsigned int access,
-             uint32_t* lkey, uint32_t* rkey);
+             uint32_t* lkey, uint32_t* rkey) {
+    return reg_mr(o, pd, addr, length, addr, access, lkey, rkey);
+  }
+  // ibv_rereg_mr: what flags (ReregFlag) name changes, in place; the keys stay. A new
+  // translation is [addr, addr + length) at IOVA addr.
+  int rereg_mr(Owner* o, uint32_t lkey, unsigned flags, uint32_t pd, uint64_t addr,
+               uint64_t length, unsigned int access);
   int dereg_mr(Owner* o, uint32_t lkey);
+  // Memory windows (verbs-mapping.md §13): type 1 or 2, in pd; binds go through a QP's send
+  // queue (WqeOp::kBindMw, kLocalInv, kSendInv).
+  int alloc_mw(Owner* o, uint32_t pd, uint8_t type, uint32_t* rkey);
+  int dealloc_mw(Owner* o, uint32_t rkey);
+  // 0 when lkey names a region of o in pd covering [addr, addr + length), else EFAULT.
+  int check_mr(Owner* o, uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t length) const;
   // ring: a segment formatted by hostif::init_cq; the NIC uses it until destroy_cq.
   int create_cq(Owner* o, hostif::CqHeader* ring, uint64_t handle, bool channel, uint32_t* id);
   int destroy_cq(Owner* o, uint32_t id);
+  // ibv_resize_cq: ring (formatted by init_cq) replaces the CQ's; EINVAL when what it holds
+  // does not fit (the old ring stays). The driver does not poll meanwhile.
+  int resize_cq(Owner* o, uint32_t id, hostif::CqHeader* ring);
   int create_srq(Owner* o, uint32_t pd, hostif::SrqHeader* ring, uint64_t handle, uint32_t* id);
   int destroy_srq(Owner* o, uint32_t id);
   // ring: a segment formatted by hostif::init_qp (qpn 0); the NIC writes the QP number it
@@ -127,7 +152,7 @@ class Nic final : private transport::Host {
   void release(Owner* o);
   // Objects of each kind o holds (metaroce engine status; tests of reclamation).
   struct ObjectCounts {
-    uint32_t pds = 0, mrs = 0, cqs = 0, srqs = 0, qps = 0;
+    uint32_t pds = 0, mrs = 0, cqs = 0, srqs = 0, qps = 0;  // mrs: regions and windows
     bool any() const { return pds || mrs || cqs || srqs || qps; }
   };
   ObjectCounts owned_by(const Owner* o) const;
@@ -142,6 +167,15 @@ class Nic final : private transport::Host {
   // A plane's port went down or came up (the link layer says so): transport::Engine::set_plane_up.
   void set_plane_up(transport::Time now, uint8_t plane, bool up);
   uint32_t planes_up() const { return engine_->planes_up(); }
+  // The verbs port went down or came back (the link layer says so). The engine hears of it
+  // through take_port_change and raises IBV_EVENT_PORT_ERR / PORT_ACTIVE in every context
+  // of the device.
+  void set_port_active(bool active) {
+    port_active_.store(active, std::memory_order_release);
+    port_changed_.store(true, std::memory_order_release);
+  }
+  bool port_active() const { return port_active_.load(std::memory_order_acquire); }
+  bool take_port_change() { return port_changed_.exchange(false, std::memory_order_acq_rel); }
   // The lane a QP's settings give (wire.md §3.4): 0 for the defaults.
   uint32_t lane_for(const QueuePair& qp) const;
   // The plane mask of every plane the device has.
@@ -178,6 +212,7 @@ class Nic final : private transport::Host {
   // Drops everything the transport holds for stream qpn (the QP reset, failed or went away).
   void forget_stream(uint32_t qpn);
   const MrTable& mrs() const { return mrs_; }
+  MrTable& mrs() { return mrs_; }  // window binds and invalidations, in send-queue order
   // Queues a write into application memory, carried out at end_rx; origin names what fails.
   void queue_write(Memory* m, uint64_t addr, std::span<const uint8_t> data, uint32_t qpn,
                    uint32_t msn);
@@ -218,6 +253,7 @@ class Nic final : private transport::Host {
   // transport::Host
   void gather(uint64_t cookie, uint32_t offset, std::span<uint8_t> out) override;
   transport::Syndrome deliver(const transport::Segment& seg) override;
+  int rnr_timer(uint32_t qpn) override;
   void message_acked(uint64_t cookie) override;
   void message_failed(uint64_t cookie, transport::Syndrome why) override;
 
@@ -246,6 +282,7 @@ class Nic final : private transport::Host {
   std::unordered_map<uint32_t, std::unique_ptr<SharedReceiveQueue>> srqs_;
   uint32_t next_srq_ = 1;
   std::unordered_map<uint32_t, std::unique_ptr<QueuePair>> qps_;
+  std::atomic<bool> port_active_{true}, port_changed_{false};
   std::vector<QueuePair*> qp_list_;  // drain order
   uint32_t next_qpn_;
   NicCounters counters_;

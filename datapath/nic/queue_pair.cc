@@ -32,8 +32,13 @@ WcOpcode send_opcode(WqeOp op) {
       return WcOpcode::kCompSwap;
     case WqeOp::kFetchAdd:
       return WcOpcode::kFetchAdd;
+    case WqeOp::kBindMw:
+      return WcOpcode::kBindMw;
+    case WqeOp::kLocalInv:
+      return WcOpcode::kLocalInv;
     case WqeOp::kSend:
     case WqeOp::kSendImm:
+    case WqeOp::kSendInv:
       break;
   }
   return WcOpcode::kSend;
@@ -46,10 +51,19 @@ Op transport_op(WqeOp op) {
     case WqeOp::kWrite: return Op::kWrite;
     case WqeOp::kWriteImm: return Op::kWriteImm;
     case WqeOp::kRead: return Op::kReadReq;
-    case WqeOp::kCmpSwp:
-    case WqeOp::kFetchAdd: return Op::kWrite;  // with an atomic rsn tag (queue_pair.h)
+    case WqeOp::kCmpSwp: return Op::kAtomicCmpSwp;
+    case WqeOp::kFetchAdd: return Op::kAtomicFetchAdd;
+    case WqeOp::kSendInv: return Op::kSendInv;
+    case WqeOp::kBindMw:    // local: never a message
+    case WqeOp::kLocalInv: break;
   }
   return Op::kSend;
+}
+
+// What an unreliable connection carries (verbs-mapping.md §15): SENDs and RDMA WRITEs.
+bool uc_op(WqeOp op) {
+  return op == WqeOp::kSend || op == WqeOp::kSendImm || op == WqeOp::kWrite ||
+         op == WqeOp::kWriteImm;
 }
 
 WcStatus remote_status(Syndrome why) {
@@ -125,7 +139,7 @@ QueuePair::QueuePair(Nic& nic, uint32_t qpn, const QpInit& init, hostif::QpHeade
       rq_stride_(ring->rq_stride), max_recv_wr_(ring->max_recv_wr),
       max_recv_sge_(ring->max_recv_sge), sq_slots_(ring->sq_entries),
       rx_msgs_(init.type == QpType::kUd ? 1 : kRecvWindowInitial), srq_(init.srq),
-      claimed_(init.srq && init.type == QpType::kRc ? kRecvWindowInitial : 0),
+      claimed_(init.srq && init.type != QpType::kUd ? kRecvWindowInitial : 0),
       ud_seen_(init.type == QpType::kUd ? kUdSeen : 0) {
   publish_state();
 }
@@ -158,6 +172,7 @@ void QueuePair::reset() {
   ring_->rq_done.store(0);
   sq_next_ = sq_retired_ = rq_retired_ = 0;
   next_rsn_ = 0;
+  next_wire_msn_ = 0;
   rd_outstanding_ = 0;
   rd_blocked_ = false;
   atomics_.clear();
@@ -242,10 +257,16 @@ bool QueuePair::drain() {
     s.swap = w.swap;
     ++sq_next_;
     if (!known_op || w.num_sge > max_send_sge_ || w.inline_len > max_inline_ ||
-        (init_.type == QpType::kUd && w.op != WqeOp::kSend && w.op != WqeOp::kSendImm)) {
+        (init_.type == QpType::kUd && w.op != WqeOp::kSend && w.op != WqeOp::kSendImm) ||
+        (init_.type == QpType::kUc && !uc_op(w.op))) {
       s.failed = true;
       s.status = WcStatus::kLocQpOpErr;
       break;
+    }
+    if (hostif::is_local(w.op)) {
+      execute_local(w, s);
+      if (s.failed) break;  // the QP goes to error at retirement
+      continue;
     }
     uint64_t length = w.inline_len;
     const unsigned int need = hostif::needs_response(w.op) ? unsigned{kLocalWrite} : 0u;
@@ -270,7 +291,8 @@ bool QueuePair::drain() {
     m.lane = lane_;
     m.dst_stream = remote_.qpn;
     m.src_stream = qpn_;
-    m.msn = s.msn;
+    s.wire_msn = next_wire_msn_++;
+    m.msn = s.wire_msn;
     m.op = transport_op(w.op);
     if (init_.type == QpType::kUd) {
       // A datagram: its own destination, the Q_Key where an RC message carries an rkey, and
@@ -278,20 +300,21 @@ bool QueuePair::drain() {
       m.peer_ip = w.ud_ip;
       m.dst_stream = w.ud_qpn & 0xffffff;
       nic_.want_resolve(w.ud_ip);
-    } else if (w.op == WqeOp::kSend || w.op == WqeOp::kSendImm || w.op == WqeOp::kWriteImm) {
+    } else if (w.op == WqeOp::kSend || w.op == WqeOp::kSendImm || w.op == WqeOp::kWriteImm ||
+               w.op == WqeOp::kSendInv) {
       m.rsn = next_rsn_++;
     }
     if (init_.type == QpType::kRc) {
       // The QP's own limits: retry_cnt timeouts, over whatever paths, and the local ACK timeout
       // (4.096 us * 2^timeout, 0 = none) bound when RETRY_EXC_ERR comes (congestion.md §4.5).
       m.retry_cnt = remote_.retry_cnt;
+      m.rnr_retry = remote_.rnr_retry;  // and RNR NAKs one packet may collect (7: for ever)
       m.timeout = remote_.timeout ? transport::Time(int64_t{4096} << std::min<uint8_t>(remote_.timeout, 31))
                                   : transport::Time{0};
     }
     m.length = s.length;
     s.resp_length = w.op == WqeOp::kRead ? s.length : 0;
     if (hostif::is_atomic(w.op)) {
-      m.rsn = w.op == WqeOp::kCmpSwp ? kRsnAtomicCmpSwp : kRsnAtomicFetchAdd;
       m.length = kAtomicRequestLen;
       s.resp_length = kAtomicSize;
     }
@@ -434,7 +457,10 @@ void QueuePair::gather(uint32_t msn, uint32_t offset, std::span<uint8_t> out) {
       continue;
     }
     const size_t n = std::min<size_t>(g.length - offset, out.size() - done);
-    nic_.queue_read(&mem, g.addr + offset, out.subspan(done, n), qpn_, msn);
+    // Checked at submission; its region gives where the SGE's (IOVA) address lies.
+    const MemoryRegion* mr = nic_.mrs().find(g.lkey);
+    const uint64_t at = mr ? mr->translate(g.addr + offset) : g.addr + offset;
+    nic_.queue_read(&mem, at, out.subspan(done, n), qpn_, msn);
     done += n;
     offset = 0;
   }
@@ -466,7 +492,7 @@ Syndrome QueuePair::scatter(const Receive& r, uint32_t offset, std::span<const u
       *local_err = WcStatus::kLocProtErr;
       return Syndrome::kRemoteOp;
     }
-    nic_.queue_write(mr->mem, g.addr + offset, data.subspan(done, n), qpn_, 0);
+    nic_.queue_write(mr->mem, mr->translate(g.addr + offset), data.subspan(done, n), qpn_, 0);
     done += n;
     offset = 0;
   }
@@ -477,16 +503,52 @@ Syndrome QueuePair::scatter(const Receive& r, uint32_t offset, std::span<const u
   return Syndrome::kOk;
 }
 
+QueuePair::SendSlot* QueuePair::slot_of_wire_msn(uint32_t wire_msn) {
+  // Without binds or invalidations the slot is the msn's; each one before it shifts it by one.
+  // An answer belongs to an outstanding WQE: the search stops at the oldest one.
+  const uint32_t skew = (sq_next_ - next_wire_msn_);
+  for (uint32_t k = 0; k <= skew; ++k) {
+    const uint32_t idx = wire_msn + skew - k;
+    if (idx - sq_retired_ >= sq_next_ - sq_retired_) {
+      if (static_cast<int32_t>(idx - sq_retired_) < 0) break;
+      continue;
+    }
+    SendSlot& s = sq_slots_[idx & sq_mask_];
+    if (s.msn == idx && s.wire_msn == wire_msn && !hostif::is_local(s.op)) return &s;
+  }
+  return nullptr;
+}
+
+void QueuePair::execute_local(const hostif::SendWqe& w, SendSlot& s) {
+  int err = 0;
+  if (init_.type != QpType::kRc) {
+    err = EINVAL;
+  } else if (w.op == WqeOp::kBindMw) {
+    const auto lkey = static_cast<uint32_t>(w.swap >> 32);
+    const auto access = static_cast<unsigned>(w.swap & 0xffffffffu);
+    err = nic_.mrs().bind_window(w.rkey, w.imm, init_.pd, qpn_, lkey, w.remote_addr,
+                                 w.compare_add, access);
+  } else {
+    err = nic_.mrs().invalidate_window(w.rkey, init_.pd, 0);
+  }
+  s.submitted = s.acked = true;
+  if (err) {
+    s.failed = true;
+    s.status = w.op == WqeOp::kBindMw ? WcStatus::kMwBindErr : WcStatus::kLocQpOpErr;
+  }
+}
+
 Syndrome QueuePair::place_read_response(const transport::Segment& seg) {
-  SendSlot& s = sq_slots_[seg.msn & sq_mask_];
-  if (s.msn != seg.msn || !s.submitted || s.failed || !hostif::needs_response(s.op))
-    return Syndrome::kOk;
+  SendSlot* sp = slot_of_wire_msn(seg.msn);
+  if (!sp) return Syndrome::kOk;
+  SendSlot& s = *sp;
+  if (!s.submitted || s.failed || !hostif::needs_response(s.op)) return Syndrome::kOk;
   if (s.read_bytes >= s.resp_length) return Syndrome::kOk;  // an answer seen again
   if (seg.src_stream != remote_.qpn || seg.total_length != s.resp_length ||
       uint64_t{seg.offset} + seg.payload.size() > s.resp_length)
     return Syndrome::kRemoteInvalid;
   // The answer lands in the READ's (or atomic's) own SGEs.
-  uint8_t* slot = sq_slot(seg.msn);
+  uint8_t* slot = sq_slot(s.msn);
   Receive r;
   r.sge = hostif::send_sges(slot);
   r.num_sge = std::min<uint32_t>(hostif::send_wqe(slot)->num_sge, max_send_sge_);
@@ -516,8 +578,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     comm_est_ = true;  // the connection is established: the peer reached us before our RTS
     raise(AsyncEvent::kCommEst);
   }
-  const bool atomic = seg.op == Op::kWrite &&
-                      (seg.rsn == kRsnAtomicCmpSwp || seg.rsn == kRsnAtomicFetchAdd);
+  const bool atomic = seg.op == Op::kAtomicCmpSwp || seg.op == Op::kAtomicFetchAdd;
   const uint32_t ahead = seg.msn - rx_next_msn_;
   if (ahead >= 0x80000000u) {
     // A message completed long ago: a duplicate. An atomic is answered again, not re-executed.
@@ -546,8 +607,9 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     m.msn = seg.msn;
     m.total = seg.total_length;
     m.rsn = seg.rsn;
-    m.imm = seg.imm;
+    m.imm = seg.op == Op::kSendInv ? seg.rkey : seg.imm;
     m.with_imm = seg.op == Op::kWriteImm || seg.op == Op::kSendImm;
+    m.with_inv = seg.op == Op::kSendInv;
     m.is_write = seg.op == Op::kWrite || seg.op == Op::kWriteImm;
     m.consumes_recv = seg.op != Op::kWrite && seg.op != Op::kReadReq;
   }
@@ -559,12 +621,12 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
       if (m.consumes_recv && !recv_for(seg.rsn)) return Syndrome::kRnr;
       const MemoryRegion* mr = nullptr;
       const MrCheck c = (access_ & kRemoteWrite)
-                            ? nic_.mrs().check(seg.rkey, init_.pd, kRemoteWrite, seg.remote_addr,
-                                               seg.payload.size(), &mr)
+                            ? nic_.mrs().check_remote(seg.rkey, init_.pd, qpn_, kRemoteWrite,
+                                                      seg.remote_addr, seg.payload.size(), &mr)
                             : MrCheck::kNoAccess;
       if (c == MrCheck::kOk) {
         if (!seg.payload.empty())
-          nic_.queue_write(mr->mem, seg.remote_addr, seg.payload, qpn_, seg.msn);
+          nic_.queue_write(mr->mem, mr->translate(seg.remote_addr), seg.payload, qpn_, seg.msn);
       } else {
         result = mr_syndrome(c);
         m.status = WcStatus::kRemAccessErr;
@@ -572,9 +634,20 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
       break;
     }
     case Op::kSend:
-    case Op::kSendImm: {
+    case Op::kSendImm:
+    case Op::kSendInv: {
       const auto rp = recv_for(seg.rsn);
       if (!rp) return Syndrome::kRnr;
+      if (seg.op == Op::kSendInv && m.received == 0 && !m.invalidated) {
+        // The window goes before the receive completes (it must be a type 2 window of our PD
+        // bound to this QP): once, whichever packet of the message comes first.
+        if (nic_.mrs().invalidate_window(seg.rkey, init_.pd, qpn_) != 0) {
+          m.status = WcStatus::kRemInvReqErr;
+          result = Syndrome::kRemoteInvalid;
+          break;
+        }
+        m.invalidated = true;
+      }
       uint64_t room = 0;
       for (uint32_t i = 0; i < rp->num_sge; ++i) room += rp->sge[i].length;
       if (seg.total_length > room) {
@@ -590,8 +663,8 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     case Op::kReadReq: {
       const MemoryRegion* mr = nullptr;
       const MrCheck c = (access_ & kRemoteRead)
-                            ? nic_.mrs().check(seg.rkey, init_.pd, kRemoteRead, seg.remote_addr,
-                                               seg.total_length, &mr)
+                            ? nic_.mrs().check_remote(seg.rkey, init_.pd, qpn_, kRemoteRead,
+                                                      seg.remote_addr, seg.total_length, &mr)
                             : MrCheck::kNoAccess;
       if (c == MrCheck::kOk) {
         transport::MessageDesc resp;
@@ -602,7 +675,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
         resp.op = Op::kReadResp;
         resp.lane = lane_;
         resp.length = seg.total_length;
-        nic_.queue_read_response(resp, mr->mem, seg.remote_addr, &seg);
+        nic_.queue_read_response(resp, mr->mem, mr->translate(seg.remote_addr), &seg);
       } else {
         result = mr_syndrome(c);
       }
@@ -611,6 +684,8 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
       break;
     }
     case Op::kReadResp:
+    case Op::kAtomicCmpSwp:  // handled above
+    case Op::kAtomicFetchAdd:
       break;
   }
   m.seen = true;
@@ -659,8 +734,8 @@ Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate
     return Syndrome::kRemoteInvalid;  // IBV_WC_REM_INV_REQ_ERR at the requester
   const MemoryRegion* mr = nullptr;
   const MrCheck c = (access_ & kRemoteAtomic)
-                        ? nic_.mrs().check(seg.rkey, init_.pd, kRemoteAtomic, seg.remote_addr,
-                                           kAtomicSize, &mr)
+                        ? nic_.mrs().check_remote(seg.rkey, init_.pd, qpn_, kRemoteAtomic,
+                                                  seg.remote_addr, kAtomicSize, &mr)
                         : MrCheck::kNoAccess;
   if (c != MrCheck::kOk) return mr_syndrome(c);
   uint64_t compare_add = 0, swap = 0;
@@ -672,16 +747,17 @@ Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate
   // thread, and earlier writes of this pass are carried out first (RC ordering).
   nic_.flush_writes();
   uint64_t original = 0;
-  Access rd{seg.remote_addr, reinterpret_cast<uint8_t*>(&original), kAtomicSize};
+  const uint64_t target = mr->translate(seg.remote_addr);
+  Access rd{target, reinterpret_cast<uint8_t*>(&original), kAtomicSize};
   if (mr->mem->read({&rd, 1}) != 1) return Syndrome::kRemoteAccess;
   uint64_t value = original;
-  if (seg.rsn == kRsnAtomicCmpSwp) {
+  if (seg.op == Op::kAtomicCmpSwp) {
     if (original == compare_add) value = swap;
   } else {
     value = original + compare_add;
   }
   if (value != original) {
-    Access wr{seg.remote_addr, reinterpret_cast<uint8_t*>(&value), kAtomicSize};
+    Access wr{target, reinterpret_cast<uint8_t*>(&value), kAtomicSize};
     if (mr->mem->write({&wr, 1}) != 1) return Syndrome::kRemoteAccess;
   }
   if (atomics_.empty()) atomics_.resize(kAtomicCache);
@@ -740,7 +816,7 @@ void QueuePair::complete_receives() {
       c.imm = m.imm;
       c.qp_num = qpn_;
       c.src_qp = remote_.qpn;
-      c.wc_flags = m.with_imm ? hostif::kWcWithImm : 0;
+      c.wc_flags = m.with_imm ? hostif::kWcWithImm : m.with_inv ? hostif::kWcWithInv : 0;
       push_cqe(init_.recv_cq, c);
     }
     m.seen = false;

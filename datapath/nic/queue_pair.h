@@ -16,6 +16,7 @@
 #include "datapath/nic/memory.h"
 #include "datapath/nic/shared_receive_queue.h"
 #include "datapath/transport/engine.h"
+#include "datapath/wire/mrh.h"
 
 namespace metaroce::nic {
 
@@ -96,11 +97,16 @@ class QueuePair {
   // after the QP's timeout x (retry_cnt + 1) without progress they fail with RETRY_EXC_ERR.
   void check_responses(transport::Time now);
   bool awaits_response() const { return rd_outstanding_ > 0; }
+  // Send WQEs posted and not yet completed: completions its send CQ is owed (at most the
+  // queue's depth, whatever the driver wrote into the ring's head).
+  uint32_t sends_outstanding() const { return std::min(sq_head() - sq_retired_, max_send_wr_); }
 
  private:
   // Requester state of one send WQE, by slot.
   struct SendSlot {
-    uint32_t msn = 0;
+    uint32_t msn = 0;          // its place in the send queue (the NIC's cookie names it)
+    uint32_t wire_msn = 0;     // the message's sequence number towards the peer (local
+                               // operations, binds and invalidations, send none)
     uint32_t length = 0;       // message bytes
     uint32_t resp_length = 0;  // kRead, atomics: response bytes expected
     uint32_t read_bytes = 0;   // kRead, atomics: response bytes placed so far
@@ -120,6 +126,8 @@ class QueuePair {
     bool consumes_recv = false;
     bool with_imm = false;
     bool is_write = false;
+    bool with_inv = false;  // SEND with invalidate: imm is the rkey it invalidated
+    bool invalidated = false;
     uint32_t rsn = 0;
     uint32_t total = 0;
     uint32_t received = 0;
@@ -161,6 +169,10 @@ class QueuePair {
   void raise(AsyncEvent ev) const;
 
   transport::Syndrome execute_atomic(const transport::Segment& seg, bool duplicate);
+  // A bind or local invalidation, carried out in send-queue order (verbs-mapping.md §13).
+  void execute_local(const hostif::SendWqe& w, SendSlot& s);
+  // The send slot of the message the peer knows as wire_msn, among those outstanding.
+  SendSlot* slot_of_wire_msn(uint32_t wire_msn);
   void answer_atomic(const transport::Segment& seg, AtomicResult& r);
 
   void retire_sends();
@@ -199,6 +211,7 @@ class QueuePair {
   uint32_t sq_next_ = 0;
   uint32_t sq_retired_ = 0;
   uint32_t next_rsn_ = 0;        // receives consumed at the peer by our SENDs / WRITE_IMMs
+  uint32_t next_wire_msn_ = 0;   // msn of the next message to the peer
   uint32_t rd_outstanding_ = 0;  // READ/atomic WQEs submitted and not yet retired
   bool rd_blocked_ = false;      // the next WQE waits for rd_outstanding_ < max_rd_atomic
   transport::Time response_progress_{};  // last response progress while rd_outstanding_ > 0
@@ -229,11 +242,8 @@ class QueuePair {
   std::vector<UdSeen> ud_seen_;
 };
 
-// What the rsn field of a kWrite message means to the NIC (docs/spec/verbs-mapping.md §3): 0 for
-// an RDMA WRITE; these values turn the message into an atomic request whose 16-byte payload is
-// the big-endian compare/add operand followed by the big-endian swap operand.
-inline constexpr uint32_t kRsnAtomicCmpSwp = 0x41435300;    // "ACS"
-inline constexpr uint32_t kRsnAtomicFetchAdd = 0x41464100;  // "AFA"
-inline constexpr uint32_t kAtomicRequestLen = 16;
+// An atomic request's payload (docs/spec/wire.md §2.2, opcodes 7 and 8): the big-endian
+// compare/add operand followed by the big-endian swap operand.
+inline constexpr uint32_t kAtomicRequestLen = wire::kAtomicRequestLen;
 
 }  // namespace metaroce::nic

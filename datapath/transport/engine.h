@@ -41,6 +41,9 @@ enum class Op : uint8_t {
   kSendImm = 4,
   kReadReq = 5,   // carries no payload; length = bytes requested
   kReadResp = 6,  // payload flows responder -> requester
+  kAtomicCmpSwp = 7,    // payload: 16 bytes of operands; answered by a kReadResp
+  kAtomicFetchAdd = 8,
+  kSendInv = 9,         // a SEND whose rkey the receiver invalidates (a memory window)
 };
 
 // A message the NIC asks the transport to deliver reliably to one peer.
@@ -65,6 +68,9 @@ struct MessageDesc {
   static constexpr uint8_t kEngineRetries = 0xff;
   uint8_t retry_cnt = kEngineRetries;
   Time timeout{0};
+  // The QP's rnr_retry (congestion.md §6): RNR NAKs one packet may collect before the message
+  // fails with kRnr, 7 = for ever; kEngineRetries: EngineConfig::rnr_retry.
+  uint8_t rnr_retry = kEngineRetries;
   // Which connection to the peer carries it (docs/spec/wire.md §3.4): 0, the connection every
   // stream with the engine's default paths and planes shares; any other value names a
   // connection of its own whose settings set_lane gave (a lane not set has the defaults).
@@ -117,6 +123,10 @@ class Host {
   virtual void gather(uint64_t cookie, uint32_t offset, std::span<uint8_t> out) = 0;
   // Place an arriving segment. Must be idempotent for a segment seen twice.
   virtual Syndrome deliver(const Segment& seg) = 0;
+  // After deliver() answered kRnr: the receiving stream's minimum RNR timer (verbs'
+  // min_rnr_timer code, 0..31) that the RNR NAK tells the sender to wait, or -1 for none (the
+  // sender's own EngineConfig::rnr_delay).
+  virtual int rnr_timer(uint32_t /*dst_stream*/) { return -1; }
   // Every packet of the message was acknowledged by the peer.
   virtual void message_acked(uint64_t cookie) = 0;
   // The peer NAKed the message, or retries ran out (kRetryExceeded). Called at most once per
@@ -134,6 +144,16 @@ class TxSink {
   virtual std::span<uint8_t> begin(uint32_t max_len, uint8_t plane) = 0;
   virtual void commit(uint32_t peer_ip, uint16_t udp_src_port, uint8_t plane, uint32_t len) = 0;
 };
+
+// How long verbs' RNR timer code (min_rnr_timer, 0..31) says to wait: 0.01 ms .. 491.52 ms,
+// 0 meaning 655.36 ms (InfiniBand's table).
+constexpr Time rnr_timer_delay(uint8_t code) {
+  constexpr uint32_t k10us[32] = {65536, 1,    2,    3,    4,     6,     8,     12,
+                                  16,    24,   32,   48,   64,    96,    128,   192,
+                                  256,   384,  512,  768,  1024,  1536,  2048,  3072,
+                                  4096,  6144, 8192, 12288, 16384, 24576, 32768, 49152};
+  return std::chrono::microseconds(int64_t{k10us[code & 31]} * 10);
+}
 
 struct EngineConfig {
   uint32_t local_ip = 0;            // host byte order

@@ -700,7 +700,8 @@ bool EngineImpl::emit_ack(Time now, Connection& c, RecvDir& d, uint16_t path, Tx
   std::array<wire::NakRecord, kNakSlots> naks;
   const uint32_t n = kept;
   for (uint32_t i = 0; i < n; ++i) {
-    naks[i] = {rp.naks[i].seq, rp.naks[i].src_stream, rp.naks[i].msn, rp.naks[i].syndrome};
+    naks[i] = {rp.naks[i].seq, rp.naks[i].src_stream, rp.naks[i].msn, rp.naks[i].syndrome,
+               rp.naks[i].rnr_timer};
   }
   const uint32_t len = wire::kAckHeadersLen + n * wire::kNakRecordLen;
   // Back where the data arrived; while that plane is down, on the first plane that is up (the
@@ -1003,14 +1004,15 @@ void EngineImpl::note_unreachable(RxPath& rp, uint32_t seq, uint32_t src_stream,
 }
 
 void EngineImpl::add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn,
-                         Syndrome why) {
+                         Syndrome why, uint8_t rnr_timer) {
+  const detail::NakEntry e{seq, src_stream, msn, static_cast<uint8_t>(why), rnr_timer};
   for (uint8_t i = 0; i < rp.nak_count; ++i) {
     if (rp.naks[i].seq == seq) {
-      rp.naks[i] = {seq, src_stream, msn, static_cast<uint8_t>(why)};
+      rp.naks[i] = e;
       return;
     }
   }
-  if (rp.nak_count < kNakSlots) rp.naks[rp.nak_count++] = {seq, src_stream, msn, static_cast<uint8_t>(why)};
+  if (rp.nak_count < kNakSlots) rp.naks[rp.nak_count++] = e;
 }
 
 // Arrival accounting for fair-share hints (congestion.md §3.1). A sender not heard from in the
@@ -1237,7 +1239,11 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     // rejection goes unreported (spec §5.3).
     ++stats_.drop_rnr;
     if (why == Syndrome::kRnr && r.nak_count < kNakSlots) {
-      add_nak(r, b.path_seq, h.src_stream, h.msn, Syndrome::kRnr);
+      // The refusing QP's min_rnr_timer travels with the refusal (spec §2.4).
+      const int t = host_.rnr_timer(h.dst_stream);
+      const uint8_t timer =
+          t < 0 ? 0 : static_cast<uint8_t>(wire::kRnrTimerValid | (t & wire::kRnrTimerCodeMask));
+      add_nak(r, b.path_seq, h.src_stream, h.msn, Syndrome::kRnr, timer);
       ++stats_.rnr_naks_sent;
     }
   } else {
@@ -1345,7 +1351,7 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
     if (idx == kNil) continue;
     const MessageDesc& m = slots_[c.pool[idx].slot].m;
     if (m.src_stream != r.src_stream || m.msn != r.msn) continue;
-    if (r.syndrome == static_cast<uint8_t>(Syndrome::kRnr)) rnr_nak(now, c, idx);
+    if (r.syndrome == static_cast<uint8_t>(Syndrome::kRnr)) rnr_nak(now, c, idx, r.rnr_timer);
     else fail_message(c, c.pool[idx].slot, static_cast<Syndrome>(r.syndrome), now);
   }
 
@@ -1491,22 +1497,31 @@ void EngineImpl::congestion_on_ack(Time now, Connection& c, uint16_t path, uint3
                                                   uint64_t{cfg_.conn_window_max} * kWinUnit));
 }
 
-// An RNR NAK (congestion.md §6): wait out the back-off, then resend; not a loss, not an RTO
-// retry. The message fails with kRnr only after rnr_retry refusals (7: never).
-void EngineImpl::rnr_nak(Time now, Connection& c, uint16_t idx) {
+// An RNR NAK (congestion.md §6): wait out the back-off the responder named (its QP's
+// min_rnr_timer; none named: rnr_delay), then resend; not a loss, not an RTO retry. The message
+// fails with kRnr only after its QP's rnr_retry refusals (7: never).
+void EngineImpl::rnr_nak(Time now, Connection& c, uint16_t idx, uint8_t rnr_timer) {
   TxDesc& d = c.pool[idx];
   ++stats_.rnr_naks_received;
   if (d.flags & detail::kRnrWait) return;
+  detail::MsgSlot& s = slots_[d.slot];
+  const uint8_t limit = s.m.rnr_retry == MessageDesc::kEngineRetries
+                            ? cfg_.rnr_retry
+                            : std::min(s.m.rnr_retry, kRnrInfinite);
   if (d.rnr_retries < UINT8_MAX) ++d.rnr_retries;
-  if (cfg_.rnr_retry != kRnrInfinite && d.rnr_retries > cfg_.rnr_retry) {
+  if (limit != kRnrInfinite && d.rnr_retries > limit) {
     fail_message(c, d.slot, Syndrome::kRnr, now);
     return;
   }
+  const Time wait = (rnr_timer & wire::kRnrTimerValid)
+                        ? rnr_timer_delay(rnr_timer & wire::kRnrTimerCodeMask)
+                        : cfg_.rnr_delay;
   d.flags = static_cast<uint8_t>((d.flags | detail::kRnrWait) & ~detail::kRetxQueued);
-  c.rnr_deadline = now + cfg_.rnr_delay;
+  s.resume_ns = std::max(s.resume_ns, (now + wait).count());
+  c.rnr_deadline = std::min(c.rnr_deadline, Time(s.resume_ns));
   // The path answered, and will be quiet until the back-off ends: silence counts from then.
   TxPath& tp = c.tx[d.path];
-  tp.last_progress_ns = std::max(tp.last_progress_ns, (now + cfg_.rnr_delay).count());
+  tp.last_progress_ns = std::max(tp.last_progress_ns, s.resume_ns);
 }
 
 // The peer has no such stream (congestion.md §6.1): every message of that stream to that peer
@@ -1978,11 +1993,17 @@ void EngineImpl::timer_conn(Time now, Connection& c) {
   if (c.rack_deadline <= now) detect_late(now, c);
   if (c.tlp_deadline <= now) tail_probe(now, c);
   if (c.rnr_deadline <= now) {
+    // Each message waits out its own back-off (its responder's min_rnr_timer).
     c.rnr_deadline = Time::max();
     for (uint16_t p = 0; p < c.tx.size(); ++p) {
       for (uint16_t idx = c.tx[p].head; idx != kNil; idx = c.pool[idx].next) {
         TxDesc& d = c.pool[idx];
         if (!(d.flags & detail::kRnrWait)) continue;
+        const Time resume(slots_[d.slot].resume_ns);
+        if (resume > now) {
+          c.rnr_deadline = std::min(c.rnr_deadline, resume);
+          continue;
+        }
         d.flags &= static_cast<uint8_t>(~detail::kRnrWait);
         queue_retx(c, idx);
       }

@@ -108,6 +108,7 @@ struct PathCounters {
 struct NakEntry {
   uint32_t seq = 0, src_stream = 0, msn = 0;
   uint8_t syndrome = 0;
+  uint8_t rnr_timer = 0;  // wire::NakRecord::rnr_timer
 };
 
 struct RxPath {
@@ -140,7 +141,8 @@ struct MsgSlot {
   int64_t first_tx_ns = 0;  // its first packet left: the QP's timeout counts from here
   int64_t unreachable_ns = 0;  // the peer has said its stream is gone since then (0: never, or
                                // a packet of the message was acknowledged since)
-  int64_t resume_ns = 0;       // parked: resent from then on
+  int64_t resume_ns = 0;       // parked: resent from then on; RNR-NAKed (then it is not
+                               // parked): its refused packets are resent from then on
 };
 
 struct Connection {
@@ -329,7 +331,8 @@ class EngineImpl final : public Engine {
   RecvDir* find_dir(Connection& c, uint32_t conn_id);
   RecvDir& create_dir(Connection& c, const wire::BaseHeader& b, Time now);
   void request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce);
-  void add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn, Syndrome why);
+  void add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn, Syndrome why,
+               uint8_t rnr_timer = 0);
   void note_unreachable(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn);
   void account_rx(Time now, Connection& c, size_t bytes, bool more);
   bool heard(const Connection& c) const;
@@ -340,7 +343,7 @@ class EngineImpl final : public Engine {
 
   void congestion_on_ack(Time now, Connection& c, uint16_t path, uint32_t newly_acked,
                          uint16_t ce);
-  void rnr_nak(Time now, Connection& c, uint16_t idx);
+  void rnr_nak(Time now, Connection& c, uint16_t idx, uint8_t rnr_timer);
   void park(Connection& c, uint32_t slot, Time now);
   void resume_parked(Connection& c, Time now);
   bool unreachable_too_long(const detail::MsgSlot& s, Time now) const;

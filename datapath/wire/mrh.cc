@@ -23,7 +23,8 @@ inline constexpr size_t kCumSeq = 0, kSack = 4, kEchoTimestamp = 36, kEcnCe = 40
                         kNakCount = 42, kRateHint = 44, kEnd = 48;
 }
 namespace nak_off {
-inline constexpr size_t kPathSeq = 0, kSrcStream = 4, kMsn = 8, kSyndrome = 12, kEnd = 16;
+inline constexpr size_t kPathSeq = 0, kSrcStream = 4, kMsn = 8, kSyndrome = 12, kRnrTimer = 13,
+                        kEnd = 16;
 }
 static_assert(base_off::kEnd == kBaseHeaderLen);
 static_assert(data_off::kEnd == kDataExtLen);
@@ -38,7 +39,7 @@ static_assert(kAckHeadersLen + kMaxNakRecords * kNakRecordLen <= 512,
 constexpr uint8_t kMinNakSyndrome = 1, kMaxNakSyndrome = 7, kLocalOnlySyndrome = 6;
 
 bool known_opcode(uint8_t op) {
-  return (op >= 1 && op <= 6) || op == static_cast<uint8_t>(Opcode::kAck) ||
+  return (op >= 1 && op <= 9) || op == static_cast<uint8_t>(Opcode::kAck) ||
          op == static_cast<uint8_t>(Opcode::kProbe);
 }
 
@@ -62,6 +63,15 @@ bool floor_ok(const BaseHeader& b) {
 bool data_fields_ok(Opcode op, const DataHeader& d) {
   if (uint64_t{d.offset} + d.payload_len > d.total_length) return false;
   if (op == Opcode::kReadReq && (d.payload_len != 0 || d.offset != 0)) return false;
+  // An atomic is one packet: its two operands, at offset 0.
+  if (is_atomic_opcode(op) && (d.total_length != kAtomicRequestLen ||
+                               d.payload_len != kAtomicRequestLen || d.offset != 0))
+    return false;
+  // Only what consumes a receive names one (an RDMA WRITE, READ or atomic with an rsn is
+  // malformed, not a write to perform).
+  if (d.rsn != 0 && op != Opcode::kSend && op != Opcode::kSendImm && op != Opcode::kWriteImm &&
+      op != Opcode::kSendInv)
+    return false;
   // An address range that wraps the 64-bit space cannot name memory.
   if (d.remote_addr + uint64_t{d.total_length} < d.remote_addr) return false;
   return true;
@@ -76,6 +86,8 @@ NakRecord Packet::nak(size_t i) const {
   r.src_stream = load_be32(p + nak_off::kSrcStream);
   r.msn = load_be32(p + nak_off::kMsn);
   r.syndrome = p[nak_off::kSyndrome];
+  // Only an RNR record names a timer; a sender ignores the byte in any other.
+  r.rnr_timer = r.syndrome == 1 ? p[nak_off::kRnrTimer] : 0;
   return r;
 }
 
@@ -132,7 +144,8 @@ size_t encode_ack(std::span<uint8_t> out, const BaseHeader& b, const AckHeader& 
     store_be32(p + nak_off::kSrcStream, r.src_stream);
     store_be32(p + nak_off::kMsn, r.msn);
     p[nak_off::kSyndrome] = r.syndrome;
-    p[nak_off::kSyndrome + 1] = p[nak_off::kSyndrome + 2] = p[nak_off::kSyndrome + 3] = 0;
+    p[nak_off::kRnrTimer] = r.syndrome == 1 ? r.rnr_timer : 0;
+    p[nak_off::kRnrTimer + 1] = p[nak_off::kRnrTimer + 2] = 0;
     p += kNakRecordLen;
   }
   return len;
@@ -203,6 +216,10 @@ DecodeError decode(std::span<const uint8_t> in, Packet& out) {
   for (size_t i = 0; i < a.nak_count; ++i) {
     const uint8_t s = out.nak_bytes[i * kNakRecordLen + nak_off::kSyndrome];
     if (s < kMinNakSyndrome || s > kMaxNakSyndrome || s == kLocalOnlySyndrome)
+      return DecodeError::kBadField;
+    // An RNR timer is absent (0) or valid with a 5-bit code; other bits set: not a timer.
+    const uint8_t t = out.nak_bytes[i * kNakRecordLen + nak_off::kRnrTimer];
+    if (s == 1 && t != 0 && (t & ~(kRnrTimerValid | kRnrTimerCodeMask)))
       return DecodeError::kBadField;
   }
   return DecodeError::kNone;

@@ -53,13 +53,20 @@ enum class Opcode : uint8_t {
   kSendImm = 4,
   kReadReq = 5,
   kReadResp = 6,
+  kAtomicCmpSwp = 7,    // 16-byte payload: compare, swap (big-endian); answered by a READ_RESP
+  kAtomicFetchAdd = 8,  // 16-byte payload: add, 0 (big-endian); answered by a READ_RESP
+  kSendInv = 9,         // SEND with invalidate: rkey names what the receiver invalidates
   kAck = 16,
   kProbe = 17,
 };
 
 inline constexpr bool is_data_opcode(Opcode op) {
-  return static_cast<uint8_t>(op) >= 1 && static_cast<uint8_t>(op) <= 6;
+  return static_cast<uint8_t>(op) >= 1 && static_cast<uint8_t>(op) <= 9;
 }
+inline constexpr bool is_atomic_opcode(Opcode op) {
+  return op == Opcode::kAtomicCmpSwp || op == Opcode::kAtomicFetchAdd;
+}
+inline constexpr uint32_t kAtomicRequestLen = 16;  // an atomic's operands (spec §2.2)
 
 // Why decode() refused a packet; the engine counts each separately.
 enum class DecodeError : uint8_t {
@@ -86,7 +93,7 @@ struct BaseHeader {
   uint32_t ack_floor = 0;    // every seq below it is resolved at the sender (spec §3.1)
 };
 
-// Data extension, 48 bytes, for opcodes 1..6 (spec §2.2).
+// Data extension, 48 bytes, for opcodes 1..9 (spec §2.2).
 struct DataHeader {
   uint32_t dst_stream = 0;
   uint32_t src_stream = 0;
@@ -106,8 +113,14 @@ struct NakRecord {
   uint32_t path_seq = 0;
   uint32_t src_stream = 0;  // the data sender's stream, as it was in the rejected packet
   uint32_t msn = 0;
-  uint8_t syndrome = 0;     // transport::Syndrome 1 (RNR: not received, retry later) .. 5
+  uint8_t syndrome = 0;     // transport::Syndrome 1 (RNR: not received, retry later) .. 7
+  uint8_t rnr_timer = 0;    // RNR: kRnrTimerValid | the responder's minimum RNR timer (verbs'
+                            // 5-bit code); 0: none named, the sender's own back-off. Else 0
 };
+
+// NakRecord::rnr_timer (spec §2.4): the responder's QP names how long the sender waits.
+inline constexpr uint8_t kRnrTimerValid = 0x80;
+inline constexpr uint8_t kRnrTimerCodeMask = 0x1f;
 
 // ACK extension, 48 bytes, followed by nak_count NAK records (spec §2.3).
 struct AckHeader {

@@ -69,14 +69,21 @@ void free_context(ibv_context* ibctx) {
 
 const abi::ContextOps kContextOps = [] {
   abi::ContextOps ops{};
+  ops.advise_mr = advise_mr;
+  ops.alloc_mw = alloc_mw;
+  ops.alloc_parent_domain = alloc_parent_domain;
   ops.alloc_pd = alloc_pd;
+  ops.alloc_td = alloc_td;
+  ops.bind_mw = bind_mw;
   ops.create_ah = create_ah;
   ops.create_cq = create_cq;
   ops.create_cq_ex = create_cq_ex;
   ops.create_qp = create_qp;
   ops.create_qp_ex = create_qp_ex;
   ops.create_srq = create_srq;
+  ops.dealloc_mw = dealloc_mw;
   ops.dealloc_pd = dealloc_pd;
+  ops.dealloc_td = dealloc_td;
   ops.dereg_mr = dereg_mr;
   ops.destroy_ah = destroy_ah;
   ops.destroy_cq = destroy_cq;
@@ -90,11 +97,15 @@ const abi::ContextOps kContextOps = [] {
   ops.post_send = post_send;
   ops.post_srq_recv = post_srq_recv;
   ops.query_device_ex = query_device_ex;
+  ops.query_ece = query_ece;
   ops.query_port = query_port;
   ops.query_qp = query_qp;
   ops.query_srq = query_srq;
   ops.reg_mr = reg_mr;
   ops.req_notify_cq = req_notify_cq;
+  ops.rereg_mr = rereg_mr;
+  ops.resize_cq = resize_cq;
+  ops.set_ece = set_ece;
   return ops;
 }();
 
@@ -235,6 +246,10 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data
     return abandon(ctx, EAGAIN);
   }
   ctx->vctx.context.num_comp_vectors = 1;
+  // What a kernel would report: the optional access range (relaxed ordering) reaches reg_mr,
+  // which accepts it (libibverbs strips it otherwise).
+  reinterpret_cast<abi::VerbsDevice*>(ibdev)->core_support |=
+      IB_UVERBS_CORE_SUPPORT_OPTIONAL_MR_ACCESS;
   verbs_set_ops(&ctx->vctx, &kContextOps);
   if (!comp_channel_preload_active())
     METAROCE_LOG(&ctx->vctx, abi::kLogInfo,
@@ -349,8 +364,17 @@ int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input
 int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr) noexcept {
   if (port_num != kPortNum) return EINVAL;
   const ContextState& st = state_of(context);
-  // ACTIVE while the engine serves the link (docs/design.md, "Port state"); DOWN once it is gone.
-  *attr = port_attr(!st.dead.load(std::memory_order_acquire), st.engine.active_mtu);
+  // ACTIVE while the engine serves the link and the link's port is up (verbs-mapping.md §8);
+  // DOWN once the engine is gone.
+  bool active = !st.dead.load(std::memory_order_acquire);
+  if (active) {
+    hostif::Message resp;
+    const int err = engine_call(context, hostif::Op::kQueryDevice, nullptr, 0, {}, &resp);
+    auto body = resp.as<hostif::QueryDeviceResp>();
+    hostif::close_fds(&resp);
+    active = !err && body && body->port_active;
+  }
+  *attr = port_attr(active, st.engine.active_mtu);
   return 0;
 }
 

@@ -62,6 +62,9 @@ constexpr std::optional<hostif::WqeOp> to_nic(ibv_wr_opcode op) {
     case IBV_WR_RDMA_READ: return hostif::WqeOp::kRead;
     case IBV_WR_ATOMIC_CMP_AND_SWP: return hostif::WqeOp::kCmpSwp;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: return hostif::WqeOp::kFetchAdd;
+    case IBV_WR_BIND_MW: return hostif::WqeOp::kBindMw;
+    case IBV_WR_LOCAL_INV: return hostif::WqeOp::kLocalInv;
+    case IBV_WR_SEND_WITH_INV: return hostif::WqeOp::kSendInv;
     default: return std::nullopt;
   }
 }
@@ -104,13 +107,22 @@ static_assert(IBV_ACCESS_LOCAL_WRITE == 1 && IBV_ACCESS_REMOTE_WRITE == 2 &&
 inline constexpr uint64_t kSupportedSendOps =
     IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
     IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
-    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+    IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV;
 
-// Memory access flags a verbs MR may carry here (RELAXED_ORDERING is stripped by libibverbs
-// before we see it, ON_DEMAND and ZERO_BASED are not offered).
+// Memory access flags a verbs MR may carry here (ZERO_BASED is not offered).
 inline constexpr unsigned kSupportedAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                              IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                                             IBV_ACCESS_MW_BIND;
+                                             IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND;
+// Accepted, and changing nothing for a NIC that never pins and reaches memory through the
+// kernel: huge pages are a hint, and the optional range (relaxed ordering, ...) may be ignored
+// by definition (ibv_reg_mr(3)).
+// What a memory window may grant (ibv_bind_mw(3)); LOCAL_WRITE, which applications pass too,
+// means nothing for a window and is accepted.
+inline constexpr unsigned kMwAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                      IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+inline constexpr unsigned kHintAccess =
+    unsigned{IBV_ACCESS_HUGETLB} | unsigned{IBV_ACCESS_OPTIONAL_RANGE};
 
 // 0 or EINVAL: remote write or atomic access needs local write (IB spec o10-37).
 constexpr int check_mr_access(unsigned access) {

@@ -3,6 +3,8 @@
 // ibv_poll_cq, ibv_req_notify_cq, ibv_destroy_cq).
 #include "providers/metaroce/cq.h"
 
+#include <infiniband/metaroce_dv.h>
+
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -14,6 +16,7 @@
 
 #include "providers/metaroce/comp_channel.h"
 #include "providers/metaroce/context.h"
+#include "providers/metaroce/pd.h"
 
 namespace metaroce::provider {
 namespace {
@@ -50,7 +53,9 @@ void notify(Cq* cq) {
 bool has_completions(const Cq* cq) { return cq->ring->head.load() != cq->ring->tail.peek(); }
 
 // Shared by create_cq and create_cq_ex: the engine's ring and the channel hookup.
-Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32_t comp_vector) {
+// pd: the parent domain the provider's memory for it comes from (ibv_create_cq_ex), or null.
+Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32_t comp_vector,
+           ibv_pd* pd = nullptr) {
   if (cqe < 1 || cqe > hostif::kMaxCqe ||
       comp_vector >= static_cast<uint32_t>(context->num_comp_vectors)) {
     errno = EINVAL;
@@ -64,7 +69,8 @@ Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32
       return nullptr;
     }
   }
-  auto* cq = new (std::nothrow) Cq{};
+  Pd* from = nullptr;
+  auto* cq = alloc_resource<Cq>(pd, MRDV_RES_TYPE_CQ, &from);
   if (!cq) {
     errno = ENOMEM;
     return nullptr;
@@ -82,9 +88,14 @@ Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32
           : create_mapped(context, hostif::Op::kCreateCq, req, {}, hostif::Op::kDestroyCq,
                           &hostif::CreateCqResp::id, hostif::valid_cq, &body, &seg);
   if (err) {
-    delete cq;
+    free_resource(cq, from, MRDV_RES_TYPE_CQ);
     errno = err;
     return nullptr;
+  }
+  cq->mem_from = from;
+  if (pd) {
+    cq->parent = to_pd(pd);
+    cq->parent->users.fetch_add(1, std::memory_order_relaxed);
   }
   cq->ring = static_cast<hostif::CqHeader*>(seg);
   cq->ring_bytes = body.bytes;
@@ -164,8 +175,15 @@ ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel,
 }
 
 ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) noexcept {
-  if (attr->comp_mask & ~static_cast<uint32_t>(IBV_CQ_INIT_ATTR_MASK_FLAGS)) {
-    errno = EOPNOTSUPP;  // parent domains are not offered
+  if (attr->comp_mask &
+      ~static_cast<uint32_t>(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  ibv_pd* parent = (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) ? attr->parent_domain : nullptr;
+  if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) &&
+      (!parent || parent->context != context || !to_pd(parent)->parent_of)) {
+    errno = EINVAL;  // only a parent domain of this device
     return nullptr;
   }
   const bool flags = attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS;
@@ -181,7 +199,7 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) noexcep
     errno = EOPNOTSUPP;  // completion timestamps, CVLAN, flow tags, TM info
     return nullptr;
   }
-  Cq* cq = new_cq(context, attr->cqe, attr->channel, attr->comp_vector);
+  Cq* cq = new_cq(context, attr->cqe, attr->channel, attr->comp_vector, parent);
   if (!cq) return nullptr;
   ibv_cq_ex& x = cq->vcq.cq_ex;
   x.start_poll = start_poll;
@@ -210,8 +228,43 @@ int destroy_cq(ibv_cq* ibcq) noexcept {
   if (err && !engine_gone(err)) return err;
   untrack(ibcq->context, cq);
   munmap(cq->ring, cq->ring_bytes);
+  if (cq->retired_ring) munmap(cq->retired_ring, cq->retired_bytes);
   pthread_spin_destroy(&cq->poll_lock);
-  delete cq;
+  if (cq->parent) cq->parent->users.fetch_sub(1, std::memory_order_release);
+  free_resource(cq, cq->mem_from, MRDV_RES_TYPE_CQ);
+  return 0;
+}
+
+// The engine moves what the CQ holds into a new ring of the new size and answers with it; no
+// poll runs meanwhile. EINVAL: a size out of range, or smaller than what the CQ holds.
+int resize_cq(ibv_cq* ibcq, int cqe) noexcept {
+  if (cqe < 1 || static_cast<uint32_t>(cqe) > hostif::kMaxCqe) return EINVAL;
+  Cq* cq = to_cq(ibcq);
+  SpinGuard g(&cq->poll_lock);
+  hostif::ResizeCqReq req;
+  req.id = cq->id;
+  req.cqe = static_cast<uint32_t>(cqe);
+  hostif::Message resp;
+  int err = engine_call(ibcq->context, hostif::Op::kResizeCq, req, &resp);
+  auto body = resp.as<hostif::CreateCqResp>();
+  if (!err && (!body || resp.fds.size() != 1)) err = EPROTO;
+  void* seg = nullptr;
+  if (!err) {
+    seg = map_segment(resp.fds[0], body->bytes);
+    resp.fds.clear();
+    if (!seg || !hostif::valid_cq(seg, body->bytes)) err = EPROTO;
+  }
+  hostif::close_fds(&resp);
+  if (err) {
+    if (seg) munmap(seg, body->bytes);
+    return err;
+  }
+  if (cq->retired_ring) munmap(cq->retired_ring, cq->retired_bytes);
+  cq->retired_ring = cq->ring;
+  cq->retired_bytes = cq->ring_bytes;
+  cq->ring = static_cast<hostif::CqHeader*>(seg);
+  cq->ring_bytes = body->bytes;
+  ibcq->cqe = static_cast<int>(cq->ring->capacity);
   return 0;
 }
 

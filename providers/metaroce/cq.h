@@ -15,10 +15,18 @@
 
 namespace metaroce::provider {
 
+struct Pd;
+
 struct Cq {
   abi::VerbsCq vcq;               // first: the application holds &vcq.cq (or &vcq.cq_ex)
+  Pd* mem_from;                   // the parent domain whose allocator gave this memory, or null
+  Pd* parent;                     // the parent domain it was created with (holds a use), or null
   hostif::CqHeader* ring;
   size_t ring_bytes;
+  // The ring before the last resize: kept mapped until the next resize or destroy, since a
+  // poller may have read the old pointer just before the swap (has_completions takes no lock).
+  void* retired_ring;
+  size_t retired_bytes;
   uint32_t id;                    // the engine's
   std::atomic<uint32_t> users;    // QPs using it as send or receive CQ: destroy answers EBUSY
   int event_fd;                   // where completion events go (its channel's), -1 without one
@@ -43,6 +51,7 @@ ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel,
                   int comp_vector) noexcept;
 ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) noexcept;
 int destroy_cq(ibv_cq* cq) noexcept;
+int resize_cq(ibv_cq* cq, int cqe) noexcept;
 int poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) noexcept;
 int req_notify_cq(ibv_cq* cq, int solicited_only) noexcept;
 

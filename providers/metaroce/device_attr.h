@@ -55,13 +55,15 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   a.max_qp = kMaxQp;
   a.max_qp_wr = hostif::kMaxQpWr;
   // Honest flags only: RNR NAKs are generated; the GUID above is a system image GUID.
-  a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID;
+  a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
+                       IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   a.max_sge = hostif::kMaxSge;
   a.max_sge_rd = hostif::kMaxSge;
   a.max_cq = kMaxCq;
   a.max_cqe = hostif::kMaxCqe;
   a.max_mr = kMaxMr;
   a.max_pd = kMaxPd;
+  a.max_mw = kMaxMr;  // windows and regions share the key space
   a.max_qp_rd_atom = kMaxRdAtom;
   a.max_ee_rd_atom = 0;
   a.max_res_rd_atom = kMaxRdAtom * kMaxQp;
@@ -78,6 +80,16 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   a.local_ca_ack_delay = kLocalCaAckDelay;
   a.phys_port_cnt = 1;
   ex.device_cap_flags_ex = a.device_cap_flags;
+  // On-demand paging (verbs-mapping.md §12): the engine reaches memory through the kernel at
+  // each access and never pins, so every region behaves as an ODP one, the whole address space
+  // included (implicit ODP), for every operation of the QP types it has.
+  constexpr uint32_t kRcOdp = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                              IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC |
+                              IBV_ODP_SUPPORT_SRQ_RECV;
+  ex.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  ex.odp_caps.per_transport_caps.rc_odp_caps = kRcOdp;
+  ex.odp_caps.per_transport_caps.ud_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
   ex.phys_port_cnt_ex = a.phys_port_cnt;
   return ex;
 }

@@ -35,6 +35,12 @@ ibv_pd* alloc_pd(ibv_context* context) noexcept {
 int dealloc_pd(ibv_pd* ibpd) noexcept {
   Pd* pd = to_pd(ibpd);
   if (pd->users.load(std::memory_order_acquire) != 0) return EBUSY;
+  if (pd->parent_of) {  // a parent domain: the engine knows only the PD it extends
+    pd->parent_of->users.fetch_sub(1, std::memory_order_release);
+    if (pd->td) reinterpret_cast<Td*>(pd->td)->users.fetch_sub(1, std::memory_order_release);
+    delete pd;
+    return 0;
+  }
   hostif::Message resp;
   const int err = engine_call(ibpd->context, hostif::Op::kDeallocPd, hostif::IdReq{pd->id}, &resp);
   if (err && !engine_gone(err)) return err;
@@ -43,8 +49,11 @@ int dealloc_pd(ibv_pd* ibpd) noexcept {
 }
 
 ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int access) noexcept {
-  const auto flags = static_cast<unsigned>(access);
-  if (!addr || length == 0 || length > hostif::kMaxMrSize) {
+  const auto flags = static_cast<unsigned>(access) & ~kHintAccess;
+  // Implicit on-demand paging: the whole address space, as ibv_reg_mr(3) spells it.
+  const bool implicit = !addr && length == SIZE_MAX && (flags & IBV_ACCESS_ON_DEMAND);
+  if (!implicit && (!addr || length == 0 || length > hostif::kMaxMrSize ||
+                    hca_va + length < hca_va)) {
     errno = EINVAL;
     return nullptr;
   }
@@ -53,12 +62,11 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
     return nullptr;
   }
   if (flags & ~kSupportedAccess) {
-    errno = EOPNOTSUPP;  // ON_DEMAND, ZERO_BASED, HUGETLB, ...: not offered by this NIC
+    errno = EOPNOTSUPP;  // ZERO_BASED and what later headers add: not offered by this NIC
     return nullptr;
   }
-  // The wire carries virtual addresses of the MR's owner; a distinct IOVA is not modelled.
-  if (hca_va != reinterpret_cast<uintptr_t>(addr)) {
-    errno = EOPNOTSUPP;
+  if (implicit && hca_va != 0) {
+    errno = EINVAL;  // the whole address space is reached at its own addresses
     return nullptr;
   }
   auto* mr = new (std::nothrow) abi::VerbsMr{};
@@ -72,6 +80,7 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
   req.access = flags;
   req.addr = reinterpret_cast<uintptr_t>(addr);
   req.length = length;
+  req.iova = hca_va;  // ibv_reg_mr passes addr; ibv_reg_mr_iova2 the address verbs will use
   hostif::Message resp;
   const int err = engine_call(ibpd->context, hostif::Op::kRegMr, req, &resp);
   auto body = resp.as<hostif::RegMrResp>();
@@ -91,6 +100,164 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
   mr->mr.rkey = body->rkey;
   mr->mr.handle = body->lkey;
   return &mr->mr;
+}
+
+// libibverbs has checked the flags, that a new translation has an address and a length, and that
+// access comes only with CHANGE_ACCESS; it updates pd, addr and length on success. Failure:
+// errno and a non-zero return (libibverbs answers IBV_REREG_MR_ERR_CMD); the region is unchanged.
+int rereg_mr(abi::VerbsMr* mr, int flags, ibv_pd* ibpd, void* addr, size_t length,
+             int access) noexcept {
+  hostif::ReregMrReq req;
+  req.lkey = mr->mr.lkey;
+  req.flags = static_cast<uint32_t>(flags);
+  int err = 0;
+  if ((flags & IBV_REREG_MR_CHANGE_PD) && (!ibpd || ibpd->context != mr->mr.context)) err = EINVAL;
+  if (flags & IBV_REREG_MR_CHANGE_PD && !err) req.pd = to_pd(ibpd)->id;
+  if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && !err) {
+    const auto a = static_cast<unsigned>(access) & ~kHintAccess;
+    err = check_mr_access(a);
+    if (!err && (a & ~kSupportedAccess)) err = EOPNOTSUPP;
+    req.access = a;
+  }
+  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && !err) {
+    if (length > hostif::kMaxMrSize) err = EINVAL;
+    req.addr = reinterpret_cast<uintptr_t>(addr);
+    req.length = length;
+  }
+  if (!err) {
+    hostif::Message resp;
+    err = engine_call(mr->mr.context, hostif::Op::kReregMr, req, &resp);
+  }
+  if (err) {
+    errno = err;
+    return err;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_PD) {
+    to_pd(mr->mr.pd)->users.fetch_sub(1, std::memory_order_release);
+    to_pd(ibpd)->users.fetch_add(1, std::memory_order_relaxed);
+  }
+  // ibv_dereg_mr reads it (an on-demand region was never excluded from fork).
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) mr->access = access;
+  return 0;
+}
+
+ibv_mw* alloc_mw(ibv_pd* ibpd, ibv_mw_type type) noexcept {
+  if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* mw = new (std::nothrow) ibv_mw{};
+  if (!mw) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  Pd* pd = to_pd(ibpd);
+  hostif::AllocMwReq req;
+  req.pd = pd->id;
+  req.type = type;
+  hostif::Message resp;
+  const int err = engine_call(ibpd->context, hostif::Op::kAllocMw, req, &resp);
+  auto body = resp.as<hostif::AllocMwResp>();
+  if (err || !body) {
+    delete mw;
+    errno = err ? err : EPROTO;
+    return nullptr;
+  }
+  pd->users.fetch_add(1, std::memory_order_relaxed);
+  mw->context = ibpd->context;
+  mw->pd = ibpd;
+  mw->rkey = body->rkey;
+  mw->handle = body->rkey >> 8;
+  mw->type = type;
+  return mw;
+}
+
+// A bound window is invalidated with it (its rkey reaches nothing any more).
+int dealloc_mw(ibv_mw* mw) noexcept {
+  hostif::Message resp;
+  const int err =
+      engine_call(mw->context, hostif::Op::kDeallocMw, hostif::IdReq{mw->rkey}, &resp);
+  if (err && !engine_gone(err)) return err;
+  to_pd(mw->pd)->users.fetch_sub(1, std::memory_order_release);
+  delete mw;
+  return 0;
+}
+
+ibv_td* alloc_td(ibv_context* context, ibv_td_init_attr* attr) noexcept {
+  if (!attr || attr->comp_mask) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* td = new (std::nothrow) Td{};
+  if (!td) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  td->td.context = context;
+  return &td->td;
+}
+
+int dealloc_td(ibv_td* ibtd) noexcept {
+  auto* td = reinterpret_cast<Td*>(ibtd);
+  if (td->users.load(std::memory_order_acquire) != 0) return EBUSY;
+  delete td;
+  return 0;
+}
+
+// A parent domain is its PD for every verb (the same engine PD), plus a thread domain and the
+// allocators of the provider's memory for the QPs, CQs and SRQs made with it (the queues' rings
+// are the engine's shared segments and never come from them).
+ibv_pd* alloc_parent_domain(ibv_context* context, ibv_parent_domain_init_attr* attr) noexcept {
+  constexpr uint32_t kKnown =
+      IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+  const bool allocators = attr && (attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS);
+  if (!attr || !attr->pd || attr->pd->context != context || (attr->comp_mask & ~kKnown) ||
+      (attr->td && attr->td->context != context) ||
+      (allocators && (!attr->alloc || !attr->free))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  Pd* base = to_pd(attr->pd);
+  if (base->parent_of) base = base->parent_of;  // a parent of a parent extends the same PD
+  auto* pd = new (std::nothrow) Pd{};
+  if (!pd) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  pd->pd.context = context;
+  pd->pd.handle = base->pd.handle;
+  pd->id = base->id;
+  pd->parent_of = base;
+  pd->td = attr->td;
+  if (allocators) {
+    pd->alloc = attr->alloc;
+    pd->free = attr->free;
+  }
+  if (attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT) pd->pd_context = attr->pd_context;
+  base->users.fetch_add(1, std::memory_order_relaxed);
+  if (attr->td) reinterpret_cast<Td*>(attr->td)->users.fetch_add(1, std::memory_order_relaxed);
+  return &pd->pd;
+}
+
+// Prefetch advice (ibv_advise_mr(3)): the NIC resolves pages through the kernel at each access
+// and pins none, so there is nothing to fault in ahead of time; the advice is checked (each SGE
+// must lie in a region of the PD: EFAULT otherwise) and accepted.
+int advise_mr(ibv_pd* ibpd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+              uint32_t num_sge) noexcept {
+  if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+      advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+    return EOPNOTSUPP;
+  if ((flags & ~IBV_ADVISE_MR_FLAG_FLUSH) || !sg_list || num_sge == 0) return EINVAL;
+  for (uint32_t i = 0; i < num_sge; ++i) {
+    hostif::CheckMrReq req;
+    req.pd = to_pd(ibpd)->id;
+    req.lkey = sg_list[i].lkey;
+    req.addr = sg_list[i].addr;
+    req.length = sg_list[i].length;
+    hostif::Message resp;
+    if (int err = engine_call(ibpd->context, hostif::Op::kCheckMr, req, &resp)) return err;
+  }
+  return 0;
 }
 
 int dereg_mr(abi::VerbsMr* mr) noexcept {

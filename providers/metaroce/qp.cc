@@ -3,6 +3,8 @@
 // ibv_post_send / ibv_post_recv paths, which write WQEs straight into the shared rings.
 #include "providers/metaroce/qp.h"
 
+#include <infiniband/metaroce_dv.h>
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -23,6 +25,9 @@ namespace {
 constexpr uint32_t kPsnMask = 0xffffff;  // PSNs and QP numbers are 24-bit on the verbs side
 constexpr unsigned kQpAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+// Region-only flags an application may pass in qp_access_flags too (rdma-core's ODP tests
+// pass ON_DEMAND): accepted and recorded, meaningless for a QP.
+constexpr unsigned kQpAccessIgnored = IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND | kHintAccess;
 constexpr unsigned kSendFlags =
     IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE;
 constexpr int kCreateMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
@@ -38,6 +43,9 @@ void fail(int err) noexcept { errno = err; }
 
 // Send operations of a UD QP: datagrams only.
 constexpr uint64_t kUdSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+// UC: SENDs and RDMA WRITEs (verbs-mapping.md §15).
+constexpr uint64_t kUcSendOps = kUdSendOps | IBV_QP_EX_WITH_RDMA_WRITE |
+                                IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
 
 // 0 or an errno for the requested caps; writes back what will be granted.
 int grant_caps(const ibv_qp_cap& want, ibv_qp_cap* got) noexcept {
@@ -61,8 +69,8 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   }
   if ((a->comp_mask & ~kCreateMask) ||
       ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) ||
-      (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UD)) {
-    fail(EOPNOTSUPP);  // UC, XRC, raw packet, RSS and creation flags are not offered
+      (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UD && a->qp_type != IBV_QPT_UC)) {
+    fail(EOPNOTSUPP);  // XRC, raw packet, RSS and creation flags are not offered
     return nullptr;
   }
   if (a->srq && a->srq->context != context) {
@@ -70,7 +78,9 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
     return nullptr;
   }
   const bool ex = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  const uint64_t send_ops = a->qp_type == IBV_QPT_UD ? kUdSendOps : kSupportedSendOps;
+  const uint64_t send_ops = a->qp_type == IBV_QPT_UD   ? kUdSendOps
+                            : a->qp_type == IBV_QPT_UC ? kUcSendOps
+                                                       : kSupportedSendOps;
   if (ex && (a->send_ops_flags & ~send_ops)) {
     fail(EOPNOTSUPP);
     return nullptr;
@@ -84,7 +94,8 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   }
   if (a->srq) cap.max_recv_wr = 0;
 
-  auto* qp = new (std::nothrow) Qp{};
+  Pd* from = nullptr;
+  auto* qp = alloc_resource<Qp>(a->pd, MRDV_RES_TYPE_QP, &from);
   if (!qp) {
     fail(ENOMEM);
     return nullptr;
@@ -103,7 +114,9 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   req.send_cq = qp->send_cq->id;
   req.recv_cq = qp->recv_cq->id;
   req.srq = qp->srq ? qp->srq->id : 0;
-  req.type = qp->type == IBV_QPT_UD ? hostif::QpType::kUd : hostif::QpType::kRc;
+  req.type = qp->type == IBV_QPT_UD   ? hostif::QpType::kUd
+             : qp->type == IBV_QPT_UC ? hostif::QpType::kUc
+                                      : hostif::QpType::kRc;
   req.sq_sig_all = qp->sq_sig_all;
   req.caps.max_send_wr = cap.max_send_wr;
   req.caps.max_recv_wr = std::max<uint32_t>(cap.max_recv_wr, 1);
@@ -116,10 +129,11 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   const int err = create_mapped(context, hostif::Op::kCreateQp, req, {}, hostif::Op::kDestroyQp,
                                 &hostif::CreateQpResp::qpn, hostif::valid_qp, &body, &seg);
   if (err) {
-    delete qp;
+    free_resource(qp, from, MRDV_RES_TYPE_QP);
     fail(err);
     return nullptr;
   }
+  qp->mem_from = from;
   qp->ring = static_cast<hostif::QpHeader*>(seg);
   qp->ring_bytes = body.bytes;
   qp->ring_sge = qp->ring->max_send_sge;
@@ -164,7 +178,8 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
 int check_values(uint32_t active_mtu, const ibv_qp_attr& a, int mask, uint32_t* peer_ip) noexcept {
   if ((mask & IBV_QP_PORT) && a.port_num != kPortNum) return EINVAL;
   if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index != 0) return EINVAL;
-  if ((mask & IBV_QP_ACCESS_FLAGS) && (a.qp_access_flags & ~kQpAccess)) return EINVAL;
+  if ((mask & IBV_QP_ACCESS_FLAGS) && (a.qp_access_flags & ~(kQpAccess | kQpAccessIgnored)))
+    return EINVAL;
   if (mask & IBV_QP_AV) {
     // RoCE-style addressing: the GRH carries the peer; there are no LIDs on Ethernet.
     const ibv_ah_attr& ah = a.ah_attr;
@@ -224,7 +239,10 @@ constexpr int kRemoteMask = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_
 // Writes a classic work request into a send slot; 0 or EINVAL. Never allocates.
 int build_send(const Qp& qp, const ibv_send_wr& wr, uint8_t* slot) noexcept {
   auto op = to_nic(wr.opcode);
-  if (!op) return EINVAL;  // MW binds, invalidations, TSO: no such WQE in this NIC
+  if (!op) return EINVAL;  // TSO, atomic write: no such WQE in this NIC
+  if (qp.type == IBV_QPT_UC && *op != hostif::WqeOp::kSend && *op != hostif::WqeOp::kSendImm &&
+      *op != hostif::WqeOp::kWrite && *op != hostif::WqeOp::kWriteImm)
+    return EINVAL;  // no READ, atomic or window operation on an unreliable connection
   hostif::SendWqe* w = hostif::send_wqe(slot);
   std::memset(w, 0, sizeof(*w));
   if (qp.type == IBV_QPT_UD) {
@@ -244,6 +262,21 @@ int build_send(const Qp& qp, const ibv_send_wr& wr, uint8_t* slot) noexcept {
       ((wr.send_flags & IBV_SEND_SOLICITED) ? hostif::kSolicited : 0) |
       ((wr.send_flags & IBV_SEND_FENCE) ? hostif::kFence : 0));
   w->imm = (*op == hostif::WqeOp::kSendImm || *op == hostif::WqeOp::kWriteImm) ? wr.imm_data : 0;
+  if (*op == hostif::WqeOp::kBindMw || *op == hostif::WqeOp::kLocalInv ||
+      *op == hostif::WqeOp::kSendInv) {
+    if (qp.type != IBV_QPT_RC) return EINVAL;
+  }
+  if (*op == hostif::WqeOp::kBindMw) {
+    // A type 2 window, bound by this QP to part of a region of its PD (ibv_post_send(3)).
+    if (int err = check_bind(qp, wr.bind_mw.mw, wr.bind_mw.rkey, wr.bind_mw.bind_info)) return err;
+    fill_bind(w, wr.bind_mw.mw->rkey, wr.bind_mw.rkey, wr.bind_mw.bind_info);
+    return 0;
+  }
+  if (*op == hostif::WqeOp::kLocalInv) {
+    w->rkey = wr.invalidate_rkey;
+    return 0;
+  }
+  if (*op == hostif::WqeOp::kSendInv) w->rkey = wr.invalidate_rkey;
   const bool remote = *op == hostif::WqeOp::kWrite || *op == hostif::WqeOp::kWriteImm ||
                       *op == hostif::WqeOp::kRead;
   if (remote) {
@@ -297,11 +330,33 @@ hostif::WcOpcode flush_opcode(hostif::WqeOp op) {
     case hostif::WqeOp::kRead: return hostif::WcOpcode::kRdmaRead;
     case hostif::WqeOp::kCmpSwp: return hostif::WcOpcode::kCompSwap;
     case hostif::WqeOp::kFetchAdd: return hostif::WcOpcode::kFetchAdd;
+    case hostif::WqeOp::kBindMw: return hostif::WcOpcode::kBindMw;
+    case hostif::WqeOp::kLocalInv: return hostif::WcOpcode::kLocalInv;
     default: return hostif::WcOpcode::kSend;
   }
 }
 
 }  // namespace
+
+void fill_bind(hostif::SendWqe* w, uint32_t rkey, uint32_t new_rkey,
+               const ibv_mw_bind_info& b) noexcept {
+  w->op = hostif::WqeOp::kBindMw;
+  w->rkey = rkey;
+  w->imm = new_rkey;
+  w->remote_addr = b.length ? b.addr : 0;
+  w->compare_add = b.length;
+  w->swap = (uint64_t{b.length && b.mr ? b.mr->lkey : 0u} << 32) | b.mw_access_flags;
+}
+
+int check_bind(const Qp& qp, const ibv_mw* mw, uint32_t new_rkey,
+               const ibv_mw_bind_info& b) noexcept {
+  if (qp.type != IBV_QPT_RC || !mw || mw->type != IBV_MW_TYPE_2 ||
+      mw->context != qp.vqp.qp.context || (new_rkey >> 8) != (mw->rkey >> 8))
+    return EINVAL;
+  if (b.length && (!b.mr || b.mr->pd != mw->pd)) return EINVAL;
+  if (b.mw_access_flags & ~kMwAccess) return EINVAL;
+  return 0;
+}
 
 uint8_t* sq_slot_ahead(Qp* qp, uint32_t i) noexcept {
   hostif::QpHeader* h = qp->ring;
@@ -396,7 +451,7 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
   pthread_spin_destroy(&qp->rq_lock);
   pthread_cond_destroy(&ibqp->cond);
   pthread_mutex_destroy(&ibqp->mutex);
-  delete qp;
+  free_resource(qp, qp->mem_from, MRDV_RES_TYPE_QP);
   return 0;
 }
 
@@ -411,8 +466,9 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
   if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur)
     err = EINVAL;
   else
-    err = qp->type == IBV_QPT_UD ? check_ud_modify(cur, mask, attr->qp_state)
-                                 : check_rc_modify(cur, mask, attr->qp_state);
+    err = qp->type == IBV_QPT_UD   ? check_ud_modify(cur, mask, attr->qp_state)
+          : qp->type == IBV_QPT_UC ? check_uc_modify(cur, mask, attr->qp_state)
+                                   : check_rc_modify(cur, mask, attr->qp_state);
   if (!err && !to_nic(next)) err = EOPNOTSUPP;  // SQD: the NIC cannot drain a send queue yet
   if (!err) err = check_values(st.engine.active_mtu, *attr, mask, &peer_ip);
   if (!err) {
@@ -431,7 +487,7 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
       if (mask & IBV_QP_ACCESS_FLAGS) req.what |= hostif::kModAccess;
       if (mask & kRemoteMask) req.what |= hostif::kModRemote;
     }
-    req.access = qp->attr.qp_access_flags;
+    req.access = qp->attr.qp_access_flags & kQpAccess;
     req.remote = qp->remote;
     if (mask & IBV_QP_STATE) {
       req.what |= hostif::kModState;
@@ -449,6 +505,14 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
         SpinGuard r(&qp->rq_lock);
         qp->ring->sq_head.store(0);
         qp->ring->rq_head.store(0);
+        // Its completions not yet polled go too, as a hardware NIC cleans its CQs of a QP
+        // that is reset (rdma-core's tests restate failed QPs and poll on).
+        Cq* const cqs[2] = {qp->send_cq, qp->recv_cq};
+        for (int i = 0; i < 2; ++i) {
+          if (!cqs[i] || (i == 1 && cqs[1] == cqs[0])) continue;
+          SpinGuard c(&cqs[i]->poll_lock);
+          hostif::cq_clean(cqs[i]->ring, ibqp->qp_num);
+        }
       }
       qp->attr.qp_state = next;
       qp->attr.cur_qp_state = next;
@@ -456,6 +520,32 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
   }
   pthread_mutex_unlock(&qp->lock);
   return err;
+}
+
+// ECE: connection options two ends agree on out of band before RTR (NCCL exchanges them with
+// the QP numbers). Our vendor id names the provider; no option is offered yet, so what a peer
+// asks for is accepted as the empty set and set_ece answers it (its ece is IN/OUT). A peer of
+// another vendor, or a comp_mask we do not know, is EINVAL.
+constexpr uint32_t kEceOptions = 0;
+
+int query_ece(ibv_qp* ibqp, ibv_ece* ece) noexcept {
+  Qp* qp = to_qp(ibqp);
+  pthread_mutex_lock(&qp->lock);
+  ece->vendor_id = kVendorId;
+  ece->options = qp->ece_options;
+  ece->comp_mask = 0;
+  pthread_mutex_unlock(&qp->lock);
+  return 0;
+}
+
+int set_ece(ibv_qp* ibqp, ibv_ece* ece) noexcept {
+  if (!ece || ece->comp_mask || ece->vendor_id != kVendorId) return EINVAL;
+  Qp* qp = to_qp(ibqp);
+  pthread_mutex_lock(&qp->lock);
+  qp->ece_options = ece->options & kEceOptions;
+  ece->options = qp->ece_options;
+  pthread_mutex_unlock(&qp->lock);
+  return 0;
 }
 
 int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int /*attr_mask*/,
@@ -500,6 +590,31 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
   // The WRs before a bad one are posted, as verbs specifies.
   sq_publish(qp, n);
   return err;
+}
+
+// ibv_bind_mw (type 1): libibverbs checked the type and the region's PD. The bind is a WQE of
+// the QP's send queue, in order with the rest; the window takes its next key now.
+int bind_mw(ibv_qp* ibqp, ibv_mw* mw, ibv_mw_bind* bind) noexcept {
+  Qp* qp = to_qp(ibqp);
+  if (qp->type != IBV_QPT_RC || mw->context != ibqp->context ||
+      (bind->bind_info.mw_access_flags & ~kMwAccess) ||
+      (bind->send_flags & ~(IBV_SEND_SIGNALED | IBV_SEND_FENCE)))
+    return EINVAL;
+  SpinGuard g(&qp->sq_lock);
+  if (!sq_accepts(qp)) return EINVAL;
+  uint8_t* slot = sq_slot_ahead(qp, 0);
+  if (!slot) return ENOMEM;
+  hostif::SendWqe* w = hostif::send_wqe(slot);
+  std::memset(w, 0, sizeof(*w));
+  const uint32_t next = ibv_inc_rkey(mw->rkey);
+  fill_bind(w, mw->rkey, next, bind->bind_info);
+  w->wr_id = bind->wr_id;
+  w->flags = static_cast<uint8_t>(
+      (((bind->send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) ? hostif::kSignaled : 0) |
+      ((bind->send_flags & IBV_SEND_FENCE) ? hostif::kFence : 0));
+  sq_publish(qp, 1);
+  mw->rkey = next;
+  return 0;
 }
 
 int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {

@@ -20,6 +20,7 @@ namespace metaroce::provider {
 
 struct Qp {
   abi::VerbsQp vqp;  // first: the application holds &vqp.qp (or &vqp.qp_ex)
+  Pd* mem_from;      // the parent domain whose allocator gave this memory; nullptr: the heap
   hostif::QpHeader* ring;
   size_t ring_bytes;
   uint32_t ring_sge;    // SGE entries per send slot (where inline bytes start)
@@ -32,6 +33,7 @@ struct Qp {
   bool sq_sig_all;
   pthread_mutex_t lock;  // serialises modify_qp and query_qp
   ibv_qp_attr attr;      // attributes as last set by modify_qp, for query_qp
+  uint32_t ece_options;  // accepted by ibv_set_ece (under lock); none are offered yet
   hostif::QpRemote remote;
   // One poster per ring at a time (and none while a dead engine's queues are flushed).
   pthread_spinlock_t sq_lock, rq_lock;
@@ -59,6 +61,16 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) noexcept;
 int destroy_qp(ibv_qp* qp) noexcept;
 int modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) noexcept;
 int query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr* init_attr) noexcept;
+int bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) noexcept;
+// A type 2 bind through the send queue (IBV_WR_BIND_MW, ibv_wr_bind_mw): its checks (0 or
+// EINVAL), and the WQE (hostif::SendWqe documents the fields).
+int check_bind(const Qp& qp, const ibv_mw* mw, uint32_t new_rkey,
+               const ibv_mw_bind_info& b) noexcept;
+void fill_bind(hostif::SendWqe* w, uint32_t rkey, uint32_t new_rkey,
+               const ibv_mw_bind_info& b) noexcept;
+// Enhanced connection establishment (ibv_query_ece(3), ibv_set_ece(3)).
+int query_ece(ibv_qp* qp, ibv_ece* ece) noexcept;
+int set_ece(ibv_qp* qp, ibv_ece* ece) noexcept;
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept;
 

@@ -185,9 +185,25 @@ void wr_set_ud_addr(ibv_qp_ex* qpx, ibv_ah* ah, uint32_t remote_qpn, uint32_t re
 // Operations the NIC does not carry. create_qp_ex already refuses them in send_ops_flags; if
 // called anyway, the batch fails at wr_complete rather than crashing on a null pointer.
 void unsupported(ibv_qp_ex* qpx) { set_error(to_qp(qpx), EINVAL); }
-void wr_bind_mw(ibv_qp_ex* q, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { unsupported(q); }
-void wr_local_inv(ibv_qp_ex* q, uint32_t) { unsupported(q); }
-void wr_send_inv(ibv_qp_ex* q, uint32_t) { unsupported(q); }
+void wr_bind_mw(ibv_qp_ex* qpx, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* info) {
+  Qp* qp = to_qp(qpx);
+  if (!info || check_bind(*qp, mw, rkey, *info)) {
+    set_error(qp, EINVAL);
+    return;
+  }
+  if (auto* w = open_wr(qpx, hostif::WqeOp::kBindMw, IBV_QP_EX_WITH_BIND_MW))
+    fill_bind(w, mw->rkey, rkey, *info);
+}
+
+void wr_local_inv(ibv_qp_ex* qpx, uint32_t invalidate_rkey) {
+  if (auto* w = open_wr(qpx, hostif::WqeOp::kLocalInv, IBV_QP_EX_WITH_LOCAL_INV))
+    w->rkey = invalidate_rkey;
+}
+
+void wr_send_inv(ibv_qp_ex* qpx, uint32_t invalidate_rkey) {
+  if (auto* w = open_wr(qpx, hostif::WqeOp::kSendInv, IBV_QP_EX_WITH_SEND_WITH_INV))
+    w->rkey = invalidate_rkey;
+}
 void wr_send_tso(ibv_qp_ex* q, void*, uint16_t, uint16_t) { unsupported(q); }
 void wr_set_xrc_srqn(ibv_qp_ex* q, uint32_t) { unsupported(q); }
 void wr_atomic_write(ibv_qp_ex* q, uint32_t, uint64_t, const void*) { unsupported(q); }

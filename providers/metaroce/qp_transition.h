@@ -99,6 +99,49 @@ constexpr QpTransition ud_transition(ibv_qp_state cur, ibv_qp_state next) {
   }
 }
 
+// The UC row: RC's without what only reliable service has (READ/atomic depths, the ACK timeout,
+// retries, the RNR timer).
+constexpr QpTransition uc_transition(ibv_qp_state cur, ibv_qp_state next) {
+  if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
+    if (cur < IBV_QPS_RESET || cur > IBV_QPS_ERR) return {};
+    return {true, 0, 0};
+  }
+  constexpr uint32_t kRtsTunables =
+      IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE;
+  switch (cur) {
+    case IBV_QPS_RESET:
+      if (next == IBV_QPS_INIT)
+        return {true, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0};
+      return {};
+    case IBV_QPS_INIT:
+      if (next == IBV_QPS_INIT)
+        return {true, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS};
+      if (next == IBV_QPS_RTR)
+        return {true, IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
+                IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX};
+      return {};
+    case IBV_QPS_RTR:
+      if (next == IBV_QPS_RTS) return {true, IBV_QP_SQ_PSN, kRtsTunables};
+      return {};
+    case IBV_QPS_RTS:
+      if (next == IBV_QPS_RTS) return {true, 0, kRtsTunables};
+      if (next == IBV_QPS_SQD) return {true, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+      return {};
+    case IBV_QPS_SQD:
+      if (next == IBV_QPS_RTS) return {true, 0, kRtsTunables};
+      if (next == IBV_QPS_SQD)
+        return {true, 0,
+                IBV_QP_AV | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
+                    IBV_QP_PATH_MIG_STATE | IBV_QP_PATH_MTU};
+      return {};
+    case IBV_QPS_SQE:
+      if (next == IBV_QPS_RTS) return {true, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS};
+      return {};
+    default:
+      return {};
+  }
+}
+
 // 0 or EINVAL: mask (with or without IBV_QP_STATE) against one row of the table.
 constexpr int check_transition(const QpTransition& t, uint32_t mask) {
   if (!t.valid) return EINVAL;
@@ -114,6 +157,13 @@ constexpr int check_rc_modify(ibv_qp_state cur, int attr_mask, ibv_qp_state requ
   const uint32_t mask = static_cast<uint32_t>(attr_mask);
   const ibv_qp_state next = (mask & IBV_QP_STATE) ? requested_next : cur;
   return check_transition(rc_transition(cur, next), mask);
+}
+
+// The same for a UC QP.
+constexpr int check_uc_modify(ibv_qp_state cur, int attr_mask, ibv_qp_state requested_next) {
+  const uint32_t mask = static_cast<uint32_t>(attr_mask);
+  const ibv_qp_state next = (mask & IBV_QP_STATE) ? requested_next : cur;
+  return check_transition(uc_transition(cur, next), mask);
 }
 
 // The same for a UD QP.

@@ -3,6 +3,8 @@
 // address handles.
 #include "providers/metaroce/srq.h"
 
+#include <infiniband/metaroce_dv.h>
+
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -22,11 +24,13 @@ ibv_srq* create_srq(ibv_pd* ibpd, ibv_srq_init_attr* attr) noexcept {
     errno = EINVAL;
     return nullptr;
   }
-  auto* srq = new (std::nothrow) Srq{};
+  Pd* from = nullptr;
+  auto* srq = alloc_resource<Srq>(ibpd, MRDV_RES_TYPE_SRQ, &from);
   if (!srq) {
     errno = ENOMEM;
     return nullptr;
   }
+  srq->mem_from = from;
   Pd* pd = to_pd(ibpd);
   hostif::CreateSrqReq req;
   req.pd = pd->id;
@@ -39,7 +43,7 @@ ibv_srq* create_srq(ibv_pd* ibpd, ibv_srq_init_attr* attr) noexcept {
                                 hostif::Op::kDestroySrq, &hostif::CreateSrqResp::id,
                                 hostif::valid_srq, &body, &seg);
   if (err) {
-    delete srq;
+    free_resource(srq, from, MRDV_RES_TYPE_SRQ);
     errno = err;
     return nullptr;
   }
@@ -99,7 +103,7 @@ int destroy_srq(ibv_srq* ibsrq) noexcept {
   pthread_spin_destroy(&srq->post_lock);
   pthread_cond_destroy(&ibsrq->cond);
   pthread_mutex_destroy(&ibsrq->mutex);
-  delete srq;
+  free_resource(srq, srq->mem_from, MRDV_RES_TYPE_SRQ);
   return 0;
 }
 

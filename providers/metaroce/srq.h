@@ -20,6 +20,7 @@ struct Qp;
 
 struct Srq {
   ibv_srq srq;                  // first: the application holds &srq
+  Pd* mem_from;                 // the parent domain whose allocator gave this memory, or null
   hostif::SrqHeader* ring;
   size_t ring_bytes;
   uint32_t id;                  // the engine's

@@ -114,17 +114,18 @@ using UnusedOp = void (*)();
 
 // libibverbs' verbs_context_ops: 76 slots in alphabetical order; the order is the ABI.
 struct ContextOps {
-  UnusedOp advise_mr;
+  int (*advise_mr)(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+                   uint32_t num_sge);
   UnusedOp alloc_dm;
-  UnusedOp alloc_mw;
+  ibv_mw* (*alloc_mw)(ibv_pd* pd, ibv_mw_type type);
   UnusedOp alloc_null_mr;
-  UnusedOp alloc_parent_domain;
+  ibv_pd* (*alloc_parent_domain)(ibv_context* context, ibv_parent_domain_init_attr* attr);
   ibv_pd* (*alloc_pd)(ibv_context* context);
-  UnusedOp alloc_td;
+  ibv_td* (*alloc_td)(ibv_context* context, ibv_td_init_attr* attr);
   void (*async_event)(ibv_context* context, ibv_async_event* event);
   UnusedOp attach_counters_point_flow;
   UnusedOp attach_mcast;
-  UnusedOp bind_mw;
+  int (*bind_mw)(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* mw_bind);
   UnusedOp close_xrcd;
   void (*cq_event)(ibv_cq* cq);
   ibv_ah* (*create_ah)(ibv_pd* pd, ibv_ah_attr* attr);
@@ -140,9 +141,9 @@ struct ContextOps {
   ibv_srq* (*create_srq)(ibv_pd* pd, ibv_srq_init_attr* attr);
   UnusedOp create_srq_ex;
   UnusedOp create_wq;
-  UnusedOp dealloc_mw;
+  int (*dealloc_mw)(ibv_mw* mw);
   int (*dealloc_pd)(ibv_pd* pd);
-  UnusedOp dealloc_td;
+  int (*dealloc_td)(ibv_td* td);
   int (*dereg_mr)(VerbsMr* mr);
   int (*destroy_ah)(ibv_ah* ah);
   UnusedOp destroy_counters;
@@ -175,7 +176,7 @@ struct ContextOps {
   int (*post_srq_recv)(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
   int (*query_device_ex)(ibv_context* context, const ibv_query_device_ex_input* input,
                          ibv_device_attr_ex* attr, size_t attr_size);
-  UnusedOp query_ece;
+  int (*query_ece)(ibv_qp* qp, ibv_ece* ece);
   int (*query_port)(ibv_context* context, uint8_t port_num, ibv_port_attr* attr);
   int (*query_qp)(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr* init_attr);
   UnusedOp query_qp_data_in_order;
@@ -186,9 +187,9 @@ struct ContextOps {
   UnusedOp reg_dmabuf_mr;
   ibv_mr* (*reg_mr)(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int access);
   int (*req_notify_cq)(ibv_cq* cq, int solicited_only);
-  UnusedOp rereg_mr;
-  UnusedOp resize_cq;
-  UnusedOp set_ece;
+  int (*rereg_mr)(VerbsMr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access);
+  int (*resize_cq)(ibv_cq* cq, int cqe);
+  int (*set_ece)(ibv_qp* qp, ibv_ece* ece);
   UnusedOp unimport_dm;
   UnusedOp unimport_mr;
   UnusedOp unimport_pd;

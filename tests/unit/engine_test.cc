@@ -421,6 +421,7 @@ class Driver {
     req.access = access;
     req.addr = addr;
     req.length = length;
+    req.iova = addr;  // as ibv_reg_mr asks
     Message resp;
     const int e = call(Op::kRegMr, req, &resp);
     auto body = resp.as<hostif::RegMrResp>();
@@ -752,6 +753,27 @@ TEST_F(HostEngineTest, ASessionCannotUseOrDestroyAnotherSessionsObjects) {
   EXPECT_EQ(d.create_qp(a.pd, c.cq.id, c.cq.id, &qp), EINVAL) << "a's PD";
   EXPECT_EQ(d.create_qp(c.pd, a.cq.id, c.cq.id, &qp), EINVAL) << "a's CQ";
   EXPECT_EQ(d.create_qp(c.pd, c.cq.id, a.cq.id, &qp), EINVAL) << "a's CQ";
+  // Nor re-register, check, resize, or put a window in, what is a's.
+  {
+    hostif::ReregMrReq rr;
+    rr.lkey = a.key;
+    rr.flags = 4;  // CHANGE_ACCESS
+    rr.access = kAllAccess;
+    EXPECT_EQ(d.call(Op::kReregMr, rr), EINVAL);
+    hostif::CheckMrReq cm;
+    cm.lkey = a.key;
+    cm.pd = a.pd;
+    cm.addr = a.buf->addr();
+    cm.length = 8;
+    EXPECT_EQ(d.call(Op::kCheckMr, cm), EFAULT);
+    EXPECT_EQ(d.call(Op::kResizeCq, hostif::ResizeCqReq{a.cq.id, 64}), EINVAL);
+    EXPECT_EQ(d.call(Op::kAllocMw, hostif::AllocMwReq{a.pd, 1}), EINVAL);
+    Message resp;
+    ASSERT_EQ(a.drv->call(Op::kAllocMw, hostif::AllocMwReq{a.pd, 2}, &resp), 0);
+    const uint32_t mw = resp.as<hostif::AllocMwResp>()->rkey;
+    EXPECT_EQ(d.call(Op::kDeallocMw, hostif::IdReq{mw, 0}), EINVAL);
+    EXPECT_EQ(a.drv->call(Op::kDeallocMw, hostif::IdReq{mw, 0}), 0);
+  }
   // Its own objects it may destroy.
   EXPECT_EQ(d.call(Op::kDestroyQp, hostif::IdReq{c.qp.qpn, 0}), 0);
   // a's objects are intact and work.
@@ -1025,6 +1047,23 @@ TEST_F(HostEngineTest, RequestsOutOfRangeAreRefusedAndTheSessionKept) {
   EXPECT_EQ(d.reg_mr(a.pd, a.buf->addr(), uint64_t{hostif::kMaxMrSize} + 1, kAllAccess, &key),
             EINVAL);
   EXPECT_EQ(d.reg_mr(a.pd, ~uint64_t{0} - 100, 4096, kAllAccess, &key), EINVAL) << "wraps";
+  {
+    // The second round's requests (issue 14), out of range.
+    hostif::ReregMrReq rr;
+    rr.lkey = a.key;
+    EXPECT_EQ(d.call(Op::kReregMr, rr), EINVAL) << "no flag";
+    EXPECT_EQ(d.call(Op::kResizeCq, hostif::ResizeCqReq{a.cq.id, 0}), EINVAL);
+    EXPECT_EQ(d.call(Op::kResizeCq, hostif::ResizeCqReq{a.cq.id, hostif::kMaxCqe + 1}), EINVAL);
+    EXPECT_EQ(d.call(Op::kAllocMw, hostif::AllocMwReq{a.pd, 3}), EINVAL);
+    hostif::ModifyQpReq m;
+    m.qpn = a.qp.qpn;
+    m.what = hostif::kModRemote;
+    m.remote.retry_cnt = 8;
+    EXPECT_EQ(d.call(Op::kModifyQp, m), EINVAL) << "retry_cnt 8";
+    m.remote.retry_cnt = 7;
+    m.remote.min_rnr_timer = 32;
+    EXPECT_EQ(d.call(Op::kModifyQp, m), EINVAL) << "min_rnr_timer 32";
+  }
   EXPECT_EQ(d.call(Op::kDeallocPd, hostif::IdReq{a.pd + 1000, 0}), EINVAL);
   EXPECT_EQ(d.call(Op::kDeallocPd, hostif::IdReq{a.pd, 0}), EBUSY) << "its QP and MR use it";
   {

@@ -94,6 +94,64 @@ TEST(CqRing, StagedCompletionsAreInvisibleUntilPublished) {
   EXPECT_EQ(cq_poll(h, 8, out), 0);
 }
 
+TEST(CqRing, CleaningAQpRemovesOnlyItsUnpolledCompletionsInOrderAcrossTheWrap) {
+  Seg s(cq_layout(8).bytes);
+  init_cq(s.data(), 8);
+  auto* h = s.as<CqHeader>();
+  CqProducer p(h);
+  Cqe out[16];
+  // Move the indices near the wrap of the 8-entry ring first.
+  for (uint64_t i = 0; i < 6; ++i) ASSERT_TRUE(p.stage(cqe(100 + i)));
+  p.publish();
+  ASSERT_EQ(cq_poll(h, 16, out), 6);
+  for (uint64_t i = 1; i <= 6; ++i) {
+    Cqe c = cqe(i);
+    c.qp_num = i % 2 ? 7 : 9;  // 1, 3, 5 of QP 7; 2, 4, 6 of QP 9
+    ASSERT_TRUE(p.stage(c));
+  }
+  p.publish();
+  EXPECT_EQ(cq_clean(h, 7), 3);
+  EXPECT_EQ(cq_clean(h, 12345), 0);
+  // The room freed is the engine's again: all but the 3 kept fit.
+  const uint32_t room = h->capacity - 3;
+  for (uint64_t i = 0; i < room; ++i) EXPECT_TRUE(p.stage(cqe(50 + i)));
+  EXPECT_FALSE(p.stage(cqe(99)));
+  p.publish();
+  ASSERT_EQ(cq_poll(h, 16, out), static_cast<int>(h->capacity));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(out[i].wr_id, static_cast<uint64_t>(2 * i + 2));
+  EXPECT_EQ(out[3].wr_id, 50u);
+}
+
+TEST(CqRing, MovingToANewRingKeepsWhatWasNotPolledInOrderAndRefusesARingTooSmall) {
+  Seg s(cq_layout(8).bytes);
+  init_cq(s.data(), 8);
+  auto* h = s.as<CqHeader>();
+  CqProducer p(h);
+  Cqe out[64];
+  for (uint64_t i = 1; i <= 10; ++i) ASSERT_TRUE(p.stage(cqe(i)));
+  p.publish();
+  ASSERT_EQ(cq_poll(h, 3, out), 3);  // 4..10 are left, and two more only staged
+  ASSERT_TRUE(p.stage(cqe(11)));
+  ASSERT_TRUE(p.stage(cqe(12)));
+  h->armed.store(1);
+  Seg small(cq_layout(4).bytes);
+  init_cq(small.data(), 4);
+  EXPECT_FALSE(p.move_to(small.as<CqHeader>())) << "9 completions into a ring of 7";
+  Seg big(cq_layout(40).bytes);
+  init_cq(big.data(), 40);
+  auto* b = big.as<CqHeader>();
+  ASSERT_TRUE(p.move_to(b));
+  EXPECT_EQ(p.header(), b);
+  EXPECT_EQ(b->armed.load(), 1u);
+  ASSERT_EQ(cq_poll(b, 64, out), 7) << "the staged two wait for publish";
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(out[i].wr_id, static_cast<uint64_t>(4 + i));
+  EXPECT_TRUE(p.publish()) << "the armed state came along";
+  ASSERT_EQ(cq_poll(b, 64, out), 2);
+  EXPECT_EQ(out[1].wr_id, 12u);
+  for (uint64_t i = 0; i < b->capacity; ++i) EXPECT_TRUE(p.stage(cqe(100 + i)));
+  EXPECT_FALSE(p.stage(cqe(999)));
+}
+
 TEST(CqRing, AStagedCompletionCanBeAmendedBeforePublish) {
   Seg s(cq_layout(8).bytes);
   init_cq(s.data(), 8);
@@ -509,7 +567,7 @@ TEST(SrqRing, ValidSrqRejectsWhatDoesNotFitOrIsNotAnSrq) {
     return !valid_srq(s.data(), l.bytes);
   };
   EXPECT_TRUE(broken([](SrqHeader* x) { x->magic = kCqMagic; }));
-  EXPECT_TRUE(broken([](SrqHeader* x) { x->version = 2; }));
+  EXPECT_TRUE(broken([](SrqHeader* x) { x->version = kAbiVersion + 1; }));
   EXPECT_TRUE(broken([](SrqHeader* x) { x->entries = 12; }));
   EXPECT_TRUE(broken([](SrqHeader* x) { x->max_wr = 0; }));
   EXPECT_TRUE(broken([](SrqHeader* x) { x->max_wr = x->entries + 1; }));

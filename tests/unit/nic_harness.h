@@ -78,13 +78,21 @@ struct RecvWqe {
 class TestCq {
  public:
   TestCq(Nic& nic, Owner* o, uint32_t cqe, bool channel = false)
-      : nic_(nic), owner_(o), ring_(hostif::cq_layout(cqe).bytes) {
-    hostif::init_cq(ring_.mem, cqe);
+      : nic_(nic), owner_(o), ring_(std::make_unique<Ring>(hostif::cq_layout(cqe).bytes)) {
+    hostif::init_cq(ring_->mem, cqe);
     err = nic.create_cq(o, header(), reinterpret_cast<uintptr_t>(this), channel, &id);
   }
   ~TestCq() { nic_.destroy_cq(owner_, id); }
-  hostif::CqHeader* header() { return reinterpret_cast<hostif::CqHeader*>(ring_.mem); }
+  hostif::CqHeader* header() { return reinterpret_cast<hostif::CqHeader*>(ring_->mem); }
   int poll(int n, Cqe* out) { return hostif::cq_poll(header(), n, out); }
+  // ibv_resize_cq as the provider does it: a new ring, which replaces the old one on success.
+  int resize(uint32_t cqe) {
+    auto ring = std::make_unique<Ring>(hostif::cq_layout(cqe).bytes);
+    hostif::init_cq(ring->mem, cqe);
+    const int e = nic_.resize_cq(owner_, id, reinterpret_cast<hostif::CqHeader*>(ring->mem));
+    if (!e) ring_ = std::move(ring);
+    return e;
+  }
   void arm() { header()->armed.store(1); }
   uint32_t id = 0;
   int err = 0;
@@ -92,7 +100,7 @@ class TestCq {
  private:
   Nic& nic_;
   Owner* owner_;
-  Ring ring_;
+  std::unique_ptr<Ring> ring_;
 };
 
 class TestSrq {

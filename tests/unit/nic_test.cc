@@ -20,7 +20,7 @@ namespace {
 using namespace metaroce::nic::test;
 using hostif::AsyncEvent;
 
-constexpr unsigned kAllAccess = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
+constexpr unsigned kAllAccess = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic | kMwBind;
 constexpr uint32_t kIpA = 0xC6120001, kIpB = 0xC6120002;
 
 struct Side {
@@ -127,6 +127,19 @@ class NicTest : public ::testing::Test {
 
   Sge sge(Side& s, size_t off, uint32_t len) {
     return Sge{reinterpret_cast<uint64_t>(s.buf.data() + off), len, s.key};
+  }
+  // A signaled WQE of one SGE (and, for RDMA, its remote address and key).
+  static SendWqe wqe(uint64_t wr_id, WqeOp op, const Sge& g, uint64_t raddr = 0,
+                     uint32_t rkey = 0) {
+    SendWqe w;
+    w.wr_id = wr_id;
+    w.op = op;
+    w.signaled = true;
+    w.num_sge = 1;
+    w.sge[0] = g;
+    w.remote_addr = raddr;
+    w.rkey = rkey;
+    return w;
   }
   Nic& nic(Side& s) { return *s.dev->nic; }
   QueuePair& core_qp(Side& s, const TestQp& q) { return *nic(s).find_qp(q.qpn()); }
@@ -326,6 +339,85 @@ TEST_F(NicTest, SendBeforeReceiveIsPostedWaitsThenLands) {
   EXPECT_EQ(b_.buf[1999], 0x77);
 }
 
+// Sets the verbs retry attributes of s's QP (as a modify_qp RTR/RTS would), towards its peer.
+void set_retry(Side& s, uint32_t peer_ip, uint32_t peer_qpn, uint8_t timeout, uint8_t retry_cnt,
+               uint8_t rnr_retry, uint8_t min_rnr_timer) {
+  hostif::QpRemote r;
+  r.ip = peer_ip;
+  r.qpn = peer_qpn;
+  r.max_rd_atomic = 16;
+  r.timeout = timeout;
+  r.retry_cnt = retry_cnt;
+  r.rnr_retry = rnr_retry;
+  r.min_rnr_timer = min_rnr_timer;
+  s.qp->set_remote(r);
+}
+
+TEST_F(NicTest, TheRequestersRnrRetryBoundsRefusalsOfItsSends) {
+  // rnr_retry 0: the first RNR NAK ends the SEND with RNR_RETRY_EXC_ERR (the engine's own
+  // limit is 7, for ever: a QP value ignored would leave it waiting).
+  set_retry(a_, kIpB, b_.qp->qpn(), 14, 7, 0, 12);
+  ASSERT_EQ(a_.qp->post_send(wqe(5, WqeOp::kSend, sge(a_, 0, 100))), 0);
+  auto got = run_until(a_, 1, 2000);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 5u);
+  EXPECT_EQ(got[0].status, WcStatus::kRnrRetryExcErr);
+  EXPECT_EQ(a_.qp->state(), QpState::kErr);
+}
+
+TEST_F(NicTest, TheRespondersMinRnrTimerSetsTheSendersBackOff) {
+  // The receive is posted 1 ms after the SEND was refused. A responder whose min_rnr_timer is
+  // 1 (10 us) has it land well within 1 ms more; one whose timer is 24 (40.96 ms) keeps the
+  // sender away for 40 ms (the engine's own back-off is 1 ms).
+  for (uint8_t timer : {uint8_t{1}, uint8_t{24}}) {
+    build(test_link_config());
+    set_retry(b_, kIpA, a_.qp->qpn(), 14, 7, 7, timer);
+    SendWqe s = wqe(0, WqeOp::kSend, sge(a_, 0, 100));
+    s.signaled = false;
+    ASSERT_EQ(a_.qp->post_send(s), 0);
+    EXPECT_TRUE(run_until(b_, 1, 100).empty());  // 1 ms: refused, backing off
+    RecvWqe r;
+    r.wr_id = 11;
+    r.num_sge = 1;
+    r.sge[0] = sge(b_, 0, 4096);
+    ASSERT_EQ(b_.qp->post_recv(r), 0);
+    const transport::Time posted = clock_;
+    auto got = run_until(b_, 1, 10000);
+    ASSERT_EQ(got.size(), 1u) << int{timer};
+    if (timer == 1) EXPECT_LT(clock_ - posted, std::chrono::microseconds(500));
+    else EXPECT_GT(clock_ - posted, std::chrono::milliseconds(30));
+  }
+}
+
+TEST_F(NicTest, TheQpsTimeoutAndRetryCountBoundAWriteToAVanishedPeer) {
+  // The peer has no such QP: WRITEs are never acknowledged. timeout 8 (1 ms) with retry_cnt 0
+  // fails the WRITE within a few ms; retry_cnt 7 only after 8 ms of silence; timeout 16
+  // (268 ms) keeps it waiting past 100 ms. (The engine's own limit is 7 RTOs.)
+  struct Case {
+    uint8_t timeout, retry_cnt;
+    std::chrono::milliseconds not_before, by;  // by 0: no completion within 100 ms
+  };
+  for (const Case& k : {Case{8, 0, std::chrono::milliseconds(1), std::chrono::milliseconds(4)},
+                        Case{8, 7, std::chrono::milliseconds(8), std::chrono::milliseconds(40)},
+                        Case{16, 1, std::chrono::milliseconds(0), std::chrono::milliseconds(0)}}) {
+    build(test_link_config());
+    set_retry(a_, kIpB, 0xabcde, k.timeout, k.retry_cnt, 7, 12);
+    ASSERT_EQ(a_.qp->post_send(wqe(3, WqeOp::kWrite, sge(a_, 0, 64),
+                                   reinterpret_cast<uint64_t>(b_.buf.data()), b_.key)),
+              0);
+    const transport::Time start = clock_;
+    auto got = run_until(a_, 1, 10000);  // 100 ms at most
+    if (k.by.count() == 0) {
+      EXPECT_TRUE(got.empty()) << int{k.timeout};
+      continue;
+    }
+    ASSERT_EQ(got.size(), 1u) << int{k.retry_cnt};
+    EXPECT_EQ(got[0].status, WcStatus::kRetryExcErr);
+    EXPECT_GE(clock_ - start, k.not_before) << int{k.retry_cnt};
+    EXPECT_LT(clock_ - start, k.by) << int{k.retry_cnt};
+  }
+}
+
 TEST_F(NicTest, ModifyToErrorFlushesPostedReceives) {
   RecvWqe r;
   r.wr_id = 11;
@@ -496,11 +588,10 @@ TEST_F(NicTest, AtomicRequestSeenTwiceIsAnsweredButExecutedOnce) {
   ops[7] = 3;  // add 3, big-endian
   transport::Segment seg;
   seg.peer_ip = 0xC6120001;
-  seg.op = transport::Op::kWrite;
+  seg.op = transport::Op::kAtomicFetchAdd;
   seg.dst_stream = b_.qp->qpn();
   seg.src_stream = a_.qp->qpn();
   seg.msn = 0;
-  seg.rsn = kRsnAtomicFetchAdd;
   seg.total_length = kAtomicRequestLen;
   seg.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data());
   seg.rkey = b_.key;
@@ -1070,10 +1161,375 @@ TEST_F(NicTest, AnIdleQpHoldsLittleEngineMemory) {
   EXPECT_LT(bytes, 8192u);
 }
 
+TEST_F(NicTest, ARegionRegisteredAtAnIovaIsReachedAtThatIovaLocallyAndRemotely) {
+  // b's second region: bytes at b.buf + 8192 known to verbs as IOVA 0x10000000 (ibv_reg_mr_iova2).
+  constexpr uint64_t kIova = 0x10000000;
+  uint32_t lkey = 0, rkey = 0;
+  ASSERT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, reinterpret_cast<uint64_t>(b_.buf.data()) + 8192,
+                           4096, kIova, kAllAccess, &lkey, &rkey), 0);
+  for (int i = 0; i < 64; ++i) a_.buf[i] = static_cast<uint8_t>(i + 1);
+  SendWqe w = wqe(1, WqeOp::kWrite, sge(a_, 0, 64), kIova + 100, rkey);
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  auto c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 8192 + 100, a_.buf.data(), 64), 0);
+  // The region's own address is not its verbs address: out of bounds there.
+  w.wr_id = 2;
+  w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data()) + 8192;
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRemAccessErr);
+  // Locally too: b sends from IOVA addresses of its region.
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, reinterpret_cast<uint64_t>(b_.buf.data()) + 8192,
+                           4096, kIova, kAllAccess, &lkey, &rkey), 0);
+  std::memset(b_.buf.data() + 8192 + 300, 0x5a, 32);
+  RecvWqe r;
+  r.wr_id = 3;
+  r.num_sge = 1;
+  r.sge[0] = sge(a_, 4096, 32);
+  ASSERT_EQ(a_.qp->post_recv(r), 0);
+  ASSERT_EQ(b_.qp->post_send(wqe(4, WqeOp::kSend, Sge{kIova + 300, 32, lkey})), 0);
+  auto rc = run_until(a_, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(a_.buf[4096], 0x5a);
+  EXPECT_EQ(a_.buf[4096 + 31], 0x5a);
+}
+
+TEST_F(NicTest, ReregChangesAccessPdAndTranslationInPlaceAndARefusalChangesNothing) {
+  Nic& n = nic(b_);
+  const uint64_t base = reinterpret_cast<uint64_t>(b_.buf.data());
+  uint32_t other_pd = 0;
+  ASSERT_EQ(n.alloc_pd(&b_.owner, &other_pd), 0);
+  auto write_to = [&](uint64_t addr) {
+    EXPECT_EQ(a_.qp->post_send(wqe(addr, WqeOp::kWrite, sge(a_, 0, 8), addr, b_.key)), 0);
+    auto c = run_until(a_, 1);
+    return c.size() == 1 ? c[0].status : WcStatus::kGeneralErr;
+  };
+  // Access: no remote write any more.
+  ASSERT_EQ(n.rereg_mr(&b_.owner, b_.key, kReregAccess, 0, 0, 0, kLocalWrite), 0);
+  EXPECT_EQ(write_to(base), WcStatus::kRemAccessErr);
+  build(test_link_config());
+  // PD: the region leaves the QP's PD; a dealloc of the new PD is refused while it holds it.
+  ASSERT_EQ(nic(b_).alloc_pd(&b_.owner, &other_pd), 0);
+  ASSERT_EQ(nic(b_).rereg_mr(&b_.owner, b_.key, kReregPd, other_pd, 0, 0, 0), 0);
+  EXPECT_EQ(nic(b_).dealloc_pd(&b_.owner, other_pd), EBUSY);
+  EXPECT_EQ(write_to(base), WcStatus::kRemAccessErr);
+  build(test_link_config());
+  // Translation: the region now covers [base + 65536, + 4096) at that address.
+  ASSERT_EQ(nic(b_).rereg_mr(&b_.owner, b_.key, kReregTranslation, 0, base + 65536, 4096, 0), 0);
+  EXPECT_EQ(write_to(base + 65536 + 8), WcStatus::kSuccess);
+  EXPECT_EQ(write_to(base), WcStatus::kRemAccessErr);
+  // Refusals: unknown flags, no flag, a PD of nobody, a range too long: nothing changes.
+  build(test_link_config());
+  Nic& m = nic(b_);
+  EXPECT_EQ(m.rereg_mr(&b_.owner, b_.key, 8, 0, 0, 0, 0), EINVAL);
+  EXPECT_EQ(m.rereg_mr(&b_.owner, b_.key, 0, 0, 0, 0, 0), EINVAL);
+  EXPECT_EQ(m.rereg_mr(&b_.owner, b_.key, kReregPd | kReregAccess, 999, 0, 0, kLocalWrite), EINVAL);
+  EXPECT_EQ(m.rereg_mr(&b_.owner, b_.key, kReregTranslation, 0, base, uint64_t{1} << 40, 0), EINVAL);
+  EXPECT_EQ(m.rereg_mr(&a_.owner, b_.key, kReregAccess, 0, 0, 0, kLocalWrite), EINVAL);
+  EXPECT_EQ(write_to(base), WcStatus::kSuccess);
+}
+
+TEST_F(NicTest, AnImplicitOnDemandRegionCoversTheWholeAddressSpace) {
+  uint32_t lkey = 0, rkey = 0;
+  // Only with ON_DEMAND, at address 0, for everything.
+  EXPECT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, 0, UINT64_MAX, kAllAccess, &lkey, &rkey), EINVAL);
+  EXPECT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, 4096, UINT64_MAX, kAllAccess | kOnDemand, &lkey, &rkey),
+            EINVAL);
+  ASSERT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, 0, UINT64_MAX, kAllAccess | kOnDemand, &lkey, &rkey), 0);
+  std::vector<uint8_t> elsewhere(256, 0);  // memory registered nowhere else
+  for (int i = 0; i < 8; ++i) a_.buf[i] = static_cast<uint8_t>(0xa0 + i);
+  ASSERT_EQ(a_.qp->post_send(wqe(1, WqeOp::kWrite, sge(a_, 0, 8),
+                                 reinterpret_cast<uint64_t>(elsewhere.data()) + 16, rkey)),
+            0);
+  auto c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(elsewhere.data() + 16, a_.buf.data(), 8), 0);
+  EXPECT_EQ(nic(b_).check_mr(&b_.owner, lkey, b_.pd, reinterpret_cast<uint64_t>(elsewhere.data()), 256), 0);
+  EXPECT_EQ(nic(b_).check_mr(&b_.owner, lkey + 1, b_.pd, 0, 1), EFAULT);
+}
+
+TEST_F(NicTest, AResizedCqKeepsItsCompletionsAndRefusesToShrinkBelowWhatItHoldsOrIsOwed) {
+  // Three signaled WRITEs complete into a's CQ; a fourth is posted and not yet carried out.
+  auto write = [&](uint64_t wr_id) {
+    ASSERT_EQ(a_.qp->post_send(wqe(wr_id, WqeOp::kWrite, sge(a_, 0, 8),
+                                   reinterpret_cast<uint64_t>(b_.buf.data()), b_.key)),
+              0);
+  };
+  for (uint64_t i = 1; i <= 3; ++i) write(i);
+  for (int i = 0; i < 2000 && a_.cq->header()->head.load() < 3; ++i) step();
+  ASSERT_EQ(a_.cq->header()->head.load(), 3u);
+  write(4);
+  EXPECT_EQ(a_.cq->resize(3), EINVAL) << "3 held + 1 owed do not fit in 3";
+  EXPECT_EQ(a_.cq->resize(0), EINVAL);
+  ASSERT_EQ(a_.cq->resize(4), 0);
+  EXPECT_GE(a_.cq->header()->capacity, 4u);
+  auto c = run_until(a_, 4);
+  ASSERT_EQ(c.size(), 4u);
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(c[i].wr_id, i + 1);
+  EXPECT_EQ(a_.cq->resize(1), 0) << "empty and owed nothing: any size";
+  write(5);
+  c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 5u);
+}
+
+TEST_F(NicTest, ThePortGoesDownWhenItsPlaneIsTakenOutOfServiceOrLosesItsPeerAndComesBack) {
+  Nic& n = nic(a_);
+  for (int i = 0; i < 5; ++i) step();
+  EXPECT_TRUE(n.port_active());
+  EXPECT_FALSE(n.take_port_change());
+  // The operator takes the only plane out of service: down, said once.
+  ASSERT_TRUE(a_.dev->layer->set_plane_admin(0, false));
+  for (int i = 0; i < 5; ++i) step();
+  EXPECT_FALSE(n.port_active());
+  EXPECT_TRUE(n.take_port_change());
+  EXPECT_FALSE(n.take_port_change());
+  ASSERT_TRUE(a_.dev->layer->set_plane_admin(0, true));
+  for (int i = 0; i < 5; ++i) step();
+  EXPECT_TRUE(n.port_active());
+  EXPECT_TRUE(n.take_port_change());
+  // The peer goes away: the carrier of a link that was up drops (checked every 10 ms).
+  b_.qp.reset();
+  b_.cq.reset();
+  b_.dev.reset();
+  for (int i = 0; i < 3000 && n.port_active(); ++i) {
+    clock_ += std::chrono::microseconds(10);
+    a_.dev->progress(clock_);
+  }
+  EXPECT_FALSE(n.port_active());
+  EXPECT_TRUE(n.take_port_change());
+}
+
+TEST_F(NicTest, UnreliableConnectionsCarrySendsAndWritesButNoReads) {
+  TestCq cqa(nic(a_), &a_.owner, 64), cqb(nic(b_), &b_.owner, 64);
+  TestQp ua(nic(a_), &a_.owner, a_.pd, cqa, cqa, caps(16), QpType::kUc);
+  TestQp ub(nic(b_), &b_.owner, b_.pd, cqb, cqb, caps(16), QpType::kUc);
+  ASSERT_EQ(ua.err, 0);
+  ASSERT_EQ(ub.err, 0);
+  bring_up(ua, kIpB, ub.qpn());
+  bring_up(ub, kIpA, ua.qpn());
+  RecvWqe r;
+  r.wr_id = 1;
+  r.num_sge = 1;
+  r.sge[0] = sge(b_, 0, 64);
+  ASSERT_EQ(ub.post_recv(r), 0);
+  std::memset(a_.buf.data(), 0x3c, 64);
+  ASSERT_EQ(ua.post_send(wqe(2, WqeOp::kSend, sge(a_, 0, 64))), 0);
+  SendWqe s = wqe(3, WqeOp::kWrite, sge(a_, 0, 64),
+                  reinterpret_cast<uint64_t>(b_.buf.data()) + 4096, b_.key);
+  ASSERT_EQ(ua.post_send(s), 0);
+  auto rc = run_until(cqb, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(rc[0].byte_len, 64u);
+  auto sc = run_until(cqa, 2);
+  ASSERT_EQ(sc.size(), 2u);
+  EXPECT_EQ(sc[1].status, WcStatus::kSuccess);
+  EXPECT_EQ(b_.buf[4096 + 63], 0x3c);
+  EXPECT_EQ(b_.buf[63], 0x3c);
+  // A READ has no place on an unreliable connection: the WQE fails, and the QP with it.
+  s.wr_id = 4;
+  s.op = WqeOp::kRead;
+  ASSERT_EQ(ua.post_send(s), 0);
+  sc = run_until(cqa, 1);
+  ASSERT_EQ(sc.size(), 1u);
+  EXPECT_EQ(sc[0].status, WcStatus::kLocQpOpErr);
+}
+
+// A bind WQE of window `rkey` onto [addr, addr + len) of the side's region (hostif::SendWqe).
+SendWqe bind_wqe(uint64_t wr_id, uint32_t rkey, uint32_t new_rkey, uint32_t lkey, uint64_t addr,
+                 uint64_t len, unsigned access) {
+  SendWqe w;
+  w.wr_id = wr_id;
+  w.op = WqeOp::kBindMw;
+  w.signaled = true;
+  w.rkey = rkey;
+  w.imm = new_rkey;
+  w.remote_addr = addr;
+  w.compare_add = len;
+  w.swap = (uint64_t{lkey} << 32) | access;
+  return w;
+}
+
+class NicWindowTest : public NicTest {
+ protected:
+  // a writes 8 bytes to b at addr through rkey; the completion's status.
+  WcStatus write_to(uint64_t addr, uint32_t rkey, uint64_t wr_id = 100) {
+    EXPECT_EQ(a_.qp->post_send(wqe(wr_id, WqeOp::kWrite, sge(a_, 0, 8), addr, rkey)), 0);
+    auto c = run_until(a_, 1);
+    return c.size() == 1 ? c[0].status : WcStatus::kGeneralErr;
+  }
+  // b's QP carries out w (a bind or an invalidation); its completion.
+  Cqe on_b(const SendWqe& w) {
+    EXPECT_EQ(b_.qp->post_send(w), 0);
+    auto c = run_until(b_, 1);
+    return c.size() == 1 ? c[0] : Cqe{};
+  }
+  uint64_t base() { return reinterpret_cast<uint64_t>(b_.buf.data()); }
+  static constexpr unsigned kWinAccess = kRemoteWrite | kRemoteRead;
+};
+
+TEST_F(NicWindowTest, AType1WindowReachesOnlyWhatItIsBoundToAndAnEmptyBindClosesIt) {
+  uint32_t mw = 0;
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 1, &mw), 0);
+  EXPECT_EQ(write_to(base(), mw), WcStatus::kRemAccessErr) << "an unbound window reaches nothing";
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 1, &mw), 0);
+  // b's region allows windows (kAllAccess has kMwBind).
+  const uint32_t k1 = (mw & ~0xffu) | ((mw + 1) & 0xff);
+  Cqe c = on_b(bind_wqe(1, mw, k1, b_.key, base() + 4096, 4096, kWinAccess));
+  EXPECT_EQ(c.status, WcStatus::kSuccess);
+  EXPECT_EQ(c.opcode, WcOpcode::kBindMw);
+  EXPECT_EQ(write_to(base() + 4096 + 8, k1), WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 4096 + 8, a_.buf.data(), 8), 0);
+  // The region's region is not the window's: outside it, and through the old key, no access.
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 1, &mw), 0);
+  const uint32_t k2 = (mw & ~0xffu) | ((mw + 7) & 0xff);
+  ASSERT_EQ(on_b(bind_wqe(1, mw, k2, b_.key, base() + 4096, 4096, kWinAccess)).status,
+            WcStatus::kSuccess);
+  EXPECT_EQ(nic(b_).dereg_mr(&b_.owner, b_.key), EBUSY) << "a window is bound to it";
+  EXPECT_EQ(write_to(base(), k2), WcStatus::kRemAccessErr);
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 1, &mw), 0);
+  ASSERT_EQ(on_b(bind_wqe(1, mw, mw + 1, b_.key, base(), 4096, kWinAccess)).status, WcStatus::kSuccess);
+  ASSERT_EQ(on_b(bind_wqe(2, mw + 1, mw + 2, 0, 0, 0, 0)).status, WcStatus::kSuccess);  // empty
+  EXPECT_EQ(write_to(base(), mw + 2), WcStatus::kRemAccessErr);
+  EXPECT_EQ(nic(b_).dereg_mr(&b_.owner, b_.key), 0) << "nothing is bound to it any more";
+}
+
+TEST_F(NicWindowTest, AType2WindowServesOnlyItsQpAndIsInvalidatedLocallyRemotelyOrByDealloc) {
+  uint32_t mw = 0;
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 2, &mw), 0);
+  const uint32_t k = mw + 1;
+  ASSERT_EQ(on_b(bind_wqe(1, mw, k, b_.key, base(), 65536, kWinAccess)).status, WcStatus::kSuccess);
+  // Bound to b's QP: a's QP (connected to it) reaches it.
+  EXPECT_EQ(write_to(base() + 16, k), WcStatus::kSuccess);
+  // A second bind of a bound type 2 window fails the bind, and the QP.
+  Cqe c = on_b(bind_wqe(2, k, k + 1, b_.key, base(), 64, kWinAccess));
+  EXPECT_EQ(c.status, WcStatus::kMwBindErr);
+  EXPECT_EQ(b_.qp->state(), QpState::kErr);
+
+  // Local invalidation.
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 2, &mw), 0);
+  ASSERT_EQ(on_b(bind_wqe(1, mw, mw + 1, b_.key, base(), 65536, kWinAccess)).status, WcStatus::kSuccess);
+  SendWqe inv;
+  inv.wr_id = 3;
+  inv.op = WqeOp::kLocalInv;
+  inv.signaled = true;
+  inv.rkey = mw + 1;
+  c = on_b(inv);
+  EXPECT_EQ(c.status, WcStatus::kSuccess);
+  EXPECT_EQ(c.opcode, WcOpcode::kLocalInv);
+  EXPECT_EQ(write_to(base(), mw + 1), WcStatus::kRemAccessErr);
+
+  // Remote invalidation: a's SEND_WITH_INV names the window; b's receive says so.
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 2, &mw), 0);
+  ASSERT_EQ(on_b(bind_wqe(1, mw, mw + 1, b_.key, base(), 65536, kWinAccess)).status, WcStatus::kSuccess);
+  RecvWqe r;
+  r.wr_id = 4;
+  r.num_sge = 1;
+  r.sge[0] = sge(b_, 8192, 64);
+  ASSERT_EQ(b_.qp->post_recv(r), 0);
+  ASSERT_EQ(a_.qp->post_send(wqe(5, WqeOp::kSendInv, sge(a_, 0, 32), 0, mw + 1)), 0);
+  auto rc = run_until(b_, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(rc[0].wc_flags & hostif::kWcWithInv);
+  EXPECT_EQ(rc[0].imm, mw + 1);
+  auto sc = run_until(a_, 1);
+  ASSERT_EQ(sc.size(), 1u);
+  EXPECT_EQ(sc[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(write_to(base(), mw + 1), WcStatus::kRemAccessErr);
+
+  // Dealloc.
+  build(test_link_config());
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 2, &mw), 0);
+  ASSERT_EQ(on_b(bind_wqe(1, mw, mw + 1, b_.key, base(), 65536, kWinAccess)).status, WcStatus::kSuccess);
+  EXPECT_EQ(nic(b_).dealloc_mw(&b_.owner, mw + 1), 0);
+  EXPECT_EQ(write_to(base(), mw + 1), WcStatus::kRemAccessErr);
+  EXPECT_EQ(nic(b_).dereg_mr(&b_.owner, b_.key), 0);
+}
+
+TEST_F(NicWindowTest, BindsThatCannotBeAreRefusedWithMwBindErr) {
+  uint32_t mw = 0, lkey = 0, rkey = 0;
+  // A region without MW_BIND; a range outside the region; a key of another window.
+  ASSERT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, base(), 4096, kLocalWrite | kRemoteWrite, &lkey, &rkey), 0);
+  struct Case { uint32_t lkey; uint64_t addr, len; int key_shift; };
+  for (const Case& k : {Case{lkey, base(), 64, 0}, Case{b_.key, base() + (1 << 20) - 8, 64, 0},
+                        Case{b_.key, base(), 64, 0x100}}) {
+    build(test_link_config());
+    ASSERT_EQ(nic(b_).reg_mr(&b_.owner, b_.pd, base(), 4096, kLocalWrite | kRemoteWrite, &lkey, &rkey), 0);
+    ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 1, &mw), 0);
+    const uint32_t use = k.lkey == b_.key ? b_.key : lkey;
+    Cqe c = on_b(bind_wqe(1, mw, mw + 1 + k.key_shift, use, k.addr, k.len, kWinAccess));
+    EXPECT_EQ(c.status, WcStatus::kMwBindErr) << k.addr;
+    EXPECT_EQ(c.wr_id, 1u);
+  }
+  // Allocation: types 1 and 2 only, in one of the owner's PDs.
+  EXPECT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 3, &mw), EINVAL);
+  EXPECT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd + 100, 1, &mw), EINVAL);
+  EXPECT_EQ(nic(b_).alloc_mw(&a_.owner, b_.pd, 1, &mw), EINVAL);
+  // A window's key is not an lkey, and not a region to dereg; a region is no window.
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 1, &mw), 0);
+  EXPECT_EQ(nic(b_).dereg_mr(&b_.owner, mw), EINVAL);
+  EXPECT_EQ(nic(b_).dealloc_mw(&b_.owner, b_.key), EINVAL);
+  EXPECT_EQ(nic(b_).check_mr(&b_.owner, mw, b_.pd, base(), 1), EFAULT);
+  EXPECT_EQ(nic(b_).dealloc_pd(&b_.owner, b_.pd), EBUSY);
+}
+
+TEST_F(NicWindowTest, AProcessThatGoesAwayTakesItsWindowsAndNothingReachesThroughThemAfter) {
+  // b binds a type 2 window and dies (its engine reclaims it): a's WRITE through the window
+  // fails instead of landing in memory that is no longer b's, and b's objects are all gone.
+  uint32_t mw = 0;
+  ASSERT_EQ(nic(b_).alloc_mw(&b_.owner, b_.pd, 2, &mw), 0);
+  ASSERT_EQ(on_b(bind_wqe(1, mw, mw + 1, b_.key, base(), 65536, kWinAccess)).status,
+            WcStatus::kSuccess);
+  EXPECT_EQ(nic(b_).owned_by(&b_.owner).mrs, 2u) << "the region and the window";
+  b_.qp.reset();
+  nic(b_).release(&b_.owner);
+  EXPECT_FALSE(nic(b_).owned_by(&b_.owner).any());
+  std::memset(b_.buf.data(), 0, 64);
+  std::memset(a_.buf.data(), 0x77, 8);
+  // No success: an error, or nothing yet (its QP's timeout is longer than the 200 ms run).
+  EXPECT_NE(write_to(base(), mw + 1), WcStatus::kSuccess);
+  EXPECT_EQ(b_.buf[0], 0) << "nothing landed";
+}
+
+TEST_F(NicWindowTest, ReadsAfterABindAreAnsweredIntoTheirOwnBuffers) {
+  // A bind takes a send-queue slot but sends no message: the READ answers behind it must still
+  // find their WQEs (the peer numbers messages without the bind).
+  uint32_t mw = 0;
+  ASSERT_EQ(nic(a_).alloc_mw(&a_.owner, a_.pd, 1, &mw), 0);
+  for (int i = 0; i < 64; ++i) b_.buf[65536 + i] = static_cast<uint8_t>(0x40 + i);
+  auto read = [&](uint64_t wr_id, size_t local, uint64_t remote_off) {
+    return a_.qp->post_send(
+        wqe(wr_id, WqeOp::kRead, sge(a_, local, 32), base() + 65536 + remote_off, b_.key));
+  };
+  ASSERT_EQ(read(1, 1000, 0), 0);
+  ASSERT_EQ(a_.qp->post_send(bind_wqe(2, mw, mw + 1, a_.key, reinterpret_cast<uint64_t>(a_.buf.data()),
+                                      64, kWinAccess)), 0);
+  ASSERT_EQ(read(3, 2000, 32), 0);
+  auto c = run_until(a_, 3);
+  ASSERT_EQ(c.size(), 3u);
+  for (const Cqe& e : c) EXPECT_EQ(e.status, WcStatus::kSuccess) << e.wr_id;
+  EXPECT_EQ(c[1].opcode, WcOpcode::kBindMw);
+  EXPECT_EQ(std::memcmp(a_.buf.data() + 1000, b_.buf.data() + 65536, 32), 0);
+  EXPECT_EQ(std::memcmp(a_.buf.data() + 2000, b_.buf.data() + 65536 + 32, 32), 0);
+}
+
 TEST(MrTableTest, ChecksKeyPdAccessAndBounds) {
   MrTable t;
   DirectMemory mem;
-  uint32_t k = t.add(1, 1000, 100, kRemoteWrite | kLocalWrite, &mem, nullptr);
+  uint32_t k = t.add(1, 1000, 1000, 100, kRemoteWrite | kLocalWrite, &mem, nullptr);
   ASSERT_NE(k, 0u);
   const MemoryRegion* mr;
   EXPECT_EQ(t.check(k, 1, kRemoteWrite, 1000, 100, &mr), MrCheck::kOk);
@@ -1086,7 +1542,7 @@ TEST(MrTableTest, ChecksKeyPdAccessAndBounds) {
   EXPECT_EQ(t.check(k + 1, 1, 0, 1000, 1, &mr), MrCheck::kBadKey);
   ASSERT_TRUE(t.remove(k));
   EXPECT_EQ(t.check(k, 1, 0, 1000, 1, &mr), MrCheck::kBadKey);
-  uint32_t k2 = t.add(1, 1000, 100, 0, &mem, nullptr);
+  uint32_t k2 = t.add(1, 1000, 1000, 100, 0, &mem, nullptr);
   EXPECT_NE(k2, k) << "a reused slot must not accept the old key";
   EXPECT_EQ(t.check(k, 1, 0, 1000, 1, &mr), MrCheck::kBadKey);
 }

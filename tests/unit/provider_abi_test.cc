@@ -159,18 +159,22 @@ TEST(Convert, MtuEnumsAndBytesRoundTrip) {
   EXPECT_EQ(bytes_to_mtu(100), IBV_MTU_256);
 }
 
-TEST(Convert, TheSevenRcOperationsReachTheNicAndNothingElse) {
+TEST(Convert, TheRcOperationsAndWindowOperationsReachTheNicAndNothingElse) {
   EXPECT_EQ(to_nic(IBV_WR_RDMA_WRITE_WITH_IMM), hostif::WqeOp::kWriteImm);
   EXPECT_EQ(to_nic(IBV_WR_RDMA_READ), hostif::WqeOp::kRead);
   EXPECT_EQ(to_nic(IBV_WR_ATOMIC_CMP_AND_SWP), hostif::WqeOp::kCmpSwp);
   EXPECT_EQ(to_nic(IBV_WR_ATOMIC_FETCH_AND_ADD), hostif::WqeOp::kFetchAdd);
-  EXPECT_FALSE(to_nic(IBV_WR_LOCAL_INV).has_value());
-  EXPECT_FALSE(to_nic(IBV_WR_BIND_MW).has_value());
-  EXPECT_FALSE(to_nic(IBV_WR_SEND_WITH_INV).has_value());
+  EXPECT_EQ(to_nic(IBV_WR_LOCAL_INV), hostif::WqeOp::kLocalInv);
+  EXPECT_EQ(to_nic(IBV_WR_BIND_MW), hostif::WqeOp::kBindMw);
+  EXPECT_EQ(to_nic(IBV_WR_SEND_WITH_INV), hostif::WqeOp::kSendInv);
   EXPECT_FALSE(to_nic(IBV_WR_ATOMIC_WRITE).has_value());
+  EXPECT_FALSE(to_nic(IBV_WR_TSO).has_value());
   EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, 0u);
   EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, 0u);
-  EXPECT_EQ(kSupportedSendOps & IBV_QP_EX_WITH_BIND_MW, 0u);
+  EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_BIND_MW, 0u);
+  EXPECT_EQ(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_WRITE, 0u);
+  EXPECT_TRUE(hostif::is_local(hostif::WqeOp::kBindMw));
+  EXPECT_FALSE(hostif::is_local(hostif::WqeOp::kSendInv));
   EXPECT_TRUE(hostif::needs_response(hostif::WqeOp::kRead));
   EXPECT_TRUE(hostif::needs_response(hostif::WqeOp::kFetchAdd));
   EXPECT_FALSE(hostif::needs_response(hostif::WqeOp::kWriteImm));
@@ -192,6 +196,26 @@ TEST(Convert, RemoteWriteOrAtomicNeedLocalWrite) {
 }
 
 // ---- attributes ----
+
+TEST(QpTransition, TheUcSequenceIsRcsWithoutItsReliabilityAttributes) {
+  constexpr int kInit = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+  constexpr int kRtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  EXPECT_EQ(check_uc_modify(IBV_QPS_RESET, kInit, IBV_QPS_INIT), 0);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_INIT, kRtr, IBV_QPS_RTR), 0);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_INIT, kRtr & ~IBV_QP_DEST_QPN, IBV_QPS_RTR), EINVAL);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_RTR, IBV_QP_STATE | IBV_QP_SQ_PSN, IBV_QPS_RTS), 0);
+  // What only a reliable connection has is refused.
+  EXPECT_EQ(check_uc_modify(IBV_QPS_INIT, kRtr | IBV_QP_MIN_RNR_TIMER, IBV_QPS_RTR), EINVAL);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_INIT, kRtr | IBV_QP_MAX_DEST_RD_ATOMIC, IBV_QPS_RTR), EINVAL);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_RTR, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT, IBV_QPS_RTS),
+            EINVAL);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_RTR, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RETRY_CNT,
+                            IBV_QPS_RTS),
+            EINVAL);
+  EXPECT_EQ(check_uc_modify(IBV_QPS_RTS, IBV_QP_STATE, IBV_QPS_ERR), 0);
+  // RC's own sequence needs them.
+  EXPECT_EQ(check_rc_modify(IBV_QPS_INIT, kRtr, IBV_QPS_RTR), EINVAL);
+}
 
 TEST(QpTransition, TheUdPingpongSequenceIsAcceptedAndNeedsAQkey) {
   constexpr int kUdInit = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;

@@ -52,7 +52,12 @@ class FakeHost : public Host {
   }
   void message_acked(uint64_t cookie) override { acked.push_back(cookie); }
   void message_failed(uint64_t cookie, Syndrome why) override { failed.push_back({cookie, why}); }
+  int rnr_timer(uint32_t stream) override {
+    auto it = rnr_timers.find(stream);
+    return it == rnr_timers.end() ? -1 : it->second;
+  }
 
+  std::map<uint32_t, int> rnr_timers;  // min_rnr_timer code per receiving stream
   std::map<uint64_t, std::vector<uint8_t>> outgoing;
   std::map<Key, std::vector<uint8_t>> received;
   std::map<SegKey, int> deliveries;
@@ -130,9 +135,12 @@ class Fabric {
     m.remote_addr = 0x10000;
     m.rkey = 7;
     m.cookie = cookie;
+    m.rnr_retry = rnr_retry;
     node[from].e->submit(m);
     return cookie;
   }
+
+  uint8_t rnr_retry = MessageDesc::kEngineRetries;  // the QP's, for every message submitted
 
   // Advances the virtual clock event by event; false when nothing is left to happen.
   bool step() {
@@ -2155,6 +2163,70 @@ TEST(Rnr, RetriesAreBoundedByRnrRetryAndSevenMeansForever) {
   }
 }
 
+TEST(Rnr, TheQpsRnrRetryDecidesNotTheEngines) {
+  // Each message carries its QP's rnr_retry: 2 fails after three refusals where the engine
+  // would retry for ever, 7 retries for ever where the engine would give up at once.
+  for (auto [engine, qp] : {std::pair<uint8_t, uint8_t>{7, 2}, {0, 7}}) {
+    EngineConfig cfg = Fabric::default_config();
+    cfg.rnr_delay = 50us;
+    cfg.rnr_retry = engine;
+    Fabric f(cfg);
+    f.rnr_retry = qp;
+    int refusals = 0;
+    f.node[1].host.verdict = [&](const Segment&) {
+      if (refusals >= 12) return Syndrome::kOk;
+      ++refusals;
+      return Syndrome::kRnr;
+    };
+    const uint64_t c = f.submit(0, 1, 0, 100);
+    f.run();
+    if (qp == 7) {
+      EXPECT_EQ(refusals, 12);
+      EXPECT_EQ(f.node[0].host.acked, std::vector<uint64_t>{c});
+    } else {
+      EXPECT_EQ(refusals, qp + 1);
+      ASSERT_EQ(f.node[0].host.failed.size(), 1u);
+      EXPECT_EQ(f.node[0].host.failed[0].second, Syndrome::kRnr);
+    }
+    EXPECT_TRUE(f.node[0].e->idle());
+  }
+}
+
+TEST(Rnr, TheSenderWaitsTheTimerTheRefusingQpNamesInItsNak) {
+  // Stream 1000 refuses with min_rnr_timer 16 (2.56 ms), stream 1001 with 1 (10 us); the
+  // engine's own back-off (300 us) is neither. Each sender's resend waits its responder's time.
+  EngineConfig cfg = Fabric::default_config();
+  cfg.rnr_delay = 300us;
+  Fabric f(cfg);
+  f.node[1].host.rnr_timers = {{1000, 16}, {1001, 1}};
+  std::map<uint32_t, int> refusals;
+  f.node[1].host.verdict = [&](const Segment& s) {
+    if (refusals[s.dst_stream] >= 3) return Syndrome::kOk;
+    ++refusals[s.dst_stream];
+    return Syndrome::kRnr;
+  };
+  f.submit(0, 0, 0, 100);
+  f.submit(0, 1, 0, 100);
+  f.run();
+  ASSERT_EQ(f.node[0].host.acked.size(), 2u);
+  std::map<uint32_t, std::vector<Time>> sent;  // by stream: when each copy left
+  for (const Sent* t : transmissions_of(f, 0)) sent[t->pkt.data.src_stream].push_back(t->tx_time);
+  ASSERT_EQ(sent[0].size(), 4u);
+  ASSERT_EQ(sent[1].size(), 4u);
+  for (size_t i = 1; i < 4; ++i) {
+    EXPECT_GE(sent[0][i] - sent[0][i - 1], 2560us) << i;
+    EXPECT_LT(sent[0][i] - sent[0][i - 1], 2560us + cfg.rto_min) << i;
+    EXPECT_LT(sent[1][i] - sent[1][i - 1], cfg.rnr_delay) << i;
+  }
+}
+
+TEST(Rnr, VerbsTimerCodesMapToInfiniBandsTable) {
+  EXPECT_EQ(rnr_timer_delay(0), 655360us);
+  EXPECT_EQ(rnr_timer_delay(1), 10us);
+  EXPECT_EQ(rnr_timer_delay(12), 640us);
+  EXPECT_EQ(rnr_timer_delay(31), 491520us);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Packets crafted by hand into one engine.
 
@@ -2207,7 +2279,7 @@ TEST_F(Crafted, MalformedPacketsAreDroppedAndCountedByReason) {
   feed(bad);
   EXPECT_EQ(e->stats().drop_version, 1u);
   bad = good;
-  bad[1] = 9;
+  bad[1] = 10;  // the first unassigned opcode after the data ones
   feed(bad);
   EXPECT_EQ(drops(wire::DecodeError::kBadOpcode), 1u);
   bad = good;

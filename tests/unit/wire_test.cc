@@ -67,11 +67,18 @@ TEST(Bytes, BigEndianAccessorsPutTheMostSignificantByteFirst) {
 
 TEST(Mrh, EveryDataOpcodeRoundTrips) {
   for (Opcode op : {Opcode::kWrite, Opcode::kWriteImm, Opcode::kSend, Opcode::kSendImm,
-                    Opcode::kReadReq, Opcode::kReadResp}) {
-    const uint32_t len = op == Opcode::kReadReq ? 0 : 100;
+                    Opcode::kReadReq, Opcode::kReadResp, Opcode::kAtomicCmpSwp,
+                    Opcode::kAtomicFetchAdd, Opcode::kSendInv}) {
+    const bool atomic = is_atomic_opcode(op);
+    const uint32_t len = op == Opcode::kReadReq ? 0 : atomic ? kAtomicRequestLen : 100;
     BaseHeader b = sample_base(op);
     DataHeader d = sample_data(len);
-    if (op == Opcode::kReadReq) d.offset = 0;
+    if (op == Opcode::kReadReq || atomic) d.offset = 0;
+    if (atomic) d.total_length = kAtomicRequestLen;
+    // Only what consumes a receive names one.
+    if (op != Opcode::kSend && op != Opcode::kSendImm && op != Opcode::kWriteImm &&
+        op != Opcode::kSendInv)
+      d.rsn = 0;
     auto buf = data_packet(b, d);
     Packet p;
     ASSERT_EQ(decode(buf, p), DecodeError::kNone) << static_cast<int>(op);
@@ -96,7 +103,7 @@ TEST(Mrh, EveryDataOpcodeRoundTrips) {
     EXPECT_EQ(p.data.imm, d.imm);
     ASSERT_EQ(p.payload.size(), len);
     if (len) {
-      EXPECT_EQ(p.payload[99], 99);
+      EXPECT_EQ(p.payload[len - 1], len - 1);
     }
   }
 }
@@ -187,10 +194,37 @@ TEST(Mrh, WrongVersionAndUnknownOpcodeHaveTheirOwnReasons) {
     bad[0] = v;
     EXPECT_EQ(decode(bad, p), DecodeError::kBadVersion);
   }
-  for (uint8_t op : {0, 7, 15, 18, 255}) {
+  for (uint8_t op : {0, 10, 15, 18, 255}) {
     auto bad = buf;
     bad[1] = op;
     EXPECT_EQ(decode(bad, p), DecodeError::kBadOpcode) << int{op};
+  }
+}
+
+TEST(Mrh, AtomicsHaveTheirOwnOpcodesAndATaggedWriteIsMalformed) {
+  Packet p;
+  BaseHeader b = sample_base(Opcode::kAtomicFetchAdd);
+  DataHeader d = sample_data(kAtomicRequestLen);
+  d.offset = 0;
+  d.total_length = kAtomicRequestLen;
+  d.rsn = 0;
+  auto buf = data_packet(b, d);
+  EXPECT_EQ(buf[1], 8);
+  ASSERT_EQ(decode(buf, p), DecodeError::kNone);
+  EXPECT_EQ(p.payload.size(), kAtomicRequestLen);
+  // One packet of exactly its two operands, at offset 0, naming no receive.
+  { auto y = d; y.payload_len = 8; y.total_length = 8; EXPECT_EQ(decode(data_packet(b, y), p), DecodeError::kBadField); }
+  { auto y = d; y.total_length = 32; EXPECT_EQ(decode(data_packet(b, y), p), DecodeError::kBadField); }
+  { auto y = d; y.rsn = 1; EXPECT_EQ(decode(data_packet(b, y), p), DecodeError::kBadField); }
+  // What version 1 drafts sent for an atomic, a WRITE whose rsn tagged it, is refused instead of
+  // performed as a write of the operands; so is any WRITE, READ or READ_RESP that names a receive.
+  for (Opcode op : {Opcode::kWrite, Opcode::kReadResp}) {
+    BaseHeader w = sample_base(op);
+    DataHeader y = d;
+    y.rsn = 0x41464100;
+    EXPECT_EQ(decode(data_packet(w, y), p), DecodeError::kBadField) << int(op);
+    y.rsn = 0;
+    EXPECT_EQ(decode(data_packet(w, y), p), DecodeError::kNone) << int(op);
   }
 }
 
@@ -214,6 +248,7 @@ TEST(Mrh, OutOfRangeFieldsAreRefused) {
   };
   BaseHeader b = sample_base(Opcode::kWrite);
   DataHeader d = sample_data(16);
+  d.rsn = 0;
   { auto x = b; x.conn_id = 0; expect_bad(x, d); }
   { auto x = b; x.path_count = 0; x.path_id = 0; expect_bad(x, d); }
   { auto x = b; x.path_count = 257; expect_bad(x, d); }
@@ -253,6 +288,29 @@ TEST(Mrh, RnrNakRecordsAreAccepted) {
   auto buf = ack_packet(sample_base(Opcode::kAck), AckHeader{}, {{9, 2, 3, 1}});
   ASSERT_EQ(decode(buf, p), DecodeError::kNone);
   EXPECT_EQ(p.nak(0).syndrome, 1);
+}
+
+TEST(Mrh, AnRnrNakCarriesTheRespondersTimerAndOnlyAnRnrNak) {
+  Packet p;
+  const uint8_t timer = kRnrTimerValid | 16;  // 2.56 ms
+  auto buf = ack_packet(sample_base(Opcode::kAck), AckHeader{},
+                        {{9, 2, 3, 1, timer}, {10, 2, 4, 2, timer}});
+  EXPECT_EQ(buf[kAckHeadersLen + 13], timer);
+  EXPECT_EQ(buf[kAckHeadersLen + kNakRecordLen + 13], 0);  // not RNR: sent as 0
+  ASSERT_EQ(decode(buf, p), DecodeError::kNone);
+  EXPECT_EQ(p.nak(0).rnr_timer, timer);
+  EXPECT_EQ(p.nak(1).rnr_timer, 0);
+  // No timer named (0) is valid; a byte that is neither 0 nor kRnrTimerValid | code is not.
+  buf[kAckHeadersLen + 13] = 0;
+  ASSERT_EQ(decode(buf, p), DecodeError::kNone);
+  EXPECT_EQ(p.nak(0).rnr_timer, 0);
+  buf[kAckHeadersLen + 13] = kRnrTimerValid | 0x20;
+  EXPECT_EQ(decode(buf, p), DecodeError::kBadField);
+  // The byte of a record that is not RNR is ignored.
+  buf[kAckHeadersLen + 13] = timer;
+  buf[kAckHeadersLen + kNakRecordLen + 13] = 0xff;
+  ASSERT_EQ(decode(buf, p), DecodeError::kNone);
+  EXPECT_EQ(p.nak(1).rnr_timer, 0);
 }
 
 TEST(Mrh, FailoverCopyCarriesItsOriginalPathAndSequence) {

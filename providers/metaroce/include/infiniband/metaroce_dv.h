@@ -31,6 +31,14 @@ extern "C" {
 /* True when device is a MetaRoCE device (any other: false). */
 bool mrdv_is_supported(struct ibv_device *device);
 
+/* The resource_type a parent domain's alloc() and free() are called with (ibv_alloc_parent_domain(3)):
+ * the provider's memory for a QP, CQ or SRQ created with that parent domain. */
+enum mrdv_resource_type {
+  MRDV_RES_TYPE_QP = 1,
+  MRDV_RES_TYPE_CQ = 2,
+  MRDV_RES_TYPE_SRQ = 3,
+};
+
 /* --- device ----------------------------------------------------------------------------- */
 
 enum mrdv_device_caps {
