@@ -605,7 +605,7 @@ bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, 
   // Its timeouts back its timer off only while the peer has said nothing since it last left
   // (expire()): the back-off it carries to a new path is 0 when the connection made progress.
   const uint8_t backoff =
-      d.rto_retries && !seq_lt(d.sent_ts, ts32(Time(c.last_progress_ns))) ? d.rto_retries : 0;
+      d.rto_retries && !heard_since(c, d.sent_ts) ? d.rto_retries : 0;
   if (!write_data(now, c, d, d.path, d.seq, copy ? wire::failover_flags(d.orig_path) : 0,
                   copy ? d.orig_seq : 0, sink)) {
     return false;
@@ -637,10 +637,14 @@ bool EngineImpl::emit_redundant(Time now, Connection& c, uint16_t idx, TxSink& s
   const TxDesc& d = c.pool[idx];
   // Nor one the receiver refused for want of a receive (RNR): it is not lost, and a copy
   // would only be refused too.
-  if (!cfg_.tail_redundancy || (d.flags & detail::kCopy) || d.rnr_retries || c.cursor != kNoSlot ||
-      c.move_head != kNil) {
+  if (!cfg_.tail_redundancy || d.rnr_retries || c.cursor != kNoSlot || c.move_head != kNil) {
     return true;
   }
+  // A failover copy's copy names the first transmission too (§4.3): the receiver acknowledges
+  // that path, and the sender resolves the moved record from it (resolve_moved).
+  const bool moved = d.flags & detail::kCopy;
+  const uint16_t orig_path = moved ? d.orig_path : d.path;
+  const uint32_t orig_seq = moved ? d.orig_seq : d.seq;
   const uint16_t q = choose_path(c, now, c.tx[d.path].plane, d.path);
   if (q == kNoPath) return true;
   // Paced, it goes only on credit to spare: it must not delay the resends the peer's share is for.
@@ -649,8 +653,9 @@ bool EngineImpl::emit_redundant(Time now, Connection& c, uint16_t idx, TxSink& s
     if (c.credit < int64_t{packet_len(d)} * 8000) return true;
   }
   TxPath& tq = c.tx[q];
-  const auto flags = static_cast<uint16_t>(wire::failover_flags(d.path) | wire::kFlagRedundant);
-  if (!write_data(now, c, d, q, tq.next_seq, flags, d.seq, sink)) return false;
+  if (q == orig_path) return true;
+  const auto flags = static_cast<uint16_t>(wire::failover_flags(orig_path) | wire::kFlagRedundant);
+  if (!write_data(now, c, d, q, tq.next_seq, flags, orig_seq, sink)) return false;
   ++tq.tx_order;
   ++tq.next_seq;
   update_una(c, q);
@@ -1176,8 +1181,10 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     const SackWindow::Check oc = o.win.check(h.orig_seq);
     // A redundant copy's original stays in flight at the sender: its path is acknowledged too,
     // whichever of the two got here first (congestion.md §5.2).
+    // It echoes that path's own newest packet, not the copy: an echo of the copy could make a
+    // path the sender is probing look answered (congestion.md §4.4) when only the copy's route is.
     if (wire::is_redundant_copy(b.flags) && oc != SackWindow::Check::kOutOfWindow) {
-      request_ack(c, *d, opath, b.timestamp, false);
+      request_ack(c, *d, opath, o.echo_ts, false);
     }
     if (oc == SackWindow::Check::kDuplicate) {
       ++stats_.failover_duplicates;
@@ -1355,6 +1362,10 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
     else fail_message(c, c.pool[idx].slot, static_cast<Syndrome>(r.syndrome), now);
   }
 
+  // Packets moved off this path are acknowledged by its ACKs too (the original, or a redundant
+  // copy naming it, got through): §4.3, §5.2.
+  if (tp.moved) resolve_moved(c, path, a);
+
   uint32_t newly = 0;
   bool rack_moved = false;
   // The path's records are in sequence order: nothing at or past `end` (cum_seq, or one past
@@ -1448,6 +1459,47 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
     arm_tlp(now, c);
   }
   if (rack_moved && cfg_.late_detection) detect_late(now, c);
+}
+
+// The records moved off `path` (failover copies, on other paths' lists or waiting to go) whose
+// original sequence this ACK of `path` acknowledges: the receiver has their packet, by the
+// original or by a copy naming it, so they are acknowledged wherever they are now.
+void EngineImpl::resolve_moved(Connection& c, uint16_t path, const wire::AckHeader& a) {
+  auto covered = [&](uint32_t seq) {
+    return seq_lt(seq, a.cum_seq) ||
+           (seq != a.cum_seq && seq_lt(a.cum_seq, seq) && sack_bit(a.sack, seq - a.cum_seq - 1));
+  };
+  for (uint16_t p = 0; p < c.tx.size() && c.tx[path].moved; ++p) {
+    if (p == path) continue;
+    TxPath& tq = c.tx[p];
+    bool changed = false;
+    for (uint16_t prev = kNil, idx = tq.head; idx != kNil;) {
+      const TxDesc& d = c.pool[idx];
+      const uint16_t next = d.next;
+      if ((d.flags & detail::kCopy) && d.orig_path == path && covered(d.orig_seq)) {
+        list_remove(c, p, prev, idx);
+        ack_desc(c, idx);
+        changed = true;
+      } else {
+        prev = idx;
+      }
+      idx = next;
+    }
+    if (changed) update_una(c, p);
+  }
+  for (uint16_t prev = kNil, idx = c.move_head; idx != kNil && c.tx[path].moved;) {
+    const TxDesc& d = c.pool[idx];
+    const uint16_t next = d.next;
+    if (d.orig_path == path && covered(d.orig_seq)) {
+      if (prev == kNil) c.move_head = next;
+      else c.pool[prev].next = next;
+      if (c.move_tail == idx) c.move_tail = prev;
+      ack_desc(c, idx);
+    } else {
+      prev = idx;
+    }
+    idx = next;
+  }
 }
 
 // ECN AIMD (congestion.md §2): a CE echo halves the path's window, at most once per its RTT,
@@ -1892,6 +1944,17 @@ void EngineImpl::detect_late(Time now, Connection& c) {
   }
 }
 
+// Whether the peer has said anything on this connection since stamp: ACK progress on any path,
+// or data of its own (lane 0 receives the peer's traffic too). A peer that talks is not dead, so
+// a timer waiting for it need not back off (W§6.3).
+bool EngineImpl::heard_since(const Connection& c, uint32_t stamp) const {
+  if (seq_lt(stamp, ts32(Time(c.last_progress_ns)))) return true;
+  for (const RecvDir& d : c.rx) {
+    if (seq_lt(stamp, ts32(Time(d.last_used_ns)))) return true;
+  }
+  return false;
+}
+
 void EngineImpl::expire(Time now, Connection& c, uint16_t path) {
   TxPath& tp = c.tx[path];
   if (tp.in_flight == 0) {
@@ -1919,7 +1982,7 @@ void EngineImpl::expire(Time now, Connection& c, uint16_t path) {
   // this packet last left is losing packets, not talking to a dead peer, and a resend that waits
   // twice as long each time it is unlucky again left an all-to-all at 10 % loss waiting out
   // back-offs of milliseconds (W§6.3). Its retry count grows either way (§4.5).
-  const bool answered = seq_lt(d.sent_ts, ts32(Time(c.last_progress_ns)));
+  const bool answered = heard_since(c, d.sent_ts);
   if (!answered && tp.backoff < kMaxBackoff) ++tp.backoff;
   if (!(d.flags & detail::kRetxQueued)) queue_retx(c, idx);
   // A timeout is a loss, not a congestion signal: a bounded quarter off the path (§2.3).

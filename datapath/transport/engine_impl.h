@@ -362,6 +362,8 @@ class EngineImpl final : public Engine {
   uint32_t packet_len(const TxDesc& d) const;
   bool send_retx(Time now, Connection& c, TxSink& sink, uint32_t& sent);
   void expire(Time now, Connection& c, uint16_t path);
+  bool heard_since(const Connection& c, uint32_t stamp) const;
+  void resolve_moved(Connection& c, uint16_t path, const wire::AckHeader& a);
   Time fail_deadline(const Connection& c, const TxPath& tp) const;
   bool check_failure(Time now, Connection& c, uint16_t path);
   // count: a failure (telemetry); false when the path is only retired or its plane went down.

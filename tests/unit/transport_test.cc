@@ -1723,6 +1723,47 @@ TEST(PathFailure, ASlowPathDeclaredFailedIsNotDeliveredTwiceWhenItsOriginalsArri
   }
 }
 
+// The copies made when a slow path is declared failed are all lost, and its originals arrive
+// late: the ACKs of the original path acknowledge the moved packets wherever they are
+// (congestion.md §4.3), so the message completes without a timeout for the lost copies.
+TEST(PathFailure, AnAckOfTheOriginalPathResolvesItsMovedPacketsWhoseCopiesWereLost) {
+  for (bool lose_copies : {false, true}) {
+    Net::Config nc;
+    nc.bottleneck_mbps = 0;
+    Net n(nc, {Net::config(4)});
+    submit_bulk(n, 0, 1, 1, 2, 8 * 1024);
+    n.run_idle(10ms);
+    const uint16_t slow_port = path_stats(*n.node[0].e, n.node[1].ip)[1].udp_src_port;
+    n.extra_delay = [&](const NetPacket& p) {
+      return p.from == 0 && p.sport == slow_port ? Time(100us) : Time{0};
+    };
+    uint64_t copies_lost = 0;
+    n.drop = [&](const NetPacket& p) {
+      const bool copy = p.from == 0 && wire::is_data_opcode(p.pkt.base.opcode) &&
+                        wire::is_failover_copy(p.pkt.base.flags);
+      if (lose_copies && copy) ++copies_lost;
+      return lose_copies && copy;
+    };
+    const Time t0 = n.now;
+    submit_bulk(n, 0, 1, 2, 1, 32 * 1024);
+    n.run_idle(100ms);
+    n.drop = nullptr;
+    n.extra_delay = nullptr;
+    expect_exactly_once(n, 0, 1);
+    EXPECT_GE(n.node[0].e->stats().paths_failed, 1u);
+    std::printf("copies lost: %llu; done in %.1f us, %llu timeouts\n",
+                static_cast<unsigned long long>(copies_lost), (n.now - t0).count() / 1e3,
+                static_cast<unsigned long long>(n.node[0].e->stats().timeouts));
+    if (lose_copies) {
+      EXPECT_GT(copies_lost, 0u);
+    }
+    // Without those ACKs the moved packets could only be resolved by their copies, which never
+    // arrive: the message ran out of retries. With them, at most one RTO on the way.
+    EXPECT_LE(n.node[0].e->stats().timeouts, 1u);
+    EXPECT_LT(n.now - t0, 1ms);
+  }
+}
+
 TEST(PathFailure, WhenAllPathsOfAPlaneFailTrafficFailsOverToTheOtherPlane) {
   Net::Config nc;
   nc.bottleneck_mbps = 0;
