@@ -720,6 +720,7 @@ bool EngineImpl::emit_ack(Time now, Connection& c, RecvDir& d, uint16_t path, Tx
 
   wire::BaseHeader b;
   b.opcode = wire::Opcode::kAck;
+  b.flags = rp.echo_fresh ? 0 : wire::kFlagNoEcho;
   b.conn_id = d.conn_id;
   b.token = d.token;
   b.path_id = path;
@@ -746,6 +747,7 @@ bool EngineImpl::emit_ack(Time now, Connection& c, RecvDir& d, uint16_t path, Tx
   }
   rp.nak_count = kept;
   rp.ack_pending = false;
+  rp.echo_fresh = false;
   rp.ce_since_ack = 0;
   ++stats_.acks_sent;
   ++stats_.tx_packets;
@@ -983,9 +985,13 @@ EngineImpl::RecvDir& EngineImpl::create_dir(Connection& c, const wire::BaseHeade
   return *d;
 }
 
-void EngineImpl::request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce) {
+void EngineImpl::request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce,
+                             bool own) {
   RxPath& rp = d.paths[path];
-  rp.echo_ts = ts;
+  if (own) {
+    rp.echo_ts = ts;
+    rp.echo_fresh = true;
+  }
   if (ecn_ce) {
     if (rp.ce_since_ack != UINT16_MAX) ++rp.ce_since_ack;
     ++rp.ce_total;
@@ -1054,7 +1060,7 @@ void EngineImpl::push_shares() {
     if (!heard(*c) || uint64_t{current_hint(*c)} * 2 > c->rx_hint_told) continue;
     RecvDir* d = find_dir(*c, c->rx_dir);
     if (!d || c->rx_path >= d->paths.size()) continue;
-    request_ack(*c, *d, c->rx_path, d->paths[c->rx_path].echo_ts, false);
+    request_ack(*c, *d, c->rx_path, d->paths[c->rx_path].echo_ts, false, false);
     ++stats_.share_pushes;
   }
 }
@@ -1181,10 +1187,11 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     const SackWindow::Check oc = o.win.check(h.orig_seq);
     // A redundant copy's original stays in flight at the sender: its path is acknowledged too,
     // whichever of the two got here first (congestion.md §5.2).
-    // It echoes that path's own newest packet, not the copy: an echo of the copy could make a
-    // path the sender is probing look answered (congestion.md §4.4) when only the copy's route is.
+    // Flagged kFlagNoEcho: an echo of the copy could make a path the sender is probing look
+    // answered (congestion.md §4.4) when only the copy's route is, and an echo of the path's own
+    // newest packet, maybe long ago, would be an RTT sample of everything since.
     if (wire::is_redundant_copy(b.flags) && oc != SackWindow::Check::kOutOfWindow) {
-      request_ack(c, *d, opath, o.echo_ts, false);
+      request_ack(c, *d, opath, o.echo_ts, false, false);
     }
     if (oc == SackWindow::Check::kDuplicate) {
       ++stats_.failover_duplicates;
@@ -1421,17 +1428,17 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
   }
 
   const uint32_t sample = ts32(now) - a.echo_timestamp;
-  if (static_cast<int32_t>(sample) >= 0) {
+  if (!(b.flags & wire::kFlagNoEcho) && static_cast<int32_t>(sample) >= 0) {
     if (tp.state == PathState::kProbing) {
       // Only an answer to a probe (or to data sent after the failure) proves the new route.
       if (seq_diff(static_cast<uint32_t>(tp.last_progress_ns), a.echo_timestamp) >= 0) {
         path_recovered(now, c, path, sample);
       }
     } else if (tp.state == PathState::kActive) {
-      // Every ACK's echo is a sample, those that acknowledge nothing new included (copies,
+      // Every echo is a sample, ACKs that acknowledge nothing new included (copies,
       // duplicates): taking only ACKs with progress left paths' RTTs stale under heavy loss
-      // (the all-reduce at 10 % loss kept 0.80 instead of 0.84). A share push (§3.3) echoes the
-      // newest packet of its path, a little old: one sample at 1/8.
+      // (the all-reduce at 10 % loss kept 0.80 instead of 0.84). Those flagged kFlagNoEcho
+      // (share pushes, ACKs for a redundant copy) date nothing.
       const int64_t r = sample;
       if (!pc.min_rtt_ns || sample < pc.min_rtt_ns) pc.min_rtt_ns = std::max<uint32_t>(sample, 1);
       if (tp.srtt_ns == 0) {

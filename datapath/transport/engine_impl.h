@@ -119,6 +119,7 @@ struct RxPath {
   uint8_t plane = 0;             // where its data last arrived: our ACKs return there
   bool ack_pending = false;
   uint8_t nak_count = 0;
+  bool echo_fresh = false;       // a packet of the path asked for the pending ACK (kFlagNoEcho)
   std::array<NakEntry, kNakSlots> naks{};
   uint64_t rx_packets = 0, rx_bytes = 0, duplicates = 0, ce_total = 0;
 };
@@ -330,7 +331,10 @@ class EngineImpl final : public Engine {
                     const wire::Packet& pkt);
   RecvDir* find_dir(Connection& c, uint32_t conn_id);
   RecvDir& create_dir(Connection& c, const wire::BaseHeader& b, Time now);
-  void request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce);
+  // own: a packet of the path asks (its timestamp is echoed); else the ACK only says what the
+  // path's window holds (kFlagNoEcho).
+  void request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce,
+                   bool own = true);
   void add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn, Syndrome why,
                uint8_t rnr_timer = 0);
   void note_unreachable(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn);

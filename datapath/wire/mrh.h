@@ -42,6 +42,10 @@ inline constexpr uint16_t kFlagRedundant = 0x4000;
 // Data: when it left, its sender had more for this receiver waiting (new data or resends): it is
 // held back by its share or by the network, not by its application (congestion.md §3.2).
 inline constexpr uint16_t kFlagMore = 0x2000;
+// ACK: its echo_timestamp dates no packet of its path (it was sent because a redundant copy
+// elsewhere delivered or found this path's packet, or to push a share): no RTT sample, and no
+// proof that the path answers (congestion.md §4.4, §5.2).
+inline constexpr uint16_t kFlagNoEcho = 0x1000;
 inline constexpr bool is_redundant_copy(uint16_t flags) {
   return (flags & (kFlagFailoverCopy | kFlagRedundant)) == (kFlagFailoverCopy | kFlagRedundant);
 }

@@ -24,6 +24,7 @@ local f = {
   failover = ProtoField.bool("metaroce.flags.failover", "Failover copy", 16, nil, 0x8000),
   redundant = ProtoField.bool("metaroce.flags.redundant", "Redundant copy (original in flight)", 16, nil, 0x4000),
   more = ProtoField.bool("metaroce.flags.more", "Sender has more queued", 16, nil, 0x2000),
+  noecho = ProtoField.bool("metaroce.flags.noecho", "ACK: echo dates nothing", 16, nil, 0x1000),
   orig_path = ProtoField.uint16("metaroce.flags.orig_path", "Original path", base.DEC, nil, 0x00ff),
   conn_id = ProtoField.uint32("metaroce.conn_id", "Connection id", base.HEX),
   token = ProtoField.uint64("metaroce.token", "Token", base.HEX),
@@ -144,6 +145,7 @@ function mr.dissector(tvb, pinfo, root)
   fl:add(f.failover, tvb(2, 2))
   fl:add(f.redundant, tvb(2, 2))
   fl:add(f.more, tvb(2, 2))
+  fl:add(f.noecho, tvb(2, 2))
   fl:add(f.orig_path, tvb(2, 2))
   tree:add(f.conn_id, tvb(4, 4))
   tree:add(f.token, tvb(8, 8))

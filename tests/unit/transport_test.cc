@@ -744,6 +744,15 @@ void lose_a_tail_twice(bool redundancy) {
     EXPECT_EQ(wire::orig_path_of(copy.pkt.base.flags), tx[0]->pkt.base.path_id);
     EXPECT_EQ(copy.pkt.data.orig_seq, tx[0]->pkt.base.path_seq);
     EXPECT_EQ(copy.tx_time, tx[1]->tx_time);  // with the resend
+    // The original's path was acknowledged because of the copy (its own resend was lost): that
+    // ACK says so, and dates nothing (no RTT sample from it).
+    bool no_echo = false;
+    for (const Sent& x : f.log) {
+      no_echo |= x.from == 1 && x.pkt.base.opcode == Opcode::kAck &&
+                 x.pkt.base.path_id == tx[0]->pkt.base.path_id &&
+                 (x.pkt.base.flags & wire::kFlagNoEcho) && x.tx_time > copy.tx_time;
+    }
+    EXPECT_TRUE(no_echo);
   } else {
     EXPECT_EQ(st.redundant_copies, 0u);
     EXPECT_GE(st.tail_probes + st.timeouts, 1u);
