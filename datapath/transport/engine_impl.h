@@ -401,7 +401,8 @@ class EngineImpl final : public Engine {
   bool write_data(Time now, Connection& c, const TxDesc& d, uint16_t path, uint32_t seq,
                   uint16_t flags, uint32_t orig_seq, TxSink& sink);
   bool emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, TxKind kind);
-  bool emit_redundant(Time now, Connection& c, uint16_t idx, TxSink& sink);
+  // moving: idx is a failover copy just sent from the move queue (others may still wait).
+  bool emit_redundant(Time now, Connection& c, uint16_t idx, TxSink& sink, bool moving = false);
   bool emit_probe(Time now, Connection& c, uint16_t path, TxSink& sink);
   bool send_moving(Time now, Connection& c, TxSink& sink, uint32_t& sent);
   // false: the sink is full. more: the connection's turn ended with packets it may still send.

@@ -535,11 +535,16 @@ TEST(Transport, ReorderingAcrossPathsCausesNoRetransmission) {
   EXPECT_TRUE(overtaken);
 }
 
-// Offsets of every transmission of the packet at `offset` from node 0.
-std::vector<const Sent*> transmissions_of(const Fabric& f, uint32_t offset) {
+// Every transmission of the packet at `offset` from node 0; redundant copies (congestion.md §5.2)
+// only when asked: the others are the transmissions of the packet's record.
+std::vector<const Sent*> transmissions_of(const Fabric& f, uint32_t offset,
+                                          bool with_redundant = false) {
   std::vector<const Sent*> out;
   for (const Sent* s : f.data_from(0)) {
-    if (s->pkt.data.offset == offset) out.push_back(s);
+    if (s->pkt.data.offset == offset &&
+        (with_redundant || !wire::is_redundant_copy(s->pkt.base.flags))) {
+      out.push_back(s);
+    }
   }
   return out;
 }
@@ -587,6 +592,17 @@ TEST(Transport, LossOfTheLastPacketIsRecoveredByTailProbeWithinTwoRtts) {
   }
   EXPECT_EQ(tx[1]->tx_time - last_ack, 2 * rtt);
   EXPECT_LT(tx[1]->tx_time - tx[0]->tx_time, f.cfg.rto_min);
+  // The moved packet left twice, being a resend in the message's tail (congestion.md §5.2):
+  // the copy on its new path and a redundant copy on a third, both naming the first
+  // transmission.
+  auto all = transmissions_of(f, 7 * kMtu, true);
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(st.redundant_copies, 1u);
+  for (const Sent* x : {all[1], all[2]}) {
+    EXPECT_EQ(wire::orig_path_of(x->pkt.base.flags), tx[0]->pkt.base.path_id);
+    EXPECT_EQ(x->pkt.data.orig_seq, tx[0]->pkt.base.path_seq);
+  }
+  EXPECT_NE(all[1]->pkt.base.path_id, all[2]->pkt.base.path_id);
 }
 
 // An 8-packet message whose last packet is lost, and its first resend too: it still completes,
@@ -605,6 +621,7 @@ void lose_tail_and_its_probe(Fabric& f) {
 TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByRto) {
   EngineConfig cfg = Fabric::default_config();
   cfg.tail_probes = 1;
+  cfg.tail_redundancy = false;  // its copy of the probe's resend would recover it (§5.2)
   Fabric f(cfg);
   ASSERT_NO_FATAL_FAILURE(lose_tail_and_its_probe(f));
   const EngineStats& st = f.node[0].e->stats();
@@ -626,6 +643,7 @@ TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByRto) {
 TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByTheSecondProbe) {
   EngineConfig cfg = Fabric::default_config();
   cfg.tail_probes = 3;
+  cfg.tail_redundancy = false;  // its copy of the probe's resend would recover it (§5.2)
   Fabric f(cfg);
   ASSERT_NO_FATAL_FAILURE(lose_tail_and_its_probe(f));
   const EngineStats& st = f.node[0].e->stats();
@@ -733,7 +751,7 @@ void lose_a_tail_twice(bool redundancy) {
     EXPECT_EQ(st.tail_probes, 0u);
     EXPECT_EQ(st.timeouts, 0u);
     std::vector<const Sent*> tx;
-    for (const Sent* x : transmissions_of(f, 5 * kMtu)) {
+    for (const Sent* x : transmissions_of(f, 5 * kMtu, true)) {
       if (x->pkt.data.src_stream == 1 && x->pkt.data.msn == 0 && x->pkt.data.total_length == 8 * kMtu)
         tx.push_back(x);
     }
@@ -813,6 +831,7 @@ TEST(Transport, PeerThatNeverAnswersFailsWithRetryExceeded) {
   std::vector<Time> tx;
   std::set<uint16_t> ports;
   for (const Sent* s : f.data_from(0)) {
+    if (wire::is_redundant_copy(s->pkt.base.flags)) continue;  // they go with each, unrecorded
     tx.push_back(s->tx_time);
     ports.insert(s->sport);
   }
