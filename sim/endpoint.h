@@ -26,7 +26,9 @@ class Endpoint final : public HostModel, private transport::Host {
   void receive(Packet&& p) override;
   HostStats stats() const override {
     const transport::EngineStats& s = engine_->stats();
-    return {s.retransmits, s.timeouts, failed_, s.paths_failed, s.failover_resends, s.tail_probes};
+    return {s.retransmits,     s.timeouts,    failed_,       s.paths_failed,
+            s.failover_resends, s.tail_probes, s.late_losses, s.late_spurious,
+            s.redundant_copies};
   }
 
   const transport::Engine& engine() const { return *engine_; }

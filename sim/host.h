@@ -13,6 +13,7 @@ namespace metaroce::sim {
 struct HostStats {
   uint64_t retransmits = 0, timeouts = 0, failed = 0;
   uint64_t paths_failed = 0, failover_resends = 0, tail_probes = 0;  // ours only
+  uint64_t late_losses = 0, late_spurious = 0, redundant_copies = 0;  // ours only
 };
 
 class HostModel : public Node {

@@ -407,7 +407,11 @@ int main(int argc, char** argv) {
     ce += l->counters().ce_marked;
   }
   uint64_t retx = 0, timeouts = 0, failed = 0, paths_failed = 0, failover = 0, tlp = 0;
+  uint64_t late = 0, late_spurious = 0, redundant = 0;
   for (const auto& h : hosts) {
+    late += h->stats().late_losses;
+    late_spurious += h->stats().late_spurious;
+    redundant += h->stats().redundant_copies;
     paths_failed += h->stats().paths_failed;
     failover += h->stats().failover_resends;
     tlp += h->stats().tail_probes;
@@ -529,12 +533,14 @@ int main(int argc, char** argv) {
       ", \"drop_queue\": %" PRIu64 ", \"drop_loss\": %" PRIu64 ", \"drop_down\": %" PRIu64
       ", \"ce_marked\": %" PRIu64 ", \"retransmits\": %" PRIu64 ", \"timeouts\": %" PRIu64
       ", \"paths_failed\": %" PRIu64 ", \"failover_resends\": %" PRIu64
-      ", \"tail_probes\": %" PRIu64 ", \"events\": %" PRIu64 ", \"wall_s\": %.3f%s",
+      ", \"tail_probes\": %" PRIu64 ", \"late_losses\": %" PRIu64 ", \"late_spurious\": %" PRIu64
+      ", \"redundant_copies\": %" PRIu64 ", \"events\": %" PRIu64 ", \"wall_s\": %.3f%s",
       o.transport.c_str(), o.workload.c_str(), n, o.topo.planes, o.paths, o.topo.seed, flows.size(), unfinished, failed,
       static_cast<double>(last) / 1000, percentile(fct_us, 0.5), percentile(fct_us, 0.99), goodput,
       fct_us.empty() ? 0.0 : goodput / static_cast<double>(flows.size()) / host_rate, busbw,
       drop_queue,
-      drop_loss, drop_down, ce, retx, timeouts, paths_failed, failover, tlp, q.executed(), wall,
+      drop_loss, drop_down, ce, retx, timeouts, paths_failed, failover, tlp, late, late_spurious,
+      redundant, q.executed(), wall,
       extra.c_str());
   if (o.topo.kind == TopologyKind::kFatTree)
     std::printf(", \"topology\": \"fattree\", \"k\": %u", o.topo.k);

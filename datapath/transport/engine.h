@@ -222,6 +222,7 @@ struct EngineStats {
   uint64_t sack_gaps = 0;          // packets found missing by SACK and resent
   uint64_t tail_probes = 0;        // packets resent by the tail-loss probe
   uint64_t late_losses = 0;        // packets found lost by time, a later one delivered (§5.1)
+  uint64_t late_spurious = 0;      // of those, resent for nothing: the original arrived
   uint64_t redundant_copies = 0;   // second copies of resends in a connection's tail (§5.2)
   uint64_t paths_failed = 0, paths_recovered = 0, probes_sent = 0;
   uint64_t failover_resends = 0;   // packets moved from a failed path to another

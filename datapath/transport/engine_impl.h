@@ -56,6 +56,7 @@ enum DescFlag : uint8_t {
   kCopy = 4,        // failover copy: orig_path/orig_seq name where it was first sent
   kResent = 8,      // sent more than once on its current path: an ACK of it does not tell
                     // which copy arrived, so it cannot date the path's delivery order
+  kLate = 16,       // resent because it was late (§5.1): its ACK says whether it was lost
 };
 
 // One transmitted, not yet resolved packet. The payload stays with the NIC (Host::gather); its
@@ -367,6 +368,7 @@ class EngineImpl final : public Engine {
   bool send_retx(Time now, Connection& c, TxSink& sink, uint32_t& sent);
   void expire(Time now, Connection& c, uint16_t path);
   bool heard_since(const Connection& c, uint32_t stamp) const;
+  void judge_late(const TxPath& tp, const TxDesc& d, uint32_t echo);
   void resolve_moved(Connection& c, uint16_t path, const wire::AckHeader& a);
   Time fail_deadline(const Connection& c, const TxPath& tp) const;
   bool check_failure(Time now, Connection& c, uint16_t path);

@@ -718,6 +718,41 @@ TEST(LateDetection, PathsOfDifferentDelaysCauseNoResend) {
   EXPECT_EQ(f.node[1].e->stats().duplicates, 0u);
 }
 
+// A path whose queue grows delays its packets past its RTT: where the network marks it (ECN),
+// that is congestion, and its late packets are not resent (congestion.md §5.1); the same delay
+// unmarked is taken for loss (what makes this test able to fail).
+uint64_t late_resends_on_a_queued_path(bool marked) {
+  Fabric f;
+  f.submit(0, 1, 0, 64 * kMtu);  // RTT samples on every path
+  f.run();
+  int path1 = -1;
+  for (const Sent* s : f.data_from(0)) path1 = s->pkt.base.path_id == 1 ? 1 : path1;
+  EXPECT_EQ(path1, 1);
+  // Its queue passes the marking threshold (its packets are CE-marked from now on), and after
+  // its next 8 packets it delays them by 25 us, more than its RTT's variation covers.
+  int sent = 0;
+  f.extra_delay = [&sent](const Sent& s) {
+    if (s.from != 0 || s.pkt.base.path_id != 1) return Time{0};
+    return ++sent > 8 ? Time(25us) : Time{0};
+  };
+  if (marked) {
+    f.mark_ce = [](const Sent& s) { return s.from == 0 && s.pkt.base.path_id == 1; };
+  }
+  for (uint32_t m = 1; m <= 4; ++m) f.submit(0, 1, m, 32 * kMtu);
+  f.run();
+  expect_all_delivered_exactly(f, 0);
+  return f.node[0].e->stats().late_losses;
+}
+
+TEST(LateDetection, APathTheNetworkMarksIsNotJudgedByTime) {
+  const uint64_t marked = late_resends_on_a_queued_path(true);
+  const uint64_t unmarked = late_resends_on_a_queued_path(false);
+  std::printf("late resends: %llu marked, %llu unmarked\n", static_cast<unsigned long long>(marked),
+              static_cast<unsigned long long>(unmarked));
+  EXPECT_EQ(marked, 0u);
+  EXPECT_GT(unmarked, 0u);
+}
+
 // In a connection's tail (all its data sent), a resend goes out twice: on its own path and as a
 // redundant copy on another (congestion.md §5.2). Here the original and the resend on its path
 // are both lost: the copy delivers the packet, the receiver acknowledges the original's path,
@@ -1556,7 +1591,8 @@ TEST(FairShare, ResendsArePacedToTheShare) {
   submit_bulk(n, 1, 0, 1, 16, 64 * 1024);
   n.run_until(800us);
   ASSERT_GT(dropped, 5);
-  EXPECT_GE(n.node[1].e->stats().retransmits, 5u);
+  // Resent, or moved to other paths as failover copies: both are paced.
+  EXPECT_GE(n.node[1].e->stats().retransmits + n.node[1].e->stats().failover_resends, 5u);
   const uint32_t hint = conn_stats(*n.node[1].e, n.node[0].ip).rate_hint_mbps;
   ASSERT_GT(hint, 0u);
   // Over any 100 us from 150 us on, what node 1 sent (resends included) is within its share
