@@ -82,7 +82,9 @@ def planes(sim, fabric, kib):
     return rows
 
 
-def incast(sim, fabric, kib):
+def incast(sim, fabric, kib, out):
+    """63:1 (or 15:1) incast; Jain's index over 80 us windows sliding by one base RTT; the
+    series of the cases named in INCAST_PLOT go to OUT/incast-SLUG.dat for the plot."""
     base = fabric + G400 + ["--paths", "8", "--workload", "incast", "--flow-kib", str(kib)]
     cases = [
         ("metaroce, no hints", []),
@@ -93,8 +95,38 @@ def incast(sim, fabric, kib):
         ("rocev2", ["--transport", "rocev2"] + ROCE_LIMIT),
         ("rocev2, PFC", ["--transport", "rocev2", "--pfc"] + ROCE_LIMIT),
     ]
-    return [{"case": name, "run": run(sim, base + extra + ["--fair-window-us", "80"])}
-            for name, extra in cases]
+    rows = []
+    for name, extra in cases:
+        series = []
+        if name in INCAST_PLOT:
+            series = ["--fair-series", os.path.join(out, "incast-" + INCAST_PLOT[name] + ".dat")]
+        rows.append({"case": name, "run": run(sim, base + extra + ["--fair-window-us", "80"] + series)})
+    return rows
+
+
+INCAST_PLOT = {"metaroce, hints": "hints", "metaroce, hints, no start window": "no-start-window",
+               "metaroce, no hints": "no-hints", "rocev2, PFC": "rocev2-pfc"}
+
+
+def plot_incast(out):
+    """Jain's index per window against the window's start, in base RTTs (8 us), first 320 us."""
+    if not shutil.which("gnuplot"):
+        return
+    cmds = [
+        "set terminal svg size 640,400 dynamic font 'sans,11'",
+        f"set output '{os.path.join(out, 'incast.svg')}'",
+        "set title \"63:1 incast: Jain's index over 80 us windows (64 hosts, 400 Gbit/s)\"",
+        "set xlabel 'window start (base RTTs of 8 us)'", "set ylabel \"Jain's index\"",
+        "set key bottom right", "set grid", "set yrange [0:1.05]", "set xrange [0:40]",
+        "set arrow from 2, graph 0 to 2, graph 1 nohead dt 2",
+    ]
+    lines = []
+    for name, slug in INCAST_PLOT.items():
+        dat = os.path.join(out, "incast-" + slug + ".dat")
+        if os.path.exists(dat):
+            lines.append(f"'{dat}' using ($1 / 8):2 with lines lw 2 title '{name}'")
+    cmds.append("plot " + ", ".join(lines))
+    subprocess.run(["gnuplot"], input="\n".join(cmds) + "\n", text=True, check=True)
 
 
 def failure(sim, fabric, kib):
@@ -166,7 +198,7 @@ def main():
         "allreduce": lambda: collective(a.sim, fabric, "allreduce", 16384 if a.quick else 65536),
         "alltoall": lambda: collective(a.sim, fabric, "alltoall", 4096 if a.quick else 16384),
         "planes": lambda: planes(a.sim, fabric, 4096 if a.quick else 16384),
-        "incast": lambda: incast(a.sim, fabric, 1024),
+        "incast": lambda: incast(a.sim, fabric, 1024, a.out),
         "failure": lambda: failure(a.sim, fabric, 16384 if a.quick else 65536),
     }
     for name, fn in exps.items():
@@ -187,6 +219,8 @@ def main():
                         round(r["fixed"]["of_linear"], 4), round(r["alltoall"]["of_linear"], 4),
                         round(r["rocev2"]["of_linear"], 4)) for r in rows])
         plot(a.out, name)
+        if name == "incast":
+            plot_incast(a.out)
 
 
 if __name__ == "__main__":
