@@ -414,6 +414,27 @@ uint16_t EngineImpl::find_in_flight(const Connection& c, uint16_t path, uint32_t
   return kNil;
 }
 
+// The message of the packet sent as `seq` on `path`, wherever it is now: still on that path, or
+// moved off it (a failover copy in flight elsewhere, or waiting to go); kNoSlot if resolved.
+uint32_t EngineImpl::find_named(const Connection& c, uint16_t path, uint32_t seq) const {
+  const uint16_t idx = find_in_flight(c, path, seq);
+  if (idx != kNil) return c.pool[idx].slot;
+  if (!c.tx[path].moved) return kNoSlot;
+  auto names = [&](const TxDesc& d) {
+    return (d.flags & detail::kCopy) && d.orig_path == path && d.orig_seq == seq;
+  };
+  for (uint16_t p = 0; p < c.tx.size(); ++p) {
+    if (p == path) continue;
+    for (uint16_t i = c.tx[p].head; i != kNil; i = c.pool[i].next) {
+      if (names(c.pool[i])) return c.pool[i].slot;
+    }
+  }
+  for (uint16_t i = c.move_head; i != kNil; i = c.pool[i].next) {
+    if (names(c.pool[i])) return c.pool[i].slot;
+  }
+  return kNoSlot;
+}
+
 void EngineImpl::free_desc(Connection& c, uint16_t idx) {
   TxDesc& d = c.pool[idx];
   d = TxDesc{};
@@ -947,10 +968,14 @@ void EngineImpl::on_packet(Time now, uint32_t peer_ip, uint16_t udp_src_port, bo
     return;
   }
   if (wire::is_data_opcode(pkt.base.opcode)) {
-    Connection* known = find_conn(peer_ip);
-    if ((!known || !find_dir(*known, pkt.base.conn_id)) && forgotten(peer_ip, pkt.base.conn_id)) {
-      ++stats_.drop_forgotten;  // a direction we forgot: never a new one (§4.6)
-      return;
+    if (forgotten(peer_ip, pkt.base.conn_id)) {
+      // A direction we forgot: never a new one (§4.6). (A conn_id the peer drew again since
+      // would be a new direction: 1 in 2^32 per direction of the 4,096 remembered.)
+      Connection* known = find_conn(peer_ip);
+      if (!known || !find_dir(*known, pkt.base.conn_id)) {
+        ++stats_.drop_forgotten;
+        return;
+      }
     }
     handle_data(now, conn_for(peer_ip), udp_src_port, ecn_ce, plane, pkt);
   } else if (pkt.base.opcode == wire::Opcode::kAck) {
@@ -1269,7 +1294,12 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
   } else {
     add_nak(r, b.path_seq, h.src_stream, h.msn, why);
     r.win.mark(b.path_seq);
-    if (mark_orig) d->paths[opath].win.mark(h.orig_seq);
+    if (mark_orig) {
+      // The original's path is acknowledged too (and a redundant copy asked for its ACK): the
+      // rejection goes with it, or the sender would take that ACK for a delivery (spec §5.3).
+      d->paths[opath].win.mark(h.orig_seq);
+      add_nak(d->paths[opath], h.orig_seq, h.src_stream, h.msn, why);
+    }
     ++stats_.naks_sent;
   }
   if (why != Syndrome::kUnreachable) last_answered_ = now;  // nothing is owed for those
@@ -1367,12 +1397,20 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
       }
       continue;
     }
-    const uint16_t idx = find_in_flight(c, path, r.path_seq);
-    if (idx == kNil) continue;
-    const MessageDesc& m = slots_[c.pool[idx].slot].m;
+    if (r.syndrome == static_cast<uint8_t>(Syndrome::kRnr)) {
+      const uint16_t idx = find_in_flight(c, path, r.path_seq);
+      if (idx == kNil) continue;
+      const MessageDesc& m = slots_[c.pool[idx].slot].m;
+      if (m.src_stream == r.src_stream && m.msn == r.msn) rnr_nak(now, c, idx, r.rnr_timer);
+      continue;
+    }
+    // A rejection may name a packet since moved off this path: this ACK, which also covers it,
+    // must not resolve its copies as delivered (§4.3).
+    const uint32_t slot = find_named(c, path, r.path_seq);
+    if (slot == kNoSlot) continue;
+    const MessageDesc& m = slots_[slot].m;
     if (m.src_stream != r.src_stream || m.msn != r.msn) continue;
-    if (r.syndrome == static_cast<uint8_t>(Syndrome::kRnr)) rnr_nak(now, c, idx, r.rnr_timer);
-    else fail_message(c, c.pool[idx].slot, static_cast<Syndrome>(r.syndrome), now);
+    fail_message(c, slot, static_cast<Syndrome>(r.syndrome), now);
   }
 
   // Packets moved off this path are acknowledged by its ACKs too (the original, or a redundant

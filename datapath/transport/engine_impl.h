@@ -353,6 +353,7 @@ class EngineImpl final : public Engine {
   void resume_parked(Connection& c, Time now);
   bool unreachable_too_long(const detail::MsgSlot& s, Time now) const;
   uint16_t find_in_flight(const Connection& c, uint16_t path, uint32_t seq) const;
+  uint32_t find_named(const Connection& c, uint16_t path, uint32_t seq) const;
   void list_append(Connection& c, uint16_t path, uint16_t idx);
   void list_remove(Connection& c, uint16_t path, uint16_t prev, uint16_t idx);
   void free_desc(Connection& c, uint16_t idx);

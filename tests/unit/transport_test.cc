@@ -930,6 +930,40 @@ TEST(Transport, RemoteAccessErrorFailsTheMessageExactlyOnceEvenIfTheNakIsLost) {
   EXPECT_EQ(f.node[1].host.received.at({1, 3}), sent_bytes(f, 0, c3));
 }
 
+// A rejection is the answer to every copy of the packet, whichever of them arrives first and
+// on whichever path it is acknowledged: a slow first transmission is resent with a redundant
+// copy (congestion.md §5.2), and the arrivals are ordered every way among original, resend and
+// copy. The message fails with the receiver's syndrome, never completes.
+TEST(Transport, RemoteAccessErrorReachesTheSenderWhicheverCopyArrivesFirst) {
+  // Extra delay, in microseconds, of the first transmission, the resend and the redundant copy.
+  const std::vector<std::array<int, 3>> orders = {
+      {3000, 400, 0}, {3000, 0, 400}, {3000, 0, 0}, {400, 3000, 3000}, {3000, 3000, 0}, {400, 3000, 0}};
+  for (const auto& o : orders) {
+    SCOPED_TRACE(testing::Message() << o[0] << "/" << o[1] << "/" << o[2]);
+    Fabric f;
+    f.submit(0, 1, 1, 8 * kMtu);  // RTT samples first
+    f.run();
+    f.node[1].host.verdict = [](const Segment& s) {
+      return s.msn == 2 ? Syndrome::kRemoteAccess : Syndrome::kOk;
+    };
+    int firsts = 0;
+    f.extra_delay = [&](const Sent& s) {
+      if (s.from != 0 || !wire::is_data_opcode(s.pkt.base.opcode) || s.pkt.data.msn != 2) {
+        return Time{0};
+      }
+      if (wire::is_redundant_copy(s.pkt.base.flags)) return Time(std::chrono::microseconds(o[2]));
+      return Time(std::chrono::microseconds(firsts++ == 0 ? o[0] : o[1]));
+    };
+    const uint64_t c = f.submit(0, 1, 2, 100);
+    f.run();
+    EXPECT_GE(firsts, 2);  // it was resent
+    EXPECT_GE(f.node[0].e->stats().redundant_copies, 1u);
+    EXPECT_EQ(f.node[0].host.acked, std::vector<uint64_t>{c - 1});
+    ASSERT_EQ(f.node[0].host.failed.size(), 1u);
+    EXPECT_EQ(f.node[0].host.failed[0], std::make_pair(c, Syndrome::kRemoteAccess));
+  }
+}
+
 TEST(Transport, RnrIsRetransmittedUntilAccepted) {
   Fabric f;
   int refusals = 0;
