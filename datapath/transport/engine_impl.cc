@@ -1045,16 +1045,30 @@ void EngineImpl::note_unreachable(RxPath& rp, uint32_t seq, uint32_t src_stream,
   if (rp.nak_count < kNakSlots) rp.naks[rp.nak_count++] = {seq, src_stream, msn, unreachable};
 }
 
-void EngineImpl::add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn,
+// The sender has resolved every sequence below its ack floor: the window skips them, and NAK
+// records for them are no longer needed by anyone (spec §5.3).
+void EngineImpl::apply_floor(RxPath& rp, uint32_t ack_floor) {
+  rp.win.advance_to(ack_floor);
+  uint8_t kept = 0;
+  for (uint8_t i = 0; i < rp.nak_count; ++i) {
+    if (!seq_lt(rp.naks[i].seq, ack_floor)) rp.naks[kept++] = rp.naks[i];
+  }
+  rp.nak_count = kept;
+}
+
+// False when the path's records are full (the record is not kept).
+bool EngineImpl::add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn,
                          Syndrome why, uint8_t rnr_timer) {
   const detail::NakEntry e{seq, src_stream, msn, static_cast<uint8_t>(why), rnr_timer};
   for (uint8_t i = 0; i < rp.nak_count; ++i) {
     if (rp.naks[i].seq == seq) {
       rp.naks[i] = e;
-      return;
+      return true;
     }
   }
-  if (rp.nak_count < kNakSlots) rp.naks[rp.nak_count++] = e;
+  if (rp.nak_count == kNakSlots) return false;
+  rp.naks[rp.nak_count++] = e;
+  return true;
 }
 
 // Arrival accounting for fair-share hints (congestion.md §3.1). A sender not heard from in the
@@ -1188,7 +1202,7 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
   RxPath& rp = d->paths[b.path_id];
   rp.port = sport;
   rp.plane = plane;
-  rp.win.advance_to(b.ack_floor);
+  apply_floor(rp, b.ack_floor);
   c.rx_dir = d->conn_id;
   c.rx_path = b.path_id;
 
@@ -1228,12 +1242,19 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
       ++stats_.failover_duplicates;
       ++rp.rx_packets;
       rp.rx_bytes += pkt.payload.size();
-      // A rejection the original earned must reach the sender through the copy too.
+      // A rejection the original earned must reach the sender through the copy too; with no
+      // room for its record, the copy is left unmarked, like an RNR (§5.3): it comes again.
+      bool recorded = true;
       for (uint8_t i = 0; i < o.nak_count; ++i) {
         if (o.naks[i].seq == h.orig_seq && o.naks[i].syndrome != static_cast<uint8_t>(Syndrome::kRnr)) {
-          add_nak(rp, b.path_seq, o.naks[i].src_stream, o.naks[i].msn,
-                  static_cast<Syndrome>(o.naks[i].syndrome));
+          recorded &= add_nak(rp, b.path_seq, o.naks[i].src_stream, o.naks[i].msn,
+                              static_cast<Syndrome>(o.naks[i].syndrome));
         }
+      }
+      if (!recorded) {
+        ++stats_.drop_rnr;
+        request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
+        return;
       }
       rp.win.mark(b.path_seq);
       last_answered_ = now;
@@ -1278,7 +1299,8 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     // its QP's timeout decides, not the connection's silence (the peer's other streams answer).
     ++stats_.drop_unreachable;
     note_unreachable(r, b.path_seq, h.src_stream, h.msn);
-  } else if (why == Syndrome::kRnr || r.nak_count == kNakSlots) {
+  } else if (why == Syndrome::kRnr || r.nak_count == kNakSlots ||
+             (mark_orig && d->paths[opath].nak_count == kNakSlots)) {
     // Not marked: the sender resends it. An RNR is reported (once) so that the sender backs
     // off instead of treating it as loss; a full NAK list is treated the same way, so that no
     // rejection goes unreported (spec §5.3).
@@ -1326,7 +1348,7 @@ void EngineImpl::handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_
   RxPath& rp = d->paths[b.path_id];
   rp.port = sport;
   rp.plane = plane;
-  rp.win.advance_to(b.ack_floor);
+  apply_floor(rp, b.ack_floor);
   request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
 }
 

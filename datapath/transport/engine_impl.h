@@ -336,7 +336,8 @@ class EngineImpl final : public Engine {
   // path's window holds (kFlagNoEcho).
   void request_ack(Connection& c, RecvDir& d, uint16_t path, uint32_t ts, bool ecn_ce,
                    bool own = true);
-  void add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn, Syndrome why,
+  static void apply_floor(RxPath& rp, uint32_t ack_floor);
+  bool add_nak(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn, Syndrome why,
                uint8_t rnr_timer = 0);
   void note_unreachable(RxPath& rp, uint32_t seq, uint32_t src_stream, uint32_t msn);
   void account_rx(Time now, Connection& c, size_t bytes, bool more);

@@ -964,6 +964,59 @@ TEST(Transport, RemoteAccessErrorReachesTheSenderWhicheverCopyArrivesFirst) {
   }
 }
 
+// The same under random delays and losses of every packet: a rejected message never completes,
+// the ones around it always do.
+TEST(Transport, RejectedMessageNeverCompletesUnderRandomDelayAndLoss) {
+  for (uint32_t seed = 0; seed < 300; ++seed) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    Fabric f;
+    std::mt19937 rng(seed);
+    f.node[1].host.verdict = [](const Segment& s) {
+      return s.msn == 2 ? Syndrome::kRemoteAccess : Syndrome::kOk;
+    };
+    f.extra_delay = [&](const Sent&) {
+      return Time(std::chrono::microseconds(rng() % 4 == 0 ? rng() % 3000 : rng() % 50));
+    };
+    f.fate = [&](const Sent&) { return rng() % 100 < 10 ? Fate::kDrop : Fate::kDeliver; };
+    const uint64_t c1 = f.submit(0, 1, 1, (seed % 3) * kMtu + 100);
+    const uint64_t c2 = f.submit(0, 1, 2, (seed % 2) * kMtu + 100);
+    f.run();
+    ASSERT_EQ(f.node[0].host.failed.size(), 1u);
+    EXPECT_EQ(f.node[0].host.failed[0], std::make_pair(c2, Syndrome::kRemoteAccess));
+    EXPECT_EQ(f.node[0].host.acked, std::vector<uint64_t>{c1});
+  }
+}
+
+// Rejections one after another on a quiet connection (a test suite's, or a program's that keeps
+// using a bad key): the receiver's record of each goes once the sender's ack floor has passed
+// it, so the records never fill up, and every one is reported as itself, never as RNR or success.
+TEST(Transport, ManyRejectionsInARowEachFailWithTheirSyndrome) {
+  for (uint32_t seed = 0; seed < 20; ++seed) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    Fabric f;
+    std::mt19937 rng(seed);
+    f.node[1].host.verdict = [](const Segment& s) {
+      return s.msn % 2 ? Syndrome::kRemoteAccess : Syndrome::kOk;
+    };
+    f.extra_delay = [&](const Sent&) {
+      return Time(std::chrono::microseconds(rng() % 5 == 0 ? rng() % 2000 : rng() % 20));
+    };
+    std::vector<uint64_t> good, bad;
+    for (uint32_t msn = 0; msn < 40; ++msn) {
+      (msn % 2 ? bad : good).push_back(f.submit(0, 1, msn, 100));
+      f.run(f.now + 1s);
+    }
+    std::vector<uint64_t> failed;
+    for (const auto& [cookie, why] : f.node[0].host.failed) {
+      EXPECT_EQ(why, Syndrome::kRemoteAccess);
+      failed.push_back(cookie);
+    }
+    EXPECT_EQ(failed, bad);
+    EXPECT_EQ(f.node[0].host.acked, good);
+    EXPECT_EQ(f.node[1].e->stats().drop_rnr, 0u);
+  }
+}
+
 TEST(Transport, RnrIsRetransmittedUntilAccepted) {
   Fabric f;
   int refusals = 0;
