@@ -455,10 +455,16 @@ int export_command(const std::vector<std::string>& args, const Context& ctx, std
     if (s < 0) continue;  // EINTR at the signal
     timeval tv{2, 0};
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    // The whole request head, however the client's writes were cut into segments: data left
+    // unread at close() makes the kernel reset the connection, and the client may lose the reply.
+    std::string head;
     char req[2048];
-    const ssize_t n = recv(s, req, sizeof(req) - 1, 0);
-    std::string line = n > 0 ? std::string(req, static_cast<size_t>(n)) : "";
-    line = line.substr(0, line.find("\r\n"));
+    while (head.size() < 8192 && head.find("\r\n\r\n") == std::string::npos) {
+      const ssize_t n = recv(s, req, sizeof(req), 0);
+      if (n <= 0) break;
+      head.append(req, static_cast<size_t>(n));
+    }
+    const std::string line = head.substr(0, head.find("\r\n"));
     std::string reply;
     if (line.starts_with("GET /metrics ") || line == "GET /metrics") {
       const std::string body = gather();
@@ -472,6 +478,13 @@ int export_command(const std::vector<std::string>& args, const Context& ctx, std
       const ssize_t w = send(s, reply.data() + off, reply.size() - off, MSG_NOSIGNAL);
       if (w <= 0) break;
       off += static_cast<size_t>(w);
+    }
+    // Our side is done; whatever the client still sends is read and dropped, so that close()
+    // does not reset a reply it has not read yet.
+    shutdown(s, SHUT_WR);
+    timeval drain{0, 200000};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &drain, sizeof(drain));
+    while (recv(s, req, sizeof(req), 0) > 0) {
     }
     close(s);
   }
