@@ -15,7 +15,15 @@ source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/../testbed/testbed.sh"
 TB=n$$
 TB_STATE_ROOT=$METAROCE_RUNDIR
-trap 'rc=$?; tb_down $TB; (exit $rc); cleanup' EXIT
+# On failure each host's engine log goes with the others (cleanup prints them all).
+save_engine_logs() {
+  local d
+  for d in "$TB_STATE_ROOT/rn-testbed-$TB"/run-h*; do
+    [ -f "$d/engine.log" ] && cp "$d/engine.log" "$LOGDIR/engine-h${d##*run-h}"
+  done
+  return 0
+}
+trap 'rc=$?; [ $rc -ne 0 ] && save_engine_logs; tb_down $TB; (exit $rc); cleanup' EXIT
 trap 'exit 143' TERM INT  # meson's timeout: the EXIT trap still removes the namespaces
 PROG="$BUILD/tests/integration/integrity"
 

@@ -1874,6 +1874,83 @@ TEST(PathFailure, ASlowPathDeclaredFailedIsNotDeliveredTwiceWhenItsOriginalsArri
   }
 }
 
+// The same with the path so late that, meanwhile, its sender's sequence runs further ahead
+// than the receiver's 256-wide window on it: a copy naming a sequence past that window moves
+// the window (every sequence 256 before it is resolved at the sender), so that its original,
+// arriving later still, is known for a duplicate.
+TEST(PathFailure, ACopyNamingASequencePastTheOriginalPathsWindowIsStillDeliveredOnce) {
+  for (int late_ms : {5, 20, 50}) {
+    SCOPED_TRACE(testing::Message() << late_ms << " ms late");
+    Net::Config nc;
+    nc.bottleneck_mbps = 0;
+    Net n(nc, {Net::config(4)});
+    submit_bulk(n, 0, 1, 1, 2, 8 * 1024);
+    n.run_idle(10ms);
+    const uint16_t slow_port = path_stats(*n.node[0].e, n.node[1].ip)[1].udp_src_port;
+    n.extra_delay = [&](const NetPacket& p) {
+      return p.from == 0 && p.sport == slow_port ? Time(std::chrono::milliseconds(late_ms))
+                                                 : Time{0};
+    };
+    submit_bulk(n, 0, 1, 2, 64, 64 * 1024);
+    n.run_idle(500ms);
+    n.extra_delay = nullptr;
+    n.run_until(n.now + 100ms);  // let the late originals land
+    expect_exactly_once(n, 0, 1);
+  }
+}
+
+// A path whose every packet is lost for a long while, on whatever route it re-picks, while the
+// transfer goes on: it is failed, probed, returned and failed again, and its sequence runs far
+// ahead of what the receiver has seen of it. Copies naming its sequences (two of each in the
+// tail) must still be delivered once.
+TEST(PathFailure, APathLostForLongRunsAheadOfItsReceiverAndCopiesStillDeliverOnce) {
+  for (uint32_t seed = 0; seed < 6; ++seed) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    Fabric f;
+    std::mt19937 rng(seed);
+    Time dead_until = Time(std::chrono::milliseconds(40 + 20 * seed));
+    f.fate = [&](const Sent& s) {
+      const bool lost_path = s.from == 0 && s.pkt.base.path_id == seed % 4 &&
+                             (!wire::is_data_opcode(s.pkt.base.opcode) ||
+                              !wire::is_failover_copy(s.pkt.base.flags));
+      return lost_path && f.now < dead_until ? Fate::kDrop : Fate::kDeliver;
+    };
+    f.extra_delay = [&](const Sent&) { return Time(std::chrono::microseconds(rng() % 40)); };
+    for (uint32_t i = 0; i < 400; ++i) f.submit(0, 1 + i % 3, i / 3, 2 * kMtu + 100 * (i % 7));
+    f.run(5s);
+    expect_all_delivered_exactly(f, 0);
+    EXPECT_GE(f.node[0].e->stats().paths_failed, 1u);
+  }
+}
+
+// Everything at once, over many seeds: random loss both ways, duplication, delays from none to
+// far beyond the RTO, and paths that go dead for a while on every route they re-pick. Every
+// segment is delivered exactly once (a READ or a receive completes by counting bytes: a segment
+// delivered twice would complete it with a hole).
+TEST(PathFailure, ExactlyOnceUnderLossDuplicationLongDelaysAndDeadPaths) {
+  for (uint32_t seed = 0; seed < 60; ++seed) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    Fabric f;
+    std::mt19937 rng(seed);
+    const uint16_t dead = seed % 4;
+    f.fate = [&](const Sent& s) {
+      const bool data = s.from == 0 && s.pkt.base.opcode != Opcode::kAck;
+      if (data && s.pkt.base.path_id == dead && (f.now.count() / 3000000) % 2 == 0) {
+        return Fate::kDrop;  // the dead path, 3 ms of every 6
+      }
+      const uint32_t r = rng() % 100;
+      return r < 8 ? Fate::kDrop : r < 12 ? Fate::kDuplicate : Fate::kDeliver;
+    };
+    f.extra_delay = [&](const Sent&) {
+      const uint32_t r = rng() % 100;
+      return Time(std::chrono::microseconds(r < 3 ? 2000 + rng() % 20000 : rng() % 60));
+    };
+    for (uint32_t i = 0; i < 120; ++i) f.submit(0, 1 + i % 3, i / 3, 1 + (rng() % 12) * kMtu);
+    f.run(30s);
+    expect_all_delivered_exactly(f, 0);
+  }
+}
+
 // The copies made when a slow path is declared failed are all lost, and its originals arrive
 // late: the ACKs of the original path acknowledge the moved packets wherever they are
 // (congestion.md §4.3), so the message completes without a timeout for the lost copies.
