@@ -1229,7 +1229,15 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
   bool mark_orig = false;
   if (copy && opath < d->paths.size()) {
     RxPath& o = d->paths[opath];
-    const SackWindow::Check oc = o.win.check(h.orig_seq);
+    SackWindow::Check oc = o.win.check(h.orig_seq);
+    if (oc == SackWindow::Check::kOutOfWindow) {
+      // The original's path went on at its sender while nothing of it reached us: everything
+      // 256 before the original is resolved there (no more than 64 are ever in flight on a
+      // path, §3.1), so its window moves up to it and the original is recorded when this copy
+      // delivers it (a second copy, or the original arriving late, is then a duplicate).
+      apply_floor(o, h.orig_seq - wire::kSackBits);
+      oc = o.win.check(h.orig_seq);
+    }
     // A redundant copy's original stays in flight at the sender: its path is acknowledged too,
     // whichever of the two got here first (congestion.md §5.2).
     // Flagged kFlagNoEcho: an echo of the copy could make a path the sender is probing look
