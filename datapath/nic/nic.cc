@@ -25,9 +25,10 @@ constexpr uint32_t kEnginePathWindow = 64;       // packets: the transport's per
 constexpr uint32_t kEngineConnWindowMax = 4096;  // packets: 16 MiB in flight at 4 KiB
 constexpr uint32_t kScratchBlock = 16384;
 constexpr uint64_t kPage = 4096;
-// What a data packet adds to its payload inside the link MTU (an IP packet size).
+// What a data packet adds to its payload inside the link MTU (an IP packet size), an XRC
+// request's extension included (every message is cut alike, wire.md §4.1).
 constexpr uint32_t kFrameOverhead =
-    wire::kIpv4HeaderLen + wire::kUdpHeaderLen + wire::kDataHeadersLen;
+    wire::kIpv4HeaderLen + wire::kUdpHeaderLen + wire::kDataHeadersLen + wire::kXrcExtLen;
 // Room the engine may ask for beyond the payload: the largest of a data and an ACK/NAK packet.
 constexpr uint32_t kTransportHeaderRoom =
     std::max<uint32_t>(wire::kDataHeadersLen,
