@@ -51,6 +51,12 @@ enum class Op : uint16_t {
   kAllocMw = 21,      // ibv_alloc_mw
   kDeallocMw = 22,    // ibv_dealloc_mw (IdReq: its rkey)
   kResizeCq = 23,     // ibv_resize_cq: a new ring (fd) takes the old one's completions
+  // XRC (verbs-mapping.md §17).
+  kOpenXrcd = 24,     // ibv_open_xrcd: + the file whose inode names a shared domain
+  kCloseXrcd = 25,    // ibv_close_xrcd (IdReq: the domain)
+  kCreateXrcSrq = 26, // ibv_create_srq_ex of type XRC
+  kOpenQp = 27,       // ibv_open_qp: another handle to an XRC target QP of a domain
+  kCloseQp = 28,      // ibv_destroy_qp of an XRC target QP handle
   // Administration (uid 0, or the engine's own user: a user who runs an engine for a private run
   // dir administers it): what `metaroce link` and `metaroce engine` ask.
   kLinkOpen = 100,
@@ -164,17 +170,43 @@ struct ModifySrqReq {
   uint32_t limit = 0;
 };
 
+// kXrcTgt: xrcd names the domain, and pd, the CQs, srq and caps are not used; kXrcIni: no
+// receive CQ or SRQ (recv_cq 0).
 struct CreateQpReq {
   uint32_t pd = 0, send_cq = 0, recv_cq = 0, srq = 0;  // srq 0: none
   QpType type = QpType::kRc;
   uint32_t sq_sig_all = 0;
   QpCaps caps;
-  uint32_t reserved = 0;
+  uint32_t xrcd = 0;
   uint64_t handle = 0;  // element of its async events (its ibv_qp's address)
 };
 struct CreateQpResp {
   uint32_t qpn = 0;
   uint32_t bytes = 0;
+};
+
+// kOpenXrcd. Fds (has_fd): the file whose inode names the domain, shared by every context of the
+// device that opens the same file; without one, a domain of its own. Answer: XrcdResp.
+struct OpenXrcdReq {
+  uint32_t oflags = 0;  // O_CREAT, O_EXCL (ibv_open_xrcd(3)); other bits are ignored
+  uint32_t has_fd = 0;
+};
+struct XrcdResp {
+  uint32_t xrcd = 0;
+  uint32_t reserved = 0;
+};
+// kCreateXrcSrq: an SRQ of an XRC domain, whose completions go to cq. Answer: CreateSrqResp,
+// whose id is the SRQ number initiators name (24 bits).
+struct CreateXrcSrqReq {
+  uint32_t pd = 0, max_wr = 0, max_sge = 0, xrcd = 0, cq = 0, reserved = 0;
+  uint64_t handle = 0;
+};
+// kOpenQp (answer: CreateQpResp and the QP's segment) and kCloseQp: one handle of an XRC target
+// QP, named by its domain and number; handle is the element of the events it gets.
+struct OpenQpReq {
+  uint32_t xrcd = 0;
+  uint32_t qpn = 0;
+  uint64_t handle = 0;
 };
 
 // Attributes of ibv_modify_qp the engine needs, already checked by the driver against verbs'

@@ -216,12 +216,19 @@ int Nic::resize_cq(Owner* o, uint32_t id, hostif::CqHeader* ring) {
   return cq->move_to(ring, owed) ? 0 : EINVAL;
 }
 
+uint32_t Nic::alloc_srq_id() {
+  // Numbers go round the 24-bit space before one is used again, so that an initiator still
+  // naming a destroyed SRQ is refused rather than reaching its successor.
+  while ((next_srq_ & wire::kXrcSrqnMask) == 0 || srqs_.count(next_srq_ & wire::kXrcSrqnMask))
+    ++next_srq_;
+  return next_srq_++ & wire::kXrcSrqnMask;
+}
+
 int Nic::create_srq(Owner* o, uint32_t pd, hostif::SrqHeader* ring, uint64_t handle,
                     uint32_t* id) {
   if (!pd_of(o, pd)) return EINVAL;
   if (srqs_.size() >= kMaxSrqs) return ENOMEM;
-  while (next_srq_ == 0 || srqs_.count(next_srq_)) ++next_srq_;
-  *id = next_srq_++;
+  *id = alloc_srq_id();
   srqs_[*id] = std::make_unique<SharedReceiveQueue>(*id, o, pd, ring, handle);
   return 0;
 }
@@ -230,12 +237,102 @@ int Nic::destroy_srq(Owner* o, uint32_t id) {
   SharedReceiveQueue* srq = srq_of(o, id);
   if (!srq) return EINVAL;
   if (srq->users > 0) return EBUSY;
+  if (srq->xrcd()) {
+    // Target QPs of the domain forget what they claimed of it; a later request naming it is
+    // refused as one for an SRQ the domain does not have.
+    for (QueuePair* qp : qp_list_)
+      if (qp->init().type == QpType::kXrcTgt) qp->forget_srq(srq);
+    srq->cq()->users--;
+  }
   srqs_.erase(id);
   return 0;
 }
 
+// --- XRC ---------------------------------------------------------------------------------------
+
+bool Nic::xrcd_open_by(Owner* o, uint32_t xrcd) const {
+  auto it = xrcds_.find(xrcd);
+  return it != xrcds_.end() && it->second.opens.count(o);
+}
+
+bool Nic::xrcd_busy(const Owner* o, uint32_t xrcd) const {
+  for (const auto& [id, srq] : srqs_)
+    if (srq->owner() == o && srq->xrcd() == xrcd) return true;
+  for (const QueuePair* qp : qp_list_)
+    if (qp->init().type == QpType::kXrcTgt && qp->init().xrcd == xrcd && qp->handles_of(o))
+      return true;
+  return false;
+}
+
+int Nic::open_xrcd(Owner* o, const XrcdKey* key, bool create, bool exclusive, uint32_t* xrcd) {
+  if (key) {
+    for (auto& [id, x] : xrcds_) {
+      if (!x.named || !(x.key == *key)) continue;
+      if (exclusive) return EINVAL;
+      ++x.opens[o];
+      *xrcd = id;
+      return 0;
+    }
+    if (!create) return EAGAIN;  // no domain of that file yet, and not asked to make one
+  }
+  if (xrcds_.size() >= kMaxPds) return ENOMEM;
+  while (next_xrcd_ == 0 || xrcds_.count(next_xrcd_)) ++next_xrcd_;
+  *xrcd = next_xrcd_++;
+  Xrcd& x = xrcds_[*xrcd];
+  x.named = key != nullptr;
+  if (key) x.key = *key;
+  x.opens[o] = 1;
+  return 0;
+}
+
+int Nic::close_xrcd(Owner* o, uint32_t xrcd) {
+  auto it = xrcds_.find(xrcd);
+  if (it == xrcds_.end()) return EINVAL;
+  auto open = it->second.opens.find(o);
+  if (open == it->second.opens.end()) return EINVAL;
+  if (open->second == 1 && xrcd_busy(o, xrcd)) return EBUSY;
+  if (--open->second == 0) it->second.opens.erase(open);
+  if (it->second.opens.empty()) xrcds_.erase(it);  // nothing can be left in it (xrcd_busy)
+  return 0;
+}
+
+int Nic::create_xrc_srq(Owner* o, uint32_t pd, uint32_t xrcd, uint32_t cq_id,
+                        hostif::SrqHeader* ring, uint64_t handle, uint32_t* id) {
+  CompletionQueue* cq = cq_of(o, cq_id);
+  if (!pd_of(o, pd) || !xrcd_open_by(o, xrcd) || !cq) return EINVAL;
+  if (srqs_.size() >= kMaxSrqs) return ENOMEM;
+  *id = alloc_srq_id();
+  srqs_[*id] = std::make_unique<SharedReceiveQueue>(*id, o, pd, ring, handle, xrcd, cq);
+  cq->users++;
+  return 0;
+}
+
+SharedReceiveQueue* Nic::xrc_srq(uint32_t srqn, uint32_t xrcd) {
+  auto it = srqs_.find(srqn);
+  if (it == srqs_.end() || xrcd == 0 || it->second->xrcd() != xrcd) return nullptr;
+  return it->second.get();
+}
+
+int Nic::open_qp(Owner* o, uint32_t xrcd, uint32_t qpn, uint64_t handle,
+                 std::shared_ptr<void>* keep) {
+  QueuePair* qp = qp_of(qpn);
+  if (!xrcd_open_by(o, xrcd) || !qp || qp->init().type != QpType::kXrcTgt ||
+      qp->init().xrcd != xrcd)
+    return EINVAL;
+  qp->add_handle(o, handle);
+  *keep = qp->init().keep;
+  return 0;
+}
+
+int Nic::close_qp(Owner* o, uint32_t qpn, uint64_t handle) {
+  QueuePair* qp = qp_of(qpn);
+  if (!qp || qp->init().type != QpType::kXrcTgt || !qp->held_by(o)) return EINVAL;
+  if (qp->drop_handle(o, handle)) destroy_qp_now(qp);
+  return 0;
+}
+
 int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* ring,
-                   uint32_t* qpn) {
+                   uint32_t* qpn, std::shared_ptr<void> keep) {
   QpInit init;
   init.owner = o;
   init.pd = req.pd;
@@ -245,9 +342,30 @@ int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* r
   init.type = req.type;
   init.sq_sig_all = req.sq_sig_all != 0;
   init.handle = req.handle;
-  if (!pd_of(o, req.pd) || !init.send_cq || !init.recv_cq || (req.srq && !init.srq) ||
-      (req.type != QpType::kRc && req.type != QpType::kUd && req.type != QpType::kUc))
-    return EINVAL;
+  switch (req.type) {
+    case QpType::kRc:
+    case QpType::kUd:
+    case QpType::kUc:
+      if (!pd_of(o, req.pd) || !init.send_cq || !init.recv_cq || (req.srq && !init.srq))
+        return EINVAL;
+      break;
+    case QpType::kXrcIni:
+      // A send queue alone: no receive CQ, no SRQ.
+      if (!pd_of(o, req.pd) || !init.send_cq || req.recv_cq || req.srq) return EINVAL;
+      init.recv_cq = nullptr;
+      break;
+    case QpType::kXrcTgt:
+      // No queues, PD or CQs: its domain's SRQs give them, message by message.
+      if (!xrcd_open_by(o, req.xrcd)) return EINVAL;
+      init.pd = 0;
+      init.send_cq = init.recv_cq = nullptr;
+      init.srq = nullptr;
+      init.xrcd = req.xrcd;
+      init.keep = std::move(keep);
+      break;
+    default:
+      return EINVAL;
+  }
   if (qps_.size() >= kMaxQps) return ENOMEM;
   uint32_t n;
   do {
@@ -255,8 +373,8 @@ int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* r
   } while (n < 2 || qps_.count(n));
   ring->qpn = n;
   auto qp = std::make_unique<QueuePair>(*this, n, init, ring);
-  init.send_cq->users++;
-  init.recv_cq->users++;
+  if (init.send_cq) init.send_cq->users++;
+  if (init.recv_cq) init.recv_cq->users++;
   if (init.srq) init.srq->users++;
   qp_list_.push_back(qp.get());
   qps_.emplace(n, std::move(qp));
@@ -266,7 +384,7 @@ int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* r
 
 int Nic::modify_qp(Owner* o, const hostif::ModifyQpReq& req) {
   QueuePair* qp = qp_of(req.qpn);
-  if (!qp || qp->init().owner != o) return EINVAL;
+  if (!qp || !qp->held_by(o)) return EINVAL;
   if ((req.what & hostif::kModState) && static_cast<uint32_t>(req.state) > static_cast<uint32_t>(QpState::kErr))
     return EINVAL;
   if (req.what & hostif::kModAccess) qp->set_access(req.access);
@@ -407,8 +525,8 @@ void Nic::forget_stream(uint32_t qpn) {
 void Nic::destroy_qp_now(QueuePair* qp) {
   forget_stream(qp->qpn());
   if (qp->lane() >= kIsolatedLane) engine_->close_lane(qp->remote().ip, qp->lane());
-  qp->init().send_cq->users--;
-  qp->init().recv_cq->users--;
+  if (CompletionQueue* cq = qp->init().send_cq) cq->users--;
+  if (CompletionQueue* cq = qp->init().recv_cq) cq->users--;
   if (SharedReceiveQueue* srq = qp->init().srq) srq->users--;
   std::erase(qp_list_, qp);
   qps_.erase(qp->qpn());
@@ -416,7 +534,8 @@ void Nic::destroy_qp_now(QueuePair* qp) {
 
 int Nic::destroy_qp(Owner* o, uint32_t qpn) {
   QueuePair* qp = qp_of(qpn);
-  if (!qp || qp->init().owner != o) return EINVAL;
+  // An XRC target is shared: each handle goes with close_qp.
+  if (!qp || qp->init().type == QpType::kXrcTgt || qp->init().owner != o) return EINVAL;
   // Its staged completions stay: the CQ outlives it, and they describe finished work.
   destroy_qp_now(qp);
   return 0;
@@ -424,11 +543,29 @@ int Nic::destroy_qp(Owner* o, uint32_t qpn) {
 
 void Nic::release(Owner* o) {
   std::vector<QueuePair*> mine;
-  for (QueuePair* qp : qp_list_)
-    if (qp->init().owner == o) mine.push_back(qp);
+  for (QueuePair* qp : qp_list_) {
+    // An XRC target lives on while another context holds it.
+    if (qp->init().type == QpType::kXrcTgt ? qp->held_by(o) && qp->drop_owner(o)
+                                           : qp->init().owner == o)
+      mine.push_back(qp);
+  }
   for (QueuePair* qp : mine) destroy_qp_now(qp);
-  for (auto it = srqs_.begin(); it != srqs_.end();)
-    it = it->second->owner() == o ? srqs_.erase(it) : std::next(it);
+  for (auto it = srqs_.begin(); it != srqs_.end();) {
+    SharedReceiveQueue* srq = it->second.get();
+    if (srq->owner() != o) {
+      ++it;
+      continue;
+    }
+    if (srq->xrcd()) {
+      for (QueuePair* qp : qp_list_)
+        if (qp->init().type == QpType::kXrcTgt) qp->forget_srq(srq);
+    }
+    it = srqs_.erase(it);
+  }
+  for (auto it = xrcds_.begin(); it != xrcds_.end();) {
+    it->second.opens.erase(o);
+    it = it->second.opens.empty() ? xrcds_.erase(it) : std::next(it);
+  }
   for (auto it = cqs_.begin(); it != cqs_.end();) {
     if (it->second->owner() == o) {
       std::erase(dirty_cqs_, it->second.get());
@@ -450,7 +587,12 @@ Nic::ObjectCounts Nic::owned_by(const Owner* o) const {
   n.mrs = static_cast<uint32_t>(mrs_.keys_of(o).size());
   for (const auto& [id, cq] : cqs_) n.cqs += cq->owner() == o;
   for (const auto& [id, srq] : srqs_) n.srqs += srq->owner() == o;
-  for (const QueuePair* qp : qp_list_) n.qps += qp->init().owner == o;
+  for (const QueuePair* qp : qp_list_)
+    n.qps += qp->init().type == QpType::kXrcTgt ? qp->handles_of(o) : qp->init().owner == o;
+  for (const auto& [id, x] : xrcds_) {
+    auto it = x.opens.find(o);
+    if (it != x.opens.end()) n.xrcds += it->second;
+  }
   return n;
 }
 

@@ -144,16 +144,41 @@ class Nic final : private transport::Host {
   int create_srq(Owner* o, uint32_t pd, hostif::SrqHeader* ring, uint64_t handle, uint32_t* id);
   int destroy_srq(Owner* o, uint32_t id);
   // ring: a segment formatted by hostif::init_qp (qpn 0); the NIC writes the QP number it
-  // chooses into the header and *qpn.
-  int create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* ring, uint32_t* qpn);
+  // chooses into the header and *qpn. An XRC target QP (req.type kXrcTgt) may outlive o while
+  // other contexts hold it open: keep is what keeps ring mapped, and goes with the QP.
+  int create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* ring, uint32_t* qpn,
+                std::shared_ptr<void> keep = {});
   int modify_qp(Owner* o, const hostif::ModifyQpReq& req);
   int destroy_qp(Owner* o, uint32_t qpn);
+
+  // --- XRC (verbs-mapping.md §17): 0 or an errno -------------------------------------------
+  // A domain named by a file's inode is shared by every owner that opens it; without a key,
+  // o gets a domain of its own. EAGAIN: no domain of that file and !create; EINVAL: one exists
+  // and exclusive (ibv_open_xrcd(3), as the kernel answers).
+  struct XrcdKey {
+    uint64_t dev = 0, ino = 0;
+    bool operator==(const XrcdKey&) const = default;
+  };
+  int open_xrcd(Owner* o, const XrcdKey* key, bool create, bool exclusive, uint32_t* xrcd);
+  // One of o's opens goes; EBUSY while it is o's last and o has SRQs or QP handles in it.
+  int close_xrcd(Owner* o, uint32_t xrcd);
+  // An SRQ of domain xrcd (which o opened), of pd, completing into cq; *id is its number.
+  int create_xrc_srq(Owner* o, uint32_t pd, uint32_t xrcd, uint32_t cq, hostif::SrqHeader* ring,
+                     uint64_t handle, uint32_t* id);
+  // Another handle to XRC target QP qpn of domain xrcd (o must have opened it); *keep: the
+  // QP's ring, for the engine to hand out again. close_qp drops one handle; the QP goes with
+  // its last.
+  int open_qp(Owner* o, uint32_t xrcd, uint32_t qpn, uint64_t handle, std::shared_ptr<void>* keep);
+  int close_qp(Owner* o, uint32_t qpn, uint64_t handle);
+  // The XRC SRQ numbered srqn if it belongs to domain xrcd (a target QP's), else nullptr.
+  SharedReceiveQueue* xrc_srq(uint32_t srqn, uint32_t xrcd);
   // Destroys every object of o, users first (its process is gone or closed the device).
   void release(Owner* o);
   // Objects of each kind o holds (metaroce engine status; tests of reclamation).
   struct ObjectCounts {
     uint32_t pds = 0, mrs = 0, cqs = 0, srqs = 0, qps = 0;  // mrs: regions and windows
-    bool any() const { return pds || mrs || cqs || srqs || qps; }
+    uint32_t xrcds = 0;                                      // opens of XRC domains
+    bool any() const { return pds || mrs || cqs || srqs || qps || xrcds; }
   };
   ObjectCounts owned_by(const Owner* o) const;
 
@@ -280,7 +305,18 @@ class Nic final : private transport::Host {
   std::unordered_map<uint32_t, std::unique_ptr<CompletionQueue>> cqs_;
   uint32_t next_cq_ = 1;
   std::unordered_map<uint32_t, std::unique_ptr<SharedReceiveQueue>> srqs_;
-  uint32_t next_srq_ = 1;
+  uint32_t next_srq_ = 1;  // SRQ numbers are 24-bit (an XRC initiator names them) and never 0
+  struct Xrcd {
+    bool named = false;  // shared by the inode of key
+    XrcdKey key;
+    std::unordered_map<const Owner*, uint32_t> opens;  // per owner, how many times it opened it
+  };
+  std::unordered_map<uint32_t, Xrcd> xrcds_;
+  uint32_t next_xrcd_ = 1;
+  bool xrcd_open_by(Owner* o, uint32_t xrcd) const;
+  // Whether o has SRQs or target QP handles in domain xrcd.
+  bool xrcd_busy(const Owner* o, uint32_t xrcd) const;
+  uint32_t alloc_srq_id();
   std::unordered_map<uint32_t, std::unique_ptr<QueuePair>> qps_;
   std::atomic<bool> port_active_{true}, port_changed_{false};
   std::vector<QueuePair*> qp_list_;  // drain order
