@@ -23,6 +23,7 @@
 #include "providers/metaroce/pd.h"
 #include "providers/metaroce/qp.h"
 #include "providers/metaroce/srq.h"
+#include "providers/metaroce/xrcd.h"
 
 namespace metaroce::provider {
 namespace {
@@ -75,12 +76,14 @@ const abi::ContextOps kContextOps = [] {
   ops.alloc_pd = alloc_pd;
   ops.alloc_td = alloc_td;
   ops.bind_mw = bind_mw;
+  ops.close_xrcd = close_xrcd;
   ops.create_ah = create_ah;
   ops.create_cq = create_cq;
   ops.create_cq_ex = create_cq_ex;
   ops.create_qp = create_qp;
   ops.create_qp_ex = create_qp_ex;
   ops.create_srq = create_srq;
+  ops.create_srq_ex = create_srq_ex;
   ops.dealloc_mw = dealloc_mw;
   ops.dealloc_pd = dealloc_pd;
   ops.dealloc_td = dealloc_td;
@@ -90,8 +93,11 @@ const abi::ContextOps kContextOps = [] {
   ops.destroy_qp = destroy_qp;
   ops.destroy_srq = destroy_srq;
   ops.free_context = free_context;
+  ops.get_srq_num = get_srq_num;
   ops.modify_qp = modify_qp;
   ops.modify_srq = modify_srq;
+  ops.open_qp = open_qp;
+  ops.open_xrcd = open_xrcd;
   ops.poll_cq = poll_cq;
   ops.post_recv = post_recv;
   ops.post_send = post_send;

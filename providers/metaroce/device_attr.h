@@ -56,7 +56,7 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   a.max_qp_wr = hostif::kMaxQpWr;
   // Honest flags only: RNR NAKs are generated; the GUID above is a system image GUID.
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
-                       IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+                       IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC;
   a.max_sge = hostif::kMaxSge;
   a.max_sge_rd = hostif::kMaxSge;
   a.max_cq = kMaxCq;
@@ -90,6 +90,7 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   ex.odp_caps.per_transport_caps.rc_odp_caps = kRcOdp;
   ex.odp_caps.per_transport_caps.ud_odp_caps =
       IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+  ex.xrc_odp_caps = kRcOdp;  // XRC: RC's operations, receives from SRQs
   ex.phys_port_cnt_ex = a.phys_port_cnt;
   return ex;
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// RC and UD queue pairs: verbs checks (caps, state machine, work requests) in front of send and
+// RC, UC, UD and XRC queue pairs: verbs checks (caps, state machine, work requests) in front of send and
 // receive rings shared with the engine, which drains them without any call from the
 // application.
 #pragma once
@@ -28,7 +28,8 @@ struct Qp {
   Cq* send_cq;
   Cq* recv_cq;
   struct Srq* srq;      // receives come from here when set
-  ibv_qp_type type;     // IBV_QPT_RC or IBV_QPT_UD
+  struct Xrcd* xrcd;    // an XRC target's domain (made or opened with it)
+  ibv_qp_type type;     // IBV_QPT_RC, UC, UD, XRC_SEND (initiator) or XRC_RECV (target)
   ibv_qp_cap cap;       // what was granted, written back to the creator and used by post_*
   bool sq_sig_all;
   pthread_mutex_t lock;  // serialises modify_qp and query_qp
@@ -58,6 +59,8 @@ inline hostif::QpState qp_state(const Qp* qp) {
 
 ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) noexcept;
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) noexcept;
+// ibv_open_qp: another handle to an XRC target QP of a domain (verbs-mapping.md §17).
+ibv_qp* open_qp(ibv_context* context, ibv_qp_open_attr* attr) noexcept;
 int destroy_qp(ibv_qp* qp) noexcept;
 int modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) noexcept;
 int query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr* init_attr) noexcept;

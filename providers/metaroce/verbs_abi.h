@@ -92,6 +92,14 @@ struct VerbsMr {
 
 enum : uint32_t { kVerbsQpXrcd = 1u << 0, kVerbsQpEx = 1u << 1 };
 
+// libibverbs' verbs_xrcd: what ibv_open_xrcd returns; verbs_qp.xrcd points at it.
+enum : uint32_t { kVerbsXrcdHandle = 1u << 0 };
+struct VerbsXrcd {
+  ibv_xrcd xrcd;
+  uint32_t comp_mask;  // kVerbsXrcdHandle: handle is valid
+  uint32_t handle;
+};
+
 struct VerbsQp {
   union {
     ibv_qp qp;
@@ -126,7 +134,7 @@ struct ContextOps {
   UnusedOp attach_counters_point_flow;
   UnusedOp attach_mcast;
   int (*bind_mw)(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* mw_bind);
-  UnusedOp close_xrcd;
+  int (*close_xrcd)(ibv_xrcd* xrcd);
   void (*cq_event)(ibv_cq* cq);
   ibv_ah* (*create_ah)(ibv_pd* pd, ibv_ah_attr* attr);
   UnusedOp create_counters;
@@ -139,7 +147,7 @@ struct ContextOps {
   ibv_qp* (*create_qp_ex)(ibv_context* context, ibv_qp_init_attr_ex* attr);
   UnusedOp create_rwq_ind_table;
   ibv_srq* (*create_srq)(ibv_pd* pd, ibv_srq_init_attr* attr);
-  UnusedOp create_srq_ex;
+  ibv_srq* (*create_srq_ex)(ibv_context* context, ibv_srq_init_attr_ex* attr);
   UnusedOp create_wq;
   int (*dealloc_mw)(ibv_mw* mw);
   int (*dealloc_pd)(ibv_pd* pd);
@@ -157,7 +165,7 @@ struct ContextOps {
   UnusedOp detach_mcast;
   void (*free_context)(ibv_context* context);
   UnusedOp free_dm;
-  UnusedOp get_srq_num;
+  int (*get_srq_num)(ibv_srq* srq, uint32_t* srq_num);
   UnusedOp import_dm;
   UnusedOp import_mr;
   UnusedOp import_pd;
@@ -167,8 +175,8 @@ struct ContextOps {
   UnusedOp modify_qp_rate_limit;
   int (*modify_srq)(ibv_srq* srq, ibv_srq_attr* attr, int attr_mask);
   UnusedOp modify_wq;
-  UnusedOp open_qp;
-  UnusedOp open_xrcd;
+  ibv_qp* (*open_qp)(ibv_context* context, ibv_qp_open_attr* attr);
+  ibv_xrcd* (*open_xrcd)(ibv_context* context, ibv_xrcd_init_attr* attr);
   int (*poll_cq)(ibv_cq* cq, int num_entries, ibv_wc* wc);
   int (*post_recv)(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
   int (*post_send)(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
@@ -229,6 +237,12 @@ static_assert(offsetof(ContextOps, query_srq) == 64 * 8);
 static_assert(sizeof(VerbsMr) == 56);
 static_assert(offsetof(VerbsMr, mr_type) == sizeof(ibv_mr));
 static_assert(offsetof(VerbsQp, comp_mask) == sizeof(ibv_qp_ex));
+static_assert(sizeof(VerbsXrcd) == 16 && offsetof(VerbsXrcd, handle) == 12);
+static_assert(offsetof(ContextOps, close_xrcd) == 11 * 8);
+static_assert(offsetof(ContextOps, create_srq_ex) == 23 * 8);
+static_assert(offsetof(ContextOps, get_srq_num) == 41 * 8);
+static_assert(offsetof(ContextOps, open_qp) == 51 * 8);
+static_assert(offsetof(ContextOps, open_xrcd) == 52 * 8);
 static_assert(offsetof(ibv_qp_ex, qp_base) == 0);
 static_assert(sizeof(verbs_context) == 648);
 static_assert(offsetof(verbs_context, context) == 320);
