@@ -120,6 +120,9 @@ class NicXrcTest : public ::testing::Test {
     return w;
   }
   QueuePair& core(Device& d, const TestQp& q) { return *d.nic->find_qp(q.qpn()); }
+  // Streams msgs messages to srq (8 slots of slot bytes, posted again as they complete), at
+  // most window sends outstanding; every one must arrive in order.
+  void run_stream(TestSrq& s, TestCq& rcq, uint32_t slot, uint32_t msgs, uint32_t window);
 
   transport::Time clock_{std::chrono::seconds(1)};
   std::unique_ptr<Device> a_, b_;
@@ -439,6 +442,63 @@ TEST_F(NicXrcTest, AnInitiatorCarriesNoWindowOperations) {
   ASSERT_EQ(sc.size(), 1u);
   EXPECT_EQ(sc[0].status, WcStatus::kLocQpOpErr);
   EXPECT_EQ(ini_->state(), QpState::kErr);
+}
+
+}  // namespace
+}  // namespace metaroce::nic
+
+namespace metaroce::nic {
+namespace {
+
+// A stream much longer than the SRQ is deep: receives run out again and again (RNR, back-off),
+// and the receiver posts each one again as it completes. Every message arrives, in order.
+TEST_F(NicXrcTest, AStreamLongerThanTheSrqCompletesAsReceivesArePostedAgain) {
+  TestCq rcq(*b_->nic, &tgt_ctx_.owner, 64);
+  TestSrq s(*b_->nic, &tgt_ctx_.owner, tgt_ctx_.pd, xrcd_, rcq.id, 8, 1);
+  ASSERT_EQ(s.err, 0);
+  constexpr uint32_t kSlot = 4096, kMsgs = 600;
+  for (int i = 0; i < 8; ++i) post_recvs(s, tgt_ctx_, i, 1, i * kSlot, kSlot);
+  run_stream(s, rcq, kSlot, kMsgs, 48);
+  EXPECT_GT(b_->nic->counters().rnr, 0u);
+}
+
+TEST_F(NicXrcTest, AStreamWithinTheSrqsDepthIsNeverRefused) {
+  TestCq rcq(*b_->nic, &tgt_ctx_.owner, 64);
+  TestSrq s(*b_->nic, &tgt_ctx_.owner, tgt_ctx_.pd, xrcd_, rcq.id, 8, 1);
+  ASSERT_EQ(s.err, 0);
+  constexpr uint32_t kSlot = 4096, kMsgs = 600;
+  for (int i = 0; i < 8; ++i) post_recvs(s, tgt_ctx_, i, 1, i * kSlot, kSlot);
+  run_stream(s, rcq, kSlot, kMsgs, 8);
+  EXPECT_EQ(b_->nic->counters().rnr, 0u);
+}
+
+void NicXrcTest::run_stream(TestSrq& s, TestCq& rcq, uint32_t kSlot, uint32_t kMsgs,
+                            uint32_t window) {
+  uint32_t sent = 0, sends_done = 0, received = 0;
+  uint64_t next_recv = 8;
+  for (int round = 0; round < 200000 && (received < kMsgs || sends_done < kMsgs); ++round) {
+    while (sent < kMsgs && sent - sends_done < window) {
+      const uint32_t len = 1 + (sent * 2749u) % kSlot;
+      ASSERT_EQ(ini_->post_send(send_to(s.id, sent, (sent % 8) * kSlot, len)), 0);
+      ++sent;
+    }
+    step();
+    Cqe c[16];
+    int n = ini_ctx_.cq->poll(16, c);
+    for (int i = 0; i < n; ++i) ASSERT_EQ(c[i].status, WcStatus::kSuccess) << c[i].wr_id;
+    sends_done += n;
+    n = rcq.poll(16, c);
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(c[i].status, WcStatus::kSuccess);
+      ASSERT_EQ(c[i].wr_id, received) << "receives complete in posting order";
+      ASSERT_EQ(c[i].byte_len, 1 + (received * 2749u) % kSlot);
+      ++received;
+      post_recvs(s, tgt_ctx_, next_recv, 1, (next_recv % 8) * kSlot, kSlot);
+      ++next_recv;
+    }
+  }
+  EXPECT_EQ(received, kMsgs);
+  EXPECT_EQ(sends_done, kMsgs);
 }
 
 }  // namespace
