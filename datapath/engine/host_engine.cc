@@ -553,6 +553,26 @@ bool HostEngine::handle(Session& s) {
   return sent == 0;  // a driver that does not read its answers is dropped
 }
 
+// Whether process pid may put raw frames on a port (CAP_NET_RAW in its effective set), as the
+// kernel asks of raw packet QPs and flow rules.
+static bool has_net_raw(pid_t pid) {
+  constexpr uint64_t kCapNetRaw = uint64_t{1} << 13;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/status", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (!f) return false;
+  char line[256];
+  unsigned long long eff = 0;
+  bool found = false;
+  while (std::fgets(line, sizeof(line), f))
+    if (std::sscanf(line, "CapEff: %llx", &eff) == 1) {
+      found = true;
+      break;
+    }
+  std::fclose(f);
+  return found && (eff & kCapNetRaw);
+}
+
 // A descriptor of the request, now the caller's (-1 when absent).
 static int take_fd(Message& m, size_t i) {
   if (i >= m.fds.size()) return -1;
@@ -913,6 +933,7 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
     case Op::kCreateQp: {
       auto b = req.as<hostif::CreateQpReq>();
       if (!b) return done(EINVAL);
+      if (b->type == hostif::QpType::kRaw && !has_net_raw(s.peer_pid())) return done(EPERM);
       hostif::QpCaps caps = b->caps;
       if (caps.max_send_wr > nic::kMaxQpWr || caps.max_recv_wr > nic::kMaxQpWr ||
           caps.max_send_sge > nic::kMaxSge || caps.max_recv_sge > nic::kMaxSge ||
@@ -954,6 +975,62 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       seg.close_fd();
       s.keep_segment('q', c.qpn, std::move(seg));
       return done(0);
+    }
+    case Op::kCreateIndTable: {
+      auto b = req.as<hostif::IndTableReq>();
+      if (!b) return done(EINVAL);
+      hostif::IndTableResp t;
+      int e = 0;
+      on_datapath([&] { e = nic.create_ind_table(&s, *b, &t.table); });
+      if (!e) r.set(t);
+      return done(e);
+    }
+    case Op::kDestroyIndTable: {
+      auto b = req.as<hostif::IdReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.destroy_ind_table(&s, b->id); });
+      return done(e);
+    }
+    case Op::kCreateRssQp: {
+      auto b = req.as<hostif::CreateRssQpReq>();
+      if (!b) return done(EINVAL);
+      if (!has_net_raw(s.peer_pid())) return done(EPERM);
+      // No queues of its own (its table's WQs receive): a ring for its state.
+      const hostif::QpCaps caps;
+      const hostif::QpLayout l = hostif::qp_layout(caps);
+      Segment seg = Segment::create("metaroce-qp", l.bytes);
+      if (!seg.ok()) return done(ENOMEM);
+      hostif::init_qp(seg.base(), 0, hostif::QpType::kRss, caps);
+      hostif::CreateQpResp c;
+      int e = 0;
+      on_datapath([&] {
+        e = nic.create_rss_qp(&s, *b, static_cast<hostif::QpHeader*>(seg.base()), &c.qpn);
+      });
+      if (e) return done(e);
+      c.bytes = l.bytes;
+      r.set(c);
+      r.fds.push_back(dup(seg.share(false)));
+      seg.close_fd();
+      s.keep_segment('q', c.qpn, std::move(seg));
+      return done(0);
+    }
+    case Op::kCreateFlow: {
+      auto b = req.as<hostif::CreateFlowReq>();
+      if (!b) return done(EINVAL);
+      if (!has_net_raw(s.peer_pid())) return done(EPERM);
+      hostif::FlowResp f;
+      int e = 0;
+      on_datapath([&] { e = nic.create_flow(&s, *b, &f.flow); });
+      if (!e) r.set(f);
+      return done(e);
+    }
+    case Op::kDestroyFlow: {
+      auto b = req.as<hostif::IdReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.destroy_flow(&s, b->id); });
+      return done(e);
     }
     case Op::kOpenQp: {
       auto b = req.as<hostif::OpenQpReq>();

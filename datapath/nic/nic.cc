@@ -343,6 +343,10 @@ int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* r
   init.sq_sig_all = req.sq_sig_all != 0;
   init.handle = req.handle;
   switch (req.type) {
+    case QpType::kRaw:
+    case QpType::kWq:
+      if (!raw_ethernet_) return EOPNOTSUPP;  // a UDP-socket link carries no Ethernet frames
+      [[fallthrough]];
     case QpType::kRc:
     case QpType::kUd:
     case QpType::kUc:
@@ -536,12 +540,134 @@ int Nic::destroy_qp(Owner* o, uint32_t qpn) {
   QueuePair* qp = qp_of(qpn);
   // An XRC target is shared: each handle goes with close_qp.
   if (!qp || qp->init().type == QpType::kXrcTgt || qp->init().owner != o) return EINVAL;
+  if (flows_.count_of(qpn)) return EBUSY;  // its flows first, as the kernel asks
+  if (qp->init().type == QpType::kWq && wq_in_table(qpn)) return EBUSY;
+  if (auto it = rss_.find(qpn); it != rss_.end()) {
+    ind_tables_[it->second.table].users--;
+    rss_.erase(it);
+  }
   // Its staged completions stay: the CQ outlives it, and they describe finished work.
   destroy_qp_now(qp);
   return 0;
 }
 
+int Nic::create_flow(Owner* o, const hostif::CreateFlowReq& req, uint32_t* id) {
+  if (!raw_ethernet_) return EOPNOTSUPP;
+  QueuePair* qp = qp_of(req.qpn);
+  if (!qp || (qp->init().type != QpType::kRaw && qp->init().type != QpType::kRss) ||
+      qp->init().owner != o)
+    return EINVAL;
+  if (static_cast<uint32_t>(req.type) > static_cast<uint32_t>(hostif::FlowType::kSniffer) ||
+      (req.flags & ~uint32_t{hostif::kFlowDontTrap}) || !rule_valid(req.rule))
+    return EINVAL;
+  // Only a rule of specifications can let a frame on to lower priorities (ibv_create_flow(3)).
+  if ((req.flags & hostif::kFlowDontTrap) && req.type != hostif::FlowType::kNormal) return EINVAL;
+  FlowTable::Flow f;
+  f.qpn = req.qpn;
+  f.type = req.type;
+  f.priority = req.priority;
+  f.dont_trap = req.flags & hostif::kFlowDontTrap;
+  f.rule = req.rule;
+  if (const int e = flows_.add(f, id)) return e;
+  flow_owner_[*id] = o;
+  return 0;
+}
+
+int Nic::destroy_flow(Owner* o, uint32_t id) {
+  auto it = flow_owner_.find(id);
+  if (it == flow_owner_.end() || it->second != o) return EINVAL;
+  flows_.remove(id);
+  flow_owner_.erase(it);
+  return 0;
+}
+
+bool Nic::wq_in_table(uint32_t wqn) const {
+  for (const auto& [id, t] : ind_tables_)
+    if (std::find(t.wqns.begin(), t.wqns.end(), wqn) != t.wqns.end()) return true;
+  return false;
+}
+
+int Nic::create_ind_table(Owner* o, const hostif::IndTableReq& req, uint32_t* id) {
+  if (req.log_size > hostif::kMaxIndTableLog) return EINVAL;
+  IndTable t;
+  t.owner = o;
+  const uint32_t n = 1u << req.log_size;
+  for (uint32_t i = 0; i < n; ++i) {
+    const QueuePair* wq = find_qp(req.wqn[i]);
+    if (!wq || wq->init().type != QpType::kWq || wq->init().owner != o) return EINVAL;
+    t.wqns.push_back(req.wqn[i]);
+  }
+  if (ind_tables_.size() >= kMaxQps) return ENOMEM;
+  while (next_ind_table_ == 0 || ind_tables_.count(next_ind_table_)) ++next_ind_table_;
+  *id = next_ind_table_++;
+  ind_tables_[*id] = std::move(t);
+  return 0;
+}
+
+int Nic::destroy_ind_table(Owner* o, uint32_t id) {
+  auto it = ind_tables_.find(id);
+  if (it == ind_tables_.end() || it->second.owner != o) return EINVAL;
+  if (it->second.users) return EBUSY;
+  ind_tables_.erase(it);
+  return 0;
+}
+
+int Nic::create_rss_qp(Owner* o, const hostif::CreateRssQpReq& req, hostif::QpHeader* ring,
+                       uint32_t* qpn) {
+  if (!raw_ethernet_) return EOPNOTSUPP;
+  auto t = ind_tables_.find(req.table);
+  if (!pd_of(o, req.pd) || t == ind_tables_.end() || t->second.owner != o) return EINVAL;
+  if (req.function != hostif::kRssToeplitz || req.key_len == 0 ||
+      req.key_len > hostif::kMaxRssKey || (req.fields & ~hostif::kRssFields))
+    return EINVAL;
+  QpInit init;
+  init.owner = o;
+  init.pd = req.pd;
+  init.type = QpType::kRss;
+  init.handle = req.handle;
+  if (qps_.size() >= kMaxQps) return ENOMEM;
+  uint32_t n;
+  do {
+    n = next_qpn_++ & 0xffffff;
+  } while (n < 2 || qps_.count(n));
+  ring->qpn = n;
+  Rss rss;
+  rss.table = req.table;
+  rss.key.assign(req.key, req.key + req.key_len);
+  rss.fields = req.fields;
+  auto qp = std::make_unique<QueuePair>(*this, n, init, ring);
+  qp_list_.push_back(qp.get());
+  qps_.emplace(n, std::move(qp));
+  rss_[n] = std::move(rss);
+  t->second.users++;
+  *qpn = n;
+  return 0;
+}
+
+QueuePair* Nic::rss_target(const Rss& rss, const FrameHeaders& h) {
+  auto t = ind_tables_.find(rss.table);
+  if (t == ind_tables_.end() || t->second.wqns.empty()) return nullptr;
+  uint8_t in[36];
+  const size_t n = rss_input(h, rss.fields, in);
+  const uint32_t hash = toeplitz(rss.key, {in, n});
+  // The table's size is a power of two: the hash's low bits pick the entry, as NICs do.
+  return qp_of(t->second.wqns[hash & (t->second.wqns.size() - 1)]);
+}
+
 void Nic::release(Owner* o) {
+  for (auto it = flow_owner_.begin(); it != flow_owner_.end();) {
+    if (it->second != o) {
+      ++it;
+      continue;
+    }
+    flows_.remove(it->first);
+    it = flow_owner_.erase(it);
+  }
+  for (auto it = rss_.begin(); it != rss_.end();) {
+    const QueuePair* qp = find_qp(it->first);
+    it = qp && qp->init().owner == o ? rss_.erase(it) : std::next(it);
+  }
+  std::erase_if(ind_tables_, [o](const auto& e) { return e.second.owner == o; });
   std::vector<QueuePair*> mine;
   for (QueuePair* qp : qp_list_) {
     // An XRC target lives on while another context holds it.
@@ -617,6 +743,47 @@ void Nic::queue_write(Memory* m, uint64_t addr, std::span<const uint8_t> data, u
 
 void Nic::queue_read(Memory* m, uint64_t addr, std::span<uint8_t> out, uint32_t qpn, uint32_t msn) {
   reads_.add(m, {addr, out.data(), static_cast<uint32_t>(out.size())}, add_origin(cookie(qpn, msn), nullptr));
+}
+
+uint8_t* Nic::raw_tx_buffer(uint32_t qpn, uint32_t msn, uint32_t len) {
+  try {
+    RawTx t;
+    t.qpn = qpn;
+    t.msn = msn;
+    t.frame.bytes.resize(len);
+    raw_pending_.push_back(std::move(t));
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+  return raw_pending_.back().frame.bytes.data();
+}
+
+// The frames whose reads this pass did are complete: each one whose WQE did not fail (its
+// memory could not be read) goes to the link layer, and its WQE completes.
+void Nic::finish_raw_sends() {
+  for (RawTx& t : raw_pending_) {
+    QueuePair* qp = qp_of(t.qpn);
+    if (!qp || !qp->raw_sent(t.msn)) continue;
+    ++counters_.raw_tx;
+    raw_out_.push_back(std::move(t.frame));
+  }
+  raw_pending_.clear();
+}
+
+bool Nic::on_raw_frame(std::span<const uint8_t> frame) {
+  if (flows_.size() == 0) return false;
+  const auto h = parse_headers(frame);
+  if (!h) return false;
+  steer_scratch_.clear();
+  flows_.steer(*h, &steer_scratch_);
+  for (uint32_t qpn : steer_scratch_) {
+    QueuePair* qp = qp_of(qpn);
+    if (!qp) continue;
+    if (auto rss = rss_.find(qpn); rss != rss_.end()) qp = rss_target(rss->second, *h);
+    if (qp) qp->deliver_raw(frame);
+  }
+  if (!steer_scratch_.empty()) ++counters_.raw_rx;
+  return !steer_scratch_.empty();
 }
 
 uint8_t* Nic::scratch(uint32_t n) {
@@ -825,6 +992,10 @@ bool Nic::poll_tx(Time now, FrameSink& sink) {
   }
   failed_.clear();
   origins_.clear();
+  if (!raw_pending_.empty()) {
+    finish_raw_sends();
+    work = true;
+  }
   publish_completions();
   return work;
 }

@@ -249,7 +249,8 @@ CompletionQueue* QueuePair::recv_cq_of(const SrqClaims* c) const {
 void QueuePair::publish_state() { ring_->state.store(static_cast<uint32_t>(state_)); }
 
 bool QueuePair::has_new_work() const {
-  if (init_.type == QpType::kXrcTgt) return false;  // no queues of its own
+  // No queues of its own (an RSS QP's are its table's WQs).
+  if (init_.type == QpType::kXrcTgt || init_.type == QpType::kRss) return false;
   if (state_ == QpState::kRts) return !rd_blocked_ && sq_head() != sq_next_;
   if (state_ == QpState::kErr) return sq_head() != sq_retired_ || rq_head() != rq_retired_;
   return false;
@@ -311,7 +312,7 @@ void QueuePair::push_cqe(CompletionQueue* cq, const Cqe& cqe) {
 }
 
 bool QueuePair::drain() {
-  if (init_.type == QpType::kXrcTgt) return false;  // no send queue
+  if (init_.type == QpType::kXrcTgt || init_.type == QpType::kRss) return false;  // no send queue
   if (state_ == QpState::kErr) {
     // Work posted after the QP failed completes at once, flushed (as verbs specifies).
     if (sq_head() != sq_retired_ || rq_head() != rq_retired_) {
@@ -351,7 +352,8 @@ bool QueuePair::drain() {
     if (!known_op || w.num_sge > max_send_sge_ || w.inline_len > max_inline_ ||
         (init_.type == QpType::kUd && w.op != WqeOp::kSend && w.op != WqeOp::kSendImm) ||
         (init_.type == QpType::kUc && !uc_op(w.op)) ||
-        (init_.type == QpType::kXrcIni && !xrc_op(w.op))) {
+        (init_.type == QpType::kXrcIni && !xrc_op(w.op)) ||
+        (init_.type == QpType::kRaw && w.op != WqeOp::kSend) || init_.type == QpType::kWq) {
       s.failed = true;
       s.status = WcStatus::kLocQpOpErr;
       break;
@@ -373,12 +375,26 @@ bool QueuePair::drain() {
       }
     }
     if (length > kMaxMrSize || (hostif::is_atomic(w.op) && (length != kAtomicSize || w.inline_len)) ||
-        (init_.type == QpType::kUd && length > nic_.active_mtu())) {
+        (init_.type == QpType::kUd && length > nic_.active_mtu()) ||
+        (init_.type == QpType::kRaw && (length < kEthHeaderLen || length > nic_.max_raw_frame()))) {
       s.failed = true;
       s.status = WcStatus::kLocLenErr;
     }
     if (s.failed) break;  // the QP goes to error at retirement; nothing behind it is sent
     s.length = static_cast<uint32_t>(length);
+    if (init_.type == QpType::kRaw) {
+      // An Ethernet frame, whole in the WQE's buffers: gathered now, put on the port by the
+      // link layer once read (Nic::finish_raw_sends), no transport message.
+      uint8_t* frame = nic_.raw_tx_buffer(qpn_, s.msn, s.length);
+      if (!frame) {
+        s.failed = true;
+        s.status = WcStatus::kLocQpOpErr;
+        break;
+      }
+      s.submitted = true;
+      gather(s.msn, 0, {frame, s.length});
+      continue;
+    }
     transport::MessageDesc m;
     m.peer_ip = remote_.ip;
     m.lane = lane_;
@@ -675,6 +691,8 @@ Syndrome QueuePair::place_read_response(const transport::Segment& seg) {
 
 Syndrome QueuePair::deliver(const transport::Segment& seg) {
   if (init_.type == QpType::kUd) return deliver_ud(seg);
+  if (init_.type == QpType::kRaw || init_.type == QpType::kWq || init_.type == QpType::kRss)
+    return Syndrome::kUnreachable;  // frames only, never a stream
   const QpState st = state_;
   if (seg.op == Op::kReadResp) {
     if (st != QpState::kRts) return Syndrome::kRemoteInvalid;
@@ -969,6 +987,7 @@ void QueuePair::enter_error(std::optional<AsyncEvent> why) {
 }
 
 void QueuePair::flush_all() {
+  if (init_.type == QpType::kRss) return;
   if (init_.type == QpType::kXrcTgt) {
     // No queues of its own: what it claimed of each SRQ is flushed into that SRQ's CQ.
     for (auto& [srqn, c] : xrc_claims_) flush_claims(c, c.srq->cq());
@@ -1085,6 +1104,56 @@ bool QueuePair::ud_seen_before(const transport::Segment& seg) {
     return true;
   e = UdSeen{seg.peer_ip, seg.src_stream, seg.msn, true};
   return false;
+}
+
+bool QueuePair::raw_sent(uint32_t msn) {
+  SendSlot& s = sq_slots_[msn & sq_mask_];
+  if (s.msn != msn || !s.submitted || s.failed || s.acked || state_ != QpState::kRts) return false;
+  s.acked = true;
+  retire_sends();
+  return true;
+}
+
+void QueuePair::deliver_raw(std::span<const uint8_t> frame) {
+  if (state_ != QpState::kRtr && state_ != QpState::kRts) return;
+  Receive r;
+  uint32_t slot = 0;
+  if (srq_) {
+    bool limit_hit = false;
+    if (!srq_->claim(&slot, &limit_hit)) {
+      ++nic_.mutable_counters().raw_rx_no_recv;
+      return;
+    }
+    if (limit_hit) srq_->owner()->async_event(srq_->handle(), AsyncEvent::kSrqLimitReached);
+    r = receive_of(srq_->slot(slot), srq_->max_sge(), srq_->pd());
+  } else {
+    const uint32_t head = rq_head();
+    if (head == rq_retired_ || head - rq_retired_ > max_recv_wr_) {
+      ++nic_.mutable_counters().raw_rx_no_recv;
+      return;
+    }
+    r = receive_of(rq_slot(rq_retired_), max_recv_sge_, init_.pd);
+  }
+  Cqe c{};
+  c.wr_id = r.wqe->wr_id;
+  c.opcode = WcOpcode::kRecv;
+  c.qp_num = qpn_;
+  c.byte_len = static_cast<uint32_t>(frame.size());
+  uint64_t room = 0;
+  for (uint32_t i = 0; i < r.num_sge; ++i) room += r.sge[i].length;
+  if (room < frame.size()) {
+    c.status = WcStatus::kLocLenErr;
+  } else {
+    WcStatus err = WcStatus::kSuccess;
+    if (scatter(r, 0, frame, &err) != Syndrome::kOk) c.status = err;
+  }
+  if (srq_) {
+    srq_->release(slot);
+  } else {
+    ++rq_retired_;
+    ring_->rq_done.store(rq_retired_);
+  }
+  push_cqe(init_.recv_cq, c);
 }
 
 Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {

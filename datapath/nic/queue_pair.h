@@ -109,6 +109,11 @@ class QueuePair {
   void gather_failed(uint32_t msn);
   // Places one arriving segment addressed to this QP.
   transport::Syndrome deliver(const transport::Segment& seg);
+  // Raw packet QP (verbs-mapping.md §18): a frame steered to it takes its next receive (none
+  // posted: dropped, as a NIC does); its bytes must live until the end of the pass.
+  void deliver_raw(std::span<const uint8_t> frame);
+  // The frame of send WQE msn was gathered: it completes, unless it failed meanwhile (false).
+  bool raw_sent(uint32_t msn);
   // A write deliver() queued could not be done: the memory under the region is gone.
   void placement_failed(uint32_t msn);
   // READ and atomic requests whose answer never came (the responder vanished, or abandoned it):
@@ -291,5 +296,7 @@ class QueuePair {
 // An atomic request's payload (docs/spec/wire.md §2.2, opcodes 7 and 8): the big-endian
 // compare/add operand followed by the big-endian swap operand.
 inline constexpr uint32_t kAtomicRequestLen = wire::kAtomicRequestLen;
+// The smallest frame a raw packet QP sends: an Ethernet header.
+inline constexpr uint32_t kEthHeaderLen = 14;
 
 }  // namespace metaroce::nic
