@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// RC and UD queue pairs: creation, the state machine (ibv_modify_qp), ibv_query_qp and the classic
+// Queue pairs of every type: creation, the state machine (ibv_modify_qp), ibv_query_qp and the classic
 // ibv_post_send / ibv_post_recv paths, which write WQEs straight into the shared rings.
 #include "providers/metaroce/qp.h"
 
@@ -33,6 +33,7 @@ constexpr unsigned kSendFlags =
     IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE;
 constexpr int kCreateMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD |
                             IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+constexpr int kRssMask = IBV_QP_INIT_ATTR_RX_HASH | IBV_QP_INIT_ATTR_IND_TABLE;
 
 struct SpinGuard {
   explicit SpinGuard(pthread_spinlock_t* l) : l_(l) { pthread_spin_lock(l_); }
@@ -47,6 +48,8 @@ constexpr uint64_t kUdSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_I
 // UC: SENDs and RDMA WRITEs (verbs-mapping.md §15).
 constexpr uint64_t kUcSendOps = kUdSendOps | IBV_QP_EX_WITH_RDMA_WRITE |
                                 IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+// A raw packet QP (§18): frames, sent as SENDs.
+constexpr uint64_t kRawSendOps = IBV_QP_EX_WITH_SEND;
 // An XRC initiator (§17): RC's messages, no window operations.
 constexpr uint64_t kXrcSendOps = kUcSendOps | IBV_QP_EX_WITH_RDMA_READ |
                                  IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
@@ -99,7 +102,7 @@ void init_qp(Qp* qp, ibv_context* context, void* qp_context, uint32_t qpn, void*
 int check_create(ibv_context* context, const ibv_qp_init_attr_ex* a) noexcept {
   if ((a->comp_mask & ~kCreateMask) ||
       ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags))
-    return EOPNOTSUPP;  // raw packet, RSS and creation flags are not offered
+    return EOPNOTSUPP;  // creation flags (and RSS, made elsewhere) are not offered
   switch (a->qp_type) {
     case IBV_QPT_XRC_RECV:
       // A target: its domain, nothing else (PD, CQs, SRQ and caps are not looked at).
@@ -116,6 +119,7 @@ int check_create(ibv_context* context, const ibv_qp_init_attr_ex* a) noexcept {
     case IBV_QPT_RC:
     case IBV_QPT_UD:
     case IBV_QPT_UC:
+    case IBV_QPT_RAW_PACKET:
       break;
     default:
       return EOPNOTSUPP;
@@ -128,7 +132,8 @@ int check_create(ibv_context* context, const ibv_qp_init_attr_ex* a) noexcept {
   return 0;
 }
 
-Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
+// wq: the receive queue of an ibv_wq (the engine's kWq), from a raw packet attribute.
+Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a, bool wq = false) noexcept {
   if (int err = check_create(context, a)) {
     fail(err);
     return nullptr;
@@ -136,10 +141,11 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   const bool target = a->qp_type == IBV_QPT_XRC_RECV;
   const bool initiator = a->qp_type == IBV_QPT_XRC_SEND;
   const bool ex = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  const uint64_t send_ops = a->qp_type == IBV_QPT_UD   ? kUdSendOps
-                            : a->qp_type == IBV_QPT_UC ? kUcSendOps
-                            : initiator                ? kXrcSendOps
-                                                       : kSupportedSendOps;
+  const uint64_t send_ops = a->qp_type == IBV_QPT_UD           ? kUdSendOps
+                            : a->qp_type == IBV_QPT_UC         ? kUcSendOps
+                            : a->qp_type == IBV_QPT_RAW_PACKET ? kRawSendOps
+                            : initiator                        ? kXrcSendOps
+                                                               : kSupportedSendOps;
   if (ex && !target && (a->send_ops_flags & ~send_ops)) {
     fail(EOPNOTSUPP);
     return nullptr;
@@ -178,11 +184,13 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   req.recv_cq = qp->recv_cq ? qp->recv_cq->id : 0;
   req.srq = qp->srq ? qp->srq->id : 0;
   req.xrcd = qp->xrcd ? qp->xrcd->id : 0;
-  req.type = qp->type == IBV_QPT_UD         ? hostif::QpType::kUd
-             : qp->type == IBV_QPT_UC       ? hostif::QpType::kUc
-             : qp->type == IBV_QPT_XRC_SEND ? hostif::QpType::kXrcIni
-             : target                       ? hostif::QpType::kXrcTgt
-                                            : hostif::QpType::kRc;
+  req.type = wq                             ? hostif::QpType::kWq
+             : qp->type == IBV_QPT_UD         ? hostif::QpType::kUd
+             : qp->type == IBV_QPT_UC         ? hostif::QpType::kUc
+             : qp->type == IBV_QPT_XRC_SEND   ? hostif::QpType::kXrcIni
+             : qp->type == IBV_QPT_RAW_PACKET ? hostif::QpType::kRaw
+             : target                         ? hostif::QpType::kXrcTgt
+                                              : hostif::QpType::kRc;
   req.sq_sig_all = qp->sq_sig_all;
   req.caps.max_send_wr = cap.max_send_wr;
   req.caps.max_recv_wr = std::max<uint32_t>(cap.max_recv_wr, 1);
@@ -217,6 +225,63 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   if (qp->srq) qp->srq->users.fetch_add(1, std::memory_order_relaxed);
   track(context, qp);
   a->cap = cap;
+  return qp;
+}
+
+// A raw packet QP that spreads the frames its flows steer over the WQs of an indirection table
+// by a Toeplitz hash of their headers (verbs-mapping.md §18). It has no queues of its own: its
+// caps are 0 whatever was asked, and it is never modified.
+Qp* create_rss_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
+  constexpr int kKnown = kRssMask | IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  const ibv_rx_hash_conf& h = a->rx_hash_conf;
+  if ((a->comp_mask & ~kKnown) ||
+      ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags)) {
+    fail(EOPNOTSUPP);
+    return nullptr;
+  }
+  if ((a->comp_mask & kRssMask) != kRssMask || a->qp_type != IBV_QPT_RAW_PACKET ||
+      !(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || a->pd->context != context ||
+      !a->rwq_ind_tbl || a->rwq_ind_tbl->context != context || h.rx_hash_key_len == 0 ||
+      h.rx_hash_key_len > hostif::kMaxRssKey || !h.rx_hash_key) {
+    fail(EINVAL);
+    return nullptr;
+  }
+  // Toeplitz over the IP addresses and TCP/UDP ports only: no IPsec SPI, no inner headers.
+  if (h.rx_hash_function != IBV_RX_HASH_FUNC_TOEPLITZ ||
+      (h.rx_hash_fields_mask & ~hostif::kRssFields)) {
+    fail(EOPNOTSUPP);
+    return nullptr;
+  }
+  auto* qp = new (std::nothrow) Qp{};
+  if (!qp) {
+    fail(ENOMEM);
+    return nullptr;
+  }
+  qp->type = IBV_QPT_RAW_PACKET;
+  qp->rss = true;
+  qp->pd = to_pd(a->pd);
+  hostif::CreateRssQpReq req;
+  req.pd = qp->pd->id;
+  req.table = static_cast<uint32_t>(a->rwq_ind_tbl->ind_tbl_handle);  // the engine's id
+  req.function = hostif::kRssToeplitz;
+  req.key_len = h.rx_hash_key_len;
+  std::memcpy(req.key, h.rx_hash_key, h.rx_hash_key_len);
+  req.fields = h.rx_hash_fields_mask;
+  req.handle = reinterpret_cast<uintptr_t>(&qp->vqp.qp);
+  hostif::CreateQpResp body;
+  void* seg = nullptr;
+  const int err = create_mapped(context, hostif::Op::kCreateRssQp, req, {}, hostif::Op::kDestroyQp,
+                                &hostif::CreateQpResp::qpn, hostif::valid_qp, &body, &seg);
+  if (err) {
+    delete qp;
+    fail(err);
+    return nullptr;
+  }
+  init_qp(qp, context, a->qp_context, body.qpn, seg, body.bytes);
+  qp->vqp.qp.pd = a->pd;
+  qp->pd->users.fetch_add(1, std::memory_order_relaxed);
+  track(context, qp);
+  a->cap = qp->cap;
   return qp;
 }
 
@@ -293,6 +358,8 @@ int build_send(const Qp& qp, const ibv_send_wr& wr, uint8_t* slot) noexcept {
       (*op == hostif::WqeOp::kBindMw || *op == hostif::WqeOp::kLocalInv ||
        *op == hostif::WqeOp::kSendInv))
     return EINVAL;  // windows are bound to the QP an access arrives at: never an initiator
+  if (qp.type == IBV_QPT_RAW_PACKET && *op != hostif::WqeOp::kSend)
+    return EINVAL;  // a raw QP sends frames, as SENDs without immediate
   hostif::SendWqe* w = hostif::send_wqe(slot);
   std::memset(w, 0, sizeof(*w));
   // An XRC initiator names, per work request, the SRQ of the target's domain it is for.
@@ -483,8 +550,24 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) noexcept {
 }
 
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) noexcept {
-  Qp* qp = create_any_qp(context, attr);
+  Qp* qp = (attr->comp_mask & kRssMask) ? create_rss_qp(context, attr)
+                                         : create_any_qp(context, attr);
   return qp ? &qp->vqp.qp : nullptr;
+}
+
+Qp* create_wq_qp(ibv_context* context, ibv_pd* pd, ibv_cq* cq, uint32_t max_wr,
+                 uint32_t max_sge, void* wq_handle) noexcept {
+  ibv_qp_init_attr_ex a;
+  std::memset(&a, 0, sizeof(a));
+  a.qp_context = wq_handle;
+  a.send_cq = cq;
+  a.recv_cq = cq;
+  a.cap.max_recv_wr = max_wr;
+  a.cap.max_recv_sge = max_sge;
+  a.qp_type = IBV_QPT_RAW_PACKET;
+  a.comp_mask = IBV_QP_INIT_ATTR_PD;
+  a.pd = pd;
+  return create_any_qp(context, &a, true);
 }
 
 ibv_qp* open_qp(ibv_context* context, ibv_qp_open_attr* attr) noexcept {
@@ -565,8 +648,49 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
   return 0;
 }
 
+namespace {
+
+// After the engine reset the QP: it emptied the rings (their retirement counters are 0 again),
+// so do we. Callers hold qp->lock.
+void forget_rings(Qp* qp) noexcept {
+  SpinGuard s(&qp->sq_lock);
+  SpinGuard r(&qp->rq_lock);
+  qp->ring->sq_head.store(0);
+  qp->ring->rq_head.store(0);
+  // Its completions not yet polled go too, as a hardware NIC cleans its CQs of a QP that is
+  // reset (rdma-core's tests restate failed QPs and poll on).
+  Cq* const cqs[2] = {qp->send_cq, qp->recv_cq};
+  for (int i = 0; i < 2; ++i) {
+    if (!cqs[i] || (i == 1 && cqs[1] == cqs[0])) continue;
+    SpinGuard c(&cqs[i]->poll_lock);
+    hostif::cq_clean(cqs[i]->ring, qp->vqp.qp.qp_num);
+  }
+}
+
+}  // namespace
+
+int set_qp_state(Qp* qp, ibv_qp_state state) noexcept {
+  const auto nic_state = to_nic(state);
+  if (!nic_state) return EINVAL;
+  hostif::ModifyQpReq req;
+  req.qpn = qp->vqp.qp.qp_num;
+  req.what = hostif::kModState;
+  req.state = *nic_state;
+  pthread_mutex_lock(&qp->lock);
+  hostif::Message resp;
+  const int err = engine_call(qp->vqp.qp.context, hostif::Op::kModifyQp, req, &resp);
+  if (!err) {
+    if (state == IBV_QPS_RESET) forget_rings(qp);
+    qp->attr.qp_state = qp->attr.cur_qp_state = state;
+  }
+  pthread_mutex_unlock(&qp->lock);
+  return err;
+}
+
 int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
   Qp* qp = to_qp(ibqp);
+  // An RSS QP has no state of its own (its WQs have), as the kernel's ENOSYS says for one.
+  if (qp->rss) return EOPNOTSUPP;
   const ContextState& st = state_of(ibqp->context);
   pthread_mutex_lock(&qp->lock);
   const ibv_qp_state cur = to_verbs(qp_state(qp));
@@ -580,7 +704,9 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
           : qp->type == IBV_QPT_UC       ? check_uc_modify(cur, mask, attr->qp_state)
           : qp->type == IBV_QPT_XRC_SEND ? check_xrc_ini_modify(cur, mask, attr->qp_state)
           : qp->type == IBV_QPT_XRC_RECV ? check_xrc_tgt_modify(cur, mask, attr->qp_state)
+          : qp->type == IBV_QPT_RAW_PACKET ? check_raw_modify(cur, mask, attr->qp_state)
                                          : check_rc_modify(cur, mask, attr->qp_state);
+  if (!err && (mask & IBV_QP_RATE_LIMIT)) err = EOPNOTSUPP;  // no packet pacing offered
   if (!err && !to_nic(next)) err = EOPNOTSUPP;  // SQD: the NIC cannot drain a send queue yet
   if (!err) err = check_values(st.engine.active_mtu, *attr, mask, &peer_ip);
   if (!err) {
@@ -611,21 +737,7 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
       qp->attr = saved;
       qp->remote = saved_remote;
     } else {
-      if (next == IBV_QPS_RESET) {
-        // The engine emptied the rings (their retirement counters are 0 again): so do we.
-        SpinGuard s(&qp->sq_lock);
-        SpinGuard r(&qp->rq_lock);
-        qp->ring->sq_head.store(0);
-        qp->ring->rq_head.store(0);
-        // Its completions not yet polled go too, as a hardware NIC cleans its CQs of a QP
-        // that is reset (rdma-core's tests restate failed QPs and poll on).
-        Cq* const cqs[2] = {qp->send_cq, qp->recv_cq};
-        for (int i = 0; i < 2; ++i) {
-          if (!cqs[i] || (i == 1 && cqs[1] == cqs[0])) continue;
-          SpinGuard c(&cqs[i]->poll_lock);
-          hostif::cq_clean(cqs[i]->ring, ibqp->qp_num);
-        }
-      }
+      if (next == IBV_QPS_RESET) forget_rings(qp);
       qp->attr.qp_state = next;
       qp->attr.cur_qp_state = next;
     }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The verbs QP state machine for RC, UC, UD and XRC (IB spec vol. 1, 10.3.1 and table 91): which
-// transitions exist and which ibv_modify_qp attribute bits each one requires and allows. Pure, so
-// tested alone.
+// The verbs QP state machine for RC, UC, UD, XRC and raw packet QPs (IB spec vol. 1, 10.3.1 and
+// table 91): which transitions exist and which ibv_modify_qp attribute bits each one requires and
+// allows. Pure, so tested alone.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -202,6 +202,20 @@ constexpr QpTransition xrc_tgt_transition(ibv_qp_state cur, ibv_qp_state next) {
   return rc_transition(cur, next);
 }
 
+// The raw packet row (the kernel's IB_QPT_RAW_PACKET): a port, and nothing else to say.
+constexpr QpTransition raw_transition(ibv_qp_state cur, ibv_qp_state next) {
+  if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
+    if (cur < IBV_QPS_RESET || cur > IBV_QPS_ERR) return {};
+    return {true, 0, 0};
+  }
+  if (cur == IBV_QPS_RESET && next == IBV_QPS_INIT) return {true, IBV_QP_PORT, 0};
+  if (cur == IBV_QPS_INIT && (next == IBV_QPS_INIT || next == IBV_QPS_RTR)) return {true, 0, 0};
+  // A rate limit is allowed here by verbs; none is offered (modify_qp answers EOPNOTSUPP).
+  if ((cur == IBV_QPS_RTR || cur == IBV_QPS_RTS) && next == IBV_QPS_RTS)
+    return {true, 0, IBV_QP_RATE_LIMIT};
+  return {};
+}
+
 // 0 or EINVAL: mask (with or without IBV_QP_STATE) against one row of the table.
 constexpr int check_transition(const QpTransition& t, uint32_t mask) {
   if (!t.valid) return EINVAL;
@@ -236,6 +250,13 @@ constexpr int check_xrc_tgt_modify(ibv_qp_state cur, int attr_mask, ibv_qp_state
   const uint32_t mask = static_cast<uint32_t>(attr_mask);
   const ibv_qp_state next = (mask & IBV_QP_STATE) ? requested_next : cur;
   return check_transition(xrc_tgt_transition(cur, next), mask);
+}
+
+// The same for a raw packet QP.
+constexpr int check_raw_modify(ibv_qp_state cur, int attr_mask, ibv_qp_state requested_next) {
+  const uint32_t mask = static_cast<uint32_t>(attr_mask);
+  const ibv_qp_state next = (mask & IBV_QP_STATE) ? requested_next : cur;
+  return check_transition(raw_transition(cur, next), mask);
 }
 
 // The same for a UD QP.
