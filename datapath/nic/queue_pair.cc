@@ -795,9 +795,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
         }
         m.invalidated = true;
       }
-      uint64_t room = 0;
-      for (uint32_t i = 0; i < rp->num_sge; ++i) room += rp->sge[i].length;
-      if (seg.total_length > room) {
+      if (seg.total_length > room_of(*rp)) {
         m.status = WcStatus::kLocLenErr;
         result = Syndrome::kRemoteInvalid;
       } else {
@@ -1106,6 +1104,35 @@ bool QueuePair::ud_seen_before(const transport::Segment& seg) {
   return false;
 }
 
+bool QueuePair::take_datagram_receive(Receive* r, uint32_t* slot) {
+  if (srq_) {
+    bool limit_hit = false;
+    if (!srq_->claim(slot, &limit_hit)) return false;
+    if (limit_hit) srq_->owner()->async_event(srq_->handle(), AsyncEvent::kSrqLimitReached);
+    *r = receive_of(srq_->slot(*slot), srq_->max_sge(), srq_->pd());
+    return true;
+  }
+  const uint32_t head = rq_head();
+  if (head == rq_retired_ || head - rq_retired_ > max_recv_wr_) return false;
+  *r = receive_of(rq_slot(rq_retired_), max_recv_sge_, init_.pd);
+  return true;
+}
+
+void QueuePair::retire_datagram(uint32_t slot) {
+  if (srq_) {
+    srq_->release(slot);
+    return;
+  }
+  ++rq_retired_;
+  ring_->rq_done.store(rq_retired_);
+}
+
+uint64_t QueuePair::room_of(const Receive& r) {
+  uint64_t room = 0;
+  for (uint32_t i = 0; i < r.num_sge; ++i) room += r.sge[i].length;
+  return room;
+}
+
 bool QueuePair::raw_sent(uint32_t msn) {
   SendSlot& s = sq_slots_[msn & sq_mask_];
   if (s.msn != msn || !s.submitted || s.failed || s.acked || state_ != QpState::kRts) return false;
@@ -1118,41 +1145,22 @@ void QueuePair::deliver_raw(std::span<const uint8_t> frame) {
   if (state_ != QpState::kRtr && state_ != QpState::kRts) return;
   Receive r;
   uint32_t slot = 0;
-  if (srq_) {
-    bool limit_hit = false;
-    if (!srq_->claim(&slot, &limit_hit)) {
-      ++nic_.mutable_counters().raw_rx_no_recv;
-      return;
-    }
-    if (limit_hit) srq_->owner()->async_event(srq_->handle(), AsyncEvent::kSrqLimitReached);
-    r = receive_of(srq_->slot(slot), srq_->max_sge(), srq_->pd());
-  } else {
-    const uint32_t head = rq_head();
-    if (head == rq_retired_ || head - rq_retired_ > max_recv_wr_) {
-      ++nic_.mutable_counters().raw_rx_no_recv;
-      return;
-    }
-    r = receive_of(rq_slot(rq_retired_), max_recv_sge_, init_.pd);
+  if (!take_datagram_receive(&r, &slot)) {
+    ++nic_.mutable_counters().raw_rx_no_recv;
+    return;
   }
   Cqe c{};
   c.wr_id = r.wqe->wr_id;
   c.opcode = WcOpcode::kRecv;
   c.qp_num = qpn_;
   c.byte_len = static_cast<uint32_t>(frame.size());
-  uint64_t room = 0;
-  for (uint32_t i = 0; i < r.num_sge; ++i) room += r.sge[i].length;
-  if (room < frame.size()) {
+  if (room_of(r) < frame.size()) {
     c.status = WcStatus::kLocLenErr;
   } else {
     WcStatus err = WcStatus::kSuccess;
     if (scatter(r, 0, frame, &err) != Syndrome::kOk) c.status = err;
   }
-  if (srq_) {
-    srq_->release(slot);
-  } else {
-    ++rq_retired_;
-    ring_->rq_done.store(rq_retired_);
-  }
+  retire_datagram(slot);
   push_cqe(init_.recv_cq, c);
 }
 
@@ -1167,16 +1175,7 @@ Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
   if (ud_seen_before(seg)) return Syndrome::kOk;
   Receive r;
   uint32_t slot = 0;
-  if (srq_) {
-    bool limit_hit = false;
-    if (!srq_->claim(&slot, &limit_hit)) return Syndrome::kOk;
-    if (limit_hit) srq_->owner()->async_event(srq_->handle(), AsyncEvent::kSrqLimitReached);
-    r = receive_of(srq_->slot(slot), srq_->max_sge(), srq_->pd());
-  } else {
-    const uint32_t head = rq_head();
-    if (head == rq_retired_ || head - rq_retired_ > max_recv_wr_) return Syndrome::kOk;
-    r = receive_of(rq_slot(rq_retired_), max_recv_sge_, init_.pd);
-  }
+  if (!take_datagram_receive(&r, &slot)) return Syndrome::kOk;
   Cqe c{};
   c.wr_id = r.wqe->wr_id;
   c.opcode = WcOpcode::kRecv;
@@ -1185,9 +1184,7 @@ Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
   c.imm = seg.imm;
   c.wc_flags = hostif::kWcGrh | (seg.op == Op::kSendImm ? hostif::kWcWithImm : 0);
   c.byte_len = kGrhLen + seg.total_length;
-  uint64_t room = 0;
-  for (uint32_t i = 0; i < r.num_sge; ++i) room += r.sge[i].length;
-  if (room < c.byte_len) {
+  if (room_of(r) < c.byte_len) {
     c.status = WcStatus::kLocLenErr;
   } else {
     // The GRH must outlive this call: the write is carried out at the end of the pass.
@@ -1198,12 +1195,7 @@ Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
         scatter(r, kGrhLen, seg.payload, &err) != Syndrome::kOk)
       c.status = err;
   }
-  if (srq_) {
-    srq_->release(slot);
-  } else {
-    ++rq_retired_;
-    ring_->rq_done.store(rq_retired_);
-  }
+  retire_datagram(slot);
   push_cqe(init_.recv_cq, c);
   return Syndrome::kOk;
 }

@@ -184,6 +184,13 @@ class QueuePair {
 
   transport::Syndrome deliver_ud(const transport::Segment& seg);
   bool ud_seen_before(const transport::Segment& seg);
+  // Datagrams (UD messages, raw frames) take receives in arrival order, with no numbering: the
+  // next one of the SRQ or the QP's own queue (*slot: the SRQ's entry), or false when none is
+  // posted; retire_datagram frees it once its completion is written.
+  bool take_datagram_receive(Receive* r, uint32_t* slot);
+  void retire_datagram(uint32_t slot);
+  // Bytes a receive's SGEs hold.
+  static uint64_t room_of(const Receive& r);
   // Receives claimed from one SRQ, by RSN (verbs-mapping.md §6): the slot each RSN took, from
   // the oldest not completed to the newest claimed (an RSN is never more than kRecvWindow ahead
   // of the oldest open receive; the map grows like rx_msgs_). An XRC target has one per SRQ its
