@@ -28,6 +28,16 @@ inline void set_l3(hostif::FlowRule& r, uint8_t l3, bool* bad) {
   r.l3 = l3;
 }
 
+// An IPv4 specification's addresses (IPV4 and IPV4_EXT begin alike).
+template <typename Spec>
+void set_ipv4(hostif::FlowRule& r, const Spec& s, bool* bad) {
+  set_l3(r, 4, bad);
+  std::memcpy(r.src_ip, &s.val.src_ip, 4);
+  std::memcpy(r.src_ip_mask, &s.mask.src_ip, 4);
+  std::memcpy(r.dst_ip, &s.val.dst_ip, 4);
+  std::memcpy(r.dst_ip_mask, &s.mask.dst_ip, 4);
+}
+
 }  // namespace flow_detail
 
 // The specifications following attr, as one rule: 0, EINVAL (malformed, contradictory, a mask
@@ -77,21 +87,13 @@ inline int parse_flow(const ibv_flow_attr& attr, hostif::CreateFlowReq* out) noe
       case IBV_FLOW_SPEC_IPV4: {
         ibv_flow_spec_ipv4 s;
         if (!flow_detail::read_spec(p, left, &s)) return EINVAL;
-        flow_detail::set_l3(r, 4, &bad);
-        std::memcpy(r.src_ip, &s.val.src_ip, 4);
-        std::memcpy(r.src_ip_mask, &s.mask.src_ip, 4);
-        std::memcpy(r.dst_ip, &s.val.dst_ip, 4);
-        std::memcpy(r.dst_ip_mask, &s.mask.dst_ip, 4);
+        flow_detail::set_ipv4(r, s, &bad);
         break;
       }
       case IBV_FLOW_SPEC_IPV4_EXT: {
         ibv_flow_spec_ipv4_ext s;
         if (!flow_detail::read_spec(p, left, &s)) return EINVAL;
-        flow_detail::set_l3(r, 4, &bad);
-        std::memcpy(r.src_ip, &s.val.src_ip, 4);
-        std::memcpy(r.src_ip_mask, &s.mask.src_ip, 4);
-        std::memcpy(r.dst_ip, &s.val.dst_ip, 4);
-        std::memcpy(r.dst_ip_mask, &s.mask.dst_ip, 4);
+        flow_detail::set_ipv4(r, s, &bad);
         r.proto = s.val.proto;
         r.proto_mask = s.mask.proto;
         r.tos = s.val.tos;

@@ -101,6 +101,20 @@ TEST(FlowSpec, PyverbsEthIpv4UdpSpecsBecomeOneRule) {
   EXPECT_EQ(r.rule.src_ip_mask[3], 0xff);
   EXPECT_EQ(r.rule.src_ip_mask[4], 0);  // an IPv4 rule says nothing past 4 bytes
   EXPECT_EQ(r.rule.dst_port, htons(5678));
+  // The plain IPV4 specification: addresses only.
+  FlowAttr plain;
+  ibv_flow_spec_ipv4 v4{};
+  v4.type = IBV_FLOW_SPEC_IPV4;
+  v4.size = sizeof(v4);
+  v4.val.dst_ip = htonl(0x02020202);
+  v4.mask.dst_ip = 0xffffffff;
+  plain.add(v4);
+  ASSERT_EQ(plain.parse(&r), 0);
+  EXPECT_EQ(r.rule.l3, 4);
+  EXPECT_EQ(r.rule.dst_ip[0], 2);
+  EXPECT_EQ(r.rule.dst_ip_mask[0], 0xff);
+  EXPECT_EQ(r.rule.src_ip_mask[0], 0);
+  EXPECT_EQ(r.rule.proto_mask, 0);
   // No specification at all: every frame (a rule of masks all zero).
   FlowAttr empty;
   ASSERT_EQ(empty.parse(&r), 0);
