@@ -719,6 +719,8 @@ Nic::ObjectCounts Nic::owned_by(const Owner* o) const {
     auto it = x.opens.find(o);
     if (it != x.opens.end()) n.xrcds += it->second;
   }
+  for (const auto& [id, owner] : flow_owner_) n.flows += owner == o;
+  for (const auto& [id, t] : ind_tables_) n.ind_tables += t.owner == o;
   return n;
 }
 

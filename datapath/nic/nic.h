@@ -207,7 +207,8 @@ class Nic final : private transport::Host {
   struct ObjectCounts {
     uint32_t pds = 0, mrs = 0, cqs = 0, srqs = 0, qps = 0;  // mrs: regions and windows
     uint32_t xrcds = 0;                                      // opens of XRC domains
-    bool any() const { return pds || mrs || cqs || srqs || qps || xrcds; }
+    uint32_t flows = 0, ind_tables = 0;                      // raw frames' steering (§18)
+    bool any() const { return pds || mrs || cqs || srqs || qps || xrcds || flows || ind_tables; }
   };
   ObjectCounts owned_by(const Owner* o) const;
 

@@ -410,8 +410,14 @@ TEST_F(NicRawTest, WhatARawQpCannotSendFailsAndItsFlowsGoBeforeIt) {
   EXPECT_EQ(a_->nic->destroy_flow(&server_.owner, id), 0);
   EXPECT_EQ(a_->nic->destroy_flow(&server_.owner, id), EINVAL);
   EXPECT_EQ(a_->nic->destroy_qp(&server_.owner, server_.qp->qpn()), 0);
-  // A process that goes away takes its flows with it.
+  // A process that goes away takes its flows, tables and WQs with it.
   add_flow(remote_, *b_->nic, eth_rule(0x0800));
+  TestQp wq(*b_->nic, &remote_.owner, remote_.pd, *remote_.cq, *remote_.cq, caps(), QpType::kWq);
+  hostif::IndTableReq t;
+  t.wqn[0] = wq.qpn();
+  ASSERT_EQ(b_->nic->create_ind_table(&remote_.owner, t, &id), 0);
+  EXPECT_EQ(b_->nic->owned_by(&remote_.owner).flows, 1u);
+  EXPECT_EQ(b_->nic->owned_by(&remote_.owner).ind_tables, 1u);
   b_->nic->release(&remote_.owner);
   EXPECT_FALSE(b_->nic->owns_anything(&remote_.owner));
 }
