@@ -553,6 +553,26 @@ bool HostEngine::handle(Session& s) {
   return sent == 0;  // a driver that does not read its answers is dropped
 }
 
+// Whether process pid may put raw frames on a port (CAP_NET_RAW in its effective set), as the
+// kernel asks of raw packet QPs and flow rules.
+static bool has_net_raw(pid_t pid) {
+  constexpr uint64_t kCapNetRaw = uint64_t{1} << 13;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/status", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (!f) return false;
+  char line[256];
+  unsigned long long eff = 0;
+  bool found = false;
+  while (std::fgets(line, sizeof(line), f))
+    if (std::sscanf(line, "CapEff: %llx", &eff) == 1) {
+      found = true;
+      break;
+    }
+  std::fclose(f);
+  return found && (eff & kCapNetRaw);
+}
+
 // A descriptor of the request, now the caller's (-1 when absent).
 static int take_fd(Message& m, size_t i) {
   if (i >= m.fds.size()) return -1;
@@ -913,11 +933,14 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
     case Op::kCreateQp: {
       auto b = req.as<hostif::CreateQpReq>();
       if (!b) return done(EINVAL);
+      if (b->type == hostif::QpType::kRaw && !has_net_raw(s.peer_pid())) return done(EPERM);
       hostif::QpCaps caps = b->caps;
       if (caps.max_send_wr > nic::kMaxQpWr || caps.max_recv_wr > nic::kMaxQpWr ||
           caps.max_send_sge > nic::kMaxSge || caps.max_recv_sge > nic::kMaxSge ||
           caps.max_inline > nic::kMaxInline)
         return done(EINVAL);
+      const bool target = b->type == hostif::QpType::kXrcTgt;
+      if (target) caps = hostif::QpCaps{};  // no queues of its own: a ring for its state
       caps.max_send_wr = std::max(caps.max_send_wr, 1u);
       caps.max_recv_wr = std::max(caps.max_recv_wr, 1u);
       const hostif::QpLayout l = hostif::qp_layout(caps);
@@ -926,8 +949,63 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       hostif::init_qp(seg.base(), 0, b->type, caps);
       hostif::CreateQpResp c;
       int e = 0;
+      auto* ring = static_cast<hostif::QpHeader*>(seg.base());
+      if (target) {
+        // An XRC target outlives this context while others hold it (verbs-mapping.md §17):
+        // the QP keeps its segment, and the descriptor to hand to whoever opens it.
+        if (seg.share(false) < 0) return done(ENOMEM);
+        auto shared = std::make_shared<Segment>(std::move(seg));
+        const int fd = dup(shared->fd());
+        if (fd < 0) return done(EMFILE);
+        on_datapath([&] { e = nic.create_qp(&s, *b, ring, &c.qpn, shared); });
+        if (e) {
+          close(fd);
+          return done(e);
+        }
+        c.bytes = l.bytes;
+        r.set(c);
+        r.fds.push_back(fd);
+        return done(0);
+      }
+      on_datapath([&] { e = nic.create_qp(&s, *b, ring, &c.qpn); });
+      if (e) return done(e);
+      c.bytes = l.bytes;
+      r.set(c);
+      r.fds.push_back(dup(seg.share(false)));
+      seg.close_fd();
+      s.keep_segment('q', c.qpn, std::move(seg));
+      return done(0);
+    }
+    case Op::kCreateIndTable: {
+      auto b = req.as<hostif::IndTableReq>();
+      if (!b) return done(EINVAL);
+      hostif::IndTableResp t;
+      int e = 0;
+      on_datapath([&] { e = nic.create_ind_table(&s, *b, &t.table); });
+      if (!e) r.set(t);
+      return done(e);
+    }
+    case Op::kDestroyIndTable: {
+      auto b = req.as<hostif::IdReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.destroy_ind_table(&s, b->id); });
+      return done(e);
+    }
+    case Op::kCreateRssQp: {
+      auto b = req.as<hostif::CreateRssQpReq>();
+      if (!b) return done(EINVAL);
+      if (!has_net_raw(s.peer_pid())) return done(EPERM);
+      // No queues of its own (its table's WQs receive): a ring for its state.
+      const hostif::QpCaps caps;
+      const hostif::QpLayout l = hostif::qp_layout(caps);
+      Segment seg = Segment::create("metaroce-qp", l.bytes);
+      if (!seg.ok()) return done(ENOMEM);
+      hostif::init_qp(seg.base(), 0, hostif::QpType::kRss, caps);
+      hostif::CreateQpResp c;
+      int e = 0;
       on_datapath([&] {
-        e = nic.create_qp(&s, *b, static_cast<hostif::QpHeader*>(seg.base()), &c.qpn);
+        e = nic.create_rss_qp(&s, *b, static_cast<hostif::QpHeader*>(seg.base()), &c.qpn);
       });
       if (e) return done(e);
       c.bytes = l.bytes;
@@ -935,6 +1013,101 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       r.fds.push_back(dup(seg.share(false)));
       seg.close_fd();
       s.keep_segment('q', c.qpn, std::move(seg));
+      return done(0);
+    }
+    case Op::kCreateFlow: {
+      auto b = req.as<hostif::CreateFlowReq>();
+      if (!b) return done(EINVAL);
+      if (!has_net_raw(s.peer_pid())) return done(EPERM);
+      hostif::FlowResp f;
+      int e = 0;
+      on_datapath([&] { e = nic.create_flow(&s, *b, &f.flow); });
+      if (!e) r.set(f);
+      return done(e);
+    }
+    case Op::kDestroyFlow: {
+      auto b = req.as<hostif::IdReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.destroy_flow(&s, b->id); });
+      return done(e);
+    }
+    case Op::kOpenQp: {
+      auto b = req.as<hostif::OpenQpReq>();
+      if (!b) return done(EINVAL);
+      std::shared_ptr<void> keep;
+      int e = 0;
+      on_datapath([&] { e = nic.open_qp(&s, b->xrcd, b->qpn, b->handle, &keep); });
+      if (e) return done(e);
+      const auto seg = std::static_pointer_cast<Segment>(keep);  // what kCreateQp gave it
+      const int fd = seg ? dup(seg->fd()) : -1;
+      if (fd < 0) {
+        on_datapath([&] { nic.close_qp(&s, b->qpn, b->handle); });
+        return done(seg ? EMFILE : EPROTO);
+      }
+      hostif::CreateQpResp c;
+      c.qpn = b->qpn;
+      c.bytes = static_cast<uint32_t>(seg->size());
+      r.set(c);
+      r.fds.push_back(fd);
+      return done(0);
+    }
+    case Op::kCloseQp: {
+      auto b = req.as<hostif::OpenQpReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.close_qp(&s, b->qpn, b->handle); });
+      return done(e);
+    }
+    case Op::kOpenXrcd: {
+      auto b = req.as<hostif::OpenXrcdReq>();
+      if (!b || (b->has_fd != 0) != (req.fds.size() == 1) || req.fds.size() > 1)
+        return done(EINVAL);
+      nic::Nic::XrcdKey key;
+      if (b->has_fd) {
+        // The file names the domain by its inode, as the kernel's XRC domains are named.
+        struct stat st {};
+        if (fstat(req.fds[0], &st) != 0) return done(EBADF);
+        key.dev = st.st_dev;
+        key.ino = st.st_ino;
+      }
+      hostif::XrcdResp x;
+      int e = 0;
+      on_datapath([&] {
+        e = nic.open_xrcd(&s, b->has_fd ? &key : nullptr, b->oflags & O_CREAT,
+                          b->oflags & O_EXCL, &x.xrcd);
+      });
+      if (!e) r.set(x);
+      return done(e);
+    }
+    case Op::kCloseXrcd: {
+      auto b = req.as<hostif::IdReq>();
+      if (!b) return done(EINVAL);
+      int e = 0;
+      on_datapath([&] { e = nic.close_xrcd(&s, b->id); });
+      return done(e);
+    }
+    case Op::kCreateXrcSrq: {
+      auto b = req.as<hostif::CreateXrcSrqReq>();
+      if (!b || b->max_wr < 1 || b->max_wr > nic::kMaxSrqWr || b->max_sge < 1 ||
+          b->max_sge > nic::kMaxSge)
+        return done(EINVAL);
+      const hostif::SrqLayout l = hostif::srq_layout(b->max_wr, b->max_sge);
+      Segment seg = Segment::create("metaroce-srq", l.bytes);
+      if (!seg.ok()) return done(ENOMEM);
+      hostif::init_srq(seg.base(), b->max_wr, b->max_sge);
+      hostif::CreateSrqResp c;
+      int e = 0;
+      on_datapath([&] {
+        e = nic.create_xrc_srq(&s, b->pd, b->xrcd, b->cq,
+                               static_cast<hostif::SrqHeader*>(seg.base()), b->handle, &c.id);
+      });
+      if (e) return done(e);
+      c.bytes = l.bytes;
+      r.set(c);
+      r.fds.push_back(dup(seg.share(false)));
+      seg.close_fd();
+      s.keep_segment('s', c.id, std::move(seg));
       return done(0);
     }
     case Op::kModifyQp: {

@@ -51,6 +51,19 @@ enum class Op : uint16_t {
   kAllocMw = 21,      // ibv_alloc_mw
   kDeallocMw = 22,    // ibv_dealloc_mw (IdReq: its rkey)
   kResizeCq = 23,     // ibv_resize_cq: a new ring (fd) takes the old one's completions
+  // XRC (verbs-mapping.md §17).
+  kOpenXrcd = 24,     // ibv_open_xrcd: + the file whose inode names a shared domain
+  kCloseXrcd = 25,    // ibv_close_xrcd (IdReq: the domain)
+  kCreateXrcSrq = 26, // ibv_create_srq_ex of type XRC
+  kOpenQp = 27,       // ibv_open_qp: another handle to an XRC target QP of a domain
+  kCloseQp = 28,      // ibv_destroy_qp of an XRC target QP handle
+  // Raw packet QPs (verbs-mapping.md §18): flow steering rules.
+  kCreateFlow = 29,   // ibv_create_flow
+  kDestroyFlow = 30,  // ibv_destroy_flow (IdReq: the flow)
+  // RSS: receive work queues are QPs of type kWq (kCreateQp, kModifyQp, kDestroyQp).
+  kCreateIndTable = 31,   // ibv_create_rwq_ind_table
+  kDestroyIndTable = 32,  // ibv_destroy_rwq_ind_table (IdReq)
+  kCreateRssQp = 33,      // ibv_create_qp_ex of a raw packet QP with RX_HASH and IND_TABLE
   // Administration (uid 0, or the engine's own user: a user who runs an engine for a private run
   // dir administers it): what `metaroce link` and `metaroce engine` ask.
   kLinkOpen = 100,
@@ -164,17 +177,107 @@ struct ModifySrqReq {
   uint32_t limit = 0;
 };
 
+// kXrcTgt: xrcd names the domain, and pd, the CQs, srq and caps are not used; kXrcIni: no
+// receive CQ or SRQ (recv_cq 0).
 struct CreateQpReq {
   uint32_t pd = 0, send_cq = 0, recv_cq = 0, srq = 0;  // srq 0: none
   QpType type = QpType::kRc;
   uint32_t sq_sig_all = 0;
   QpCaps caps;
-  uint32_t reserved = 0;
+  uint32_t xrcd = 0;
   uint64_t handle = 0;  // element of its async events (its ibv_qp's address)
 };
 struct CreateQpResp {
   uint32_t qpn = 0;
   uint32_t bytes = 0;
+};
+
+// kOpenXrcd. Fds (has_fd): the file whose inode names the domain, shared by every context of the
+// device that opens the same file; without one, a domain of its own. Answer: XrcdResp.
+struct OpenXrcdReq {
+  uint32_t oflags = 0;  // O_CREAT, O_EXCL (ibv_open_xrcd(3)); other bits are ignored
+  uint32_t has_fd = 0;
+};
+struct XrcdResp {
+  uint32_t xrcd = 0;
+  uint32_t reserved = 0;
+};
+// kCreateXrcSrq: an SRQ of an XRC domain, whose completions go to cq. Answer: CreateSrqResp,
+// whose id is the SRQ number initiators name (24 bits).
+struct CreateXrcSrqReq {
+  uint32_t pd = 0, max_wr = 0, max_sge = 0, xrcd = 0, cq = 0, reserved = 0;
+  uint64_t handle = 0;
+};
+// kOpenQp (answer: CreateQpResp and the QP's segment) and kCloseQp: one handle of an XRC target
+// QP, named by its domain and number; handle is the element of the events it gets.
+struct OpenQpReq {
+  uint32_t xrcd = 0;
+  uint32_t qpn = 0;
+  uint64_t handle = 0;
+};
+
+// A flow steering rule (ibv_create_flow), normalised: every field a frame may be matched on, with
+// its mask (a mask bit set: that bit of the field must equal the value's); all-zero masks
+// match anything. Multi-byte fields are in network byte order, as in the frame and in verbs'
+// specs. l3 and l4 say which headers the frame must have at all (0: any).
+struct FlowRule {
+  uint8_t dst_mac[6] = {}, dst_mac_mask[6] = {};
+  uint8_t src_mac[6] = {}, src_mac_mask[6] = {};
+  uint16_t ether_type = 0, ether_type_mask = 0;  // after any VLAN tag
+  uint16_t vlan_tag = 0, vlan_tag_mask = 0;      // the 802.1Q TCI; masked: the frame has a tag
+  uint8_t l3 = 0;                                // 0, 4 (IPv4) or 6 (IPv6)
+  uint8_t l4 = 0;                                // 0, 6 (TCP) or 17 (UDP)
+  uint8_t proto = 0, proto_mask = 0;             // IPv4 protocol / IPv6 next header
+  uint8_t tos = 0, tos_mask = 0;                 // IPv4 TOS / IPv6 traffic class
+  uint8_t ttl = 0, ttl_mask = 0;                 // IPv4 TTL / IPv6 hop limit
+  uint8_t ip_flags = 0, ip_flags_mask = 0;       // IPv4 flags (3 bits)
+  uint8_t src_ip[16] = {}, src_ip_mask[16] = {};  // IPv4: the first 4 bytes
+  uint8_t dst_ip[16] = {}, dst_ip_mask[16] = {};
+  uint32_t flow_label = 0, flow_label_mask = 0;  // IPv6, 20 bits, network order
+  uint16_t src_port = 0, src_port_mask = 0;
+  uint16_t dst_port = 0, dst_port_mask = 0;
+};
+enum class FlowType : uint32_t { kNormal = 0, kAllDefault = 1, kMcDefault = 2, kSniffer = 3 };
+enum FlowFlag : uint32_t { kFlowDontTrap = 1 };
+struct CreateFlowReq {
+  uint32_t qpn = 0;
+  FlowType type = FlowType::kNormal;
+  uint32_t priority = 0;  // lower first
+  uint32_t flags = 0;     // FlowFlag
+  FlowRule rule;
+};
+struct FlowResp {
+  uint32_t flow = 0;
+  uint32_t reserved = 0;
+};
+
+// RSS (verbs-mapping.md §18).
+inline constexpr uint32_t kMaxIndTableLog = 8;  // 256 WQs per indirection table
+inline constexpr uint32_t kMaxRssKey = 64;       // bytes of a Toeplitz key
+struct IndTableReq {
+  uint32_t log_size = 0;  // 1 << log_size entries
+  uint32_t reserved = 0;
+  uint32_t wqn[1u << kMaxIndTableLog] = {};
+};
+struct IndTableResp {
+  uint32_t table = 0;
+  uint32_t reserved = 0;
+};
+enum RssField : uint64_t {  // ibv_rx_hash_fields
+  kRssSrcIpv4 = 1 << 0, kRssDstIpv4 = 1 << 1, kRssSrcIpv6 = 1 << 2, kRssDstIpv6 = 1 << 3,
+  kRssSrcPortTcp = 1 << 4, kRssDstPortTcp = 1 << 5, kRssSrcPortUdp = 1 << 6,
+  kRssDstPortUdp = 1 << 7,
+};
+inline constexpr uint64_t kRssFields = 0xff;
+inline constexpr uint32_t kRssToeplitz = 1;  // IBV_RX_HASH_FUNC_TOEPLITZ
+// Answer: CreateQpResp and the QP's segment (its state).
+struct CreateRssQpReq {
+  uint32_t pd = 0, table = 0;
+  uint32_t function = kRssToeplitz;
+  uint32_t key_len = 0;
+  uint8_t key[kMaxRssKey] = {};
+  uint64_t fields = 0;   // RssField
+  uint64_t handle = 0;
 };
 
 // Attributes of ibv_modify_qp the engine needs, already checked by the driver against verbs'

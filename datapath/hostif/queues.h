@@ -93,7 +93,8 @@ struct SendWqe {
   uint64_t swap;          // kCmpSwp: value stored when the compare matches
   uint32_t ud_ip;         // UD: destination IPv4, host order
   uint32_t ud_qpn;        // UD: destination QP
-  uint64_t reserved;
+  uint32_t xrc_srqn;      // XRC initiator: the SRQ of the target's XRC domain it is for
+  uint32_t reserved;
 };
 static_assert(sizeof(SendWqe) == 64);
 
@@ -158,7 +159,12 @@ static_assert(sizeof(AsyncEventDesc) == 16);
 // --- queue states ------------------------------------------------------------------------------
 
 enum class QpState : uint32_t { kReset, kInit, kRtr, kRts, kErr };
-enum class QpType : uint32_t { kRc, kUd, kUc };
+// kXrcIni: an XRC initiator (send queue only; each WQE names the target's SRQ); kXrcTgt: an XRC
+// target (no queues of its own: its messages go to SRQs of its XRC domain); kRaw: Ethernet frames
+// out of and into the link's port (verbs-mapping.md §18).
+// kWq: a receive work queue (ibv_create_wq) of frames; kRss: a raw packet QP that spreads the
+// frames steered to it over the WQs of an indirection table by a hash of their headers.
+enum class QpType : uint32_t { kRc, kUd, kUc, kXrcIni, kXrcTgt, kRaw, kWq, kRss };
 
 // --- shared segments ---------------------------------------------------------------------------
 // Each object's rings live in one segment of their own (a sealed memfd the engine creates and

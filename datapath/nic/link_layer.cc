@@ -152,6 +152,8 @@ LinkLayer::LinkLayer(Nic& nic, std::vector<std::unique_ptr<io::Port>> ports, boo
   for (auto& p : ports) {
     Plane pl;
     pl.udp = p->kind() == io::PortKind::kUdp;
+    // Raw packet QPs put frames on plane 0: a UDP-socket plane carries none.
+    if (planes_.empty()) nic_.set_raw_ethernet(!pl.udp);
     pl.header_room = pl.udp ? 0 : kL2L4Header;
     pl.kernel = !pl.udp && !p->kernel_interface().empty();
     pl.port = std::move(p);
@@ -254,13 +256,16 @@ void LinkLayer::handle_frame(Time t, Plane& pl, const io::RxFrame& f) {
   }
   const wire::FrameInfo p = wire::parse_frame({f.data, f.len}, cfg_.udp_port);
   if (p.kind == wire::FrameKind::kMalformed) {
-    counters_.rx_drop_malformed++;
+    // Not ours to place; raw QPs' rules may still want it (steering checks no checksum).
+    if (nic_.on_raw_frame({f.data, f.len})) counters_.rx_raw++;
+    else counters_.rx_drop_malformed++;
     return;
   }
   const bool to_us = p.dst_mac == pl.port->mac() || p.dst_mac == wire::kBroadcastMac;
   if (p.kind == wire::FrameKind::kArp) {
     if (!to_us || p.arp.target_ip != cfg_.ip) {
-      counters_.rx_drop_not_ours++;
+      if (nic_.on_raw_frame({f.data, f.len})) counters_.rx_raw++;
+      else counters_.rx_drop_not_ours++;
       return;
     }
     pl.arp[p.arp.sender_ip] = p.arp.sender_mac;
@@ -268,7 +273,9 @@ void LinkLayer::handle_frame(Time t, Plane& pl, const io::RxFrame& f) {
     return;
   }
   if (p.kind != wire::FrameKind::kMetaRoce || !to_us || p.dst_ip != cfg_.ip) {
-    counters_.rx_drop_not_ours++;
+    // What the transport does not take, the flow rules of raw QPs may (verbs-mapping.md §18).
+    if (nic_.on_raw_frame({f.data, f.len})) counters_.rx_raw++;
+    else counters_.rx_drop_not_ours++;
     return;
   }
   // Every frame of ours teaches the peer's address, so ARP is rarely on the critical path.
@@ -289,6 +296,26 @@ void LinkLayer::loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_pa
   p->src_port = udp_src_port;
   p->bytes.assign(udp_payload.begin(), udp_payload.end());
   loop_queue_.push_back(p);
+}
+
+void LinkLayer::send_raw(std::vector<RawFrame> frames) {
+  if (frames.empty() || planes_.empty()) return;
+  Plane& pl = planes_[0];
+  for (RawFrame& f : frames) {
+    io::TxFrame t;
+    const auto len = static_cast<uint32_t>(f.bytes.size());
+    if (pl.udp || pl.quiet || pl.admin_down || !pl.port->alloc_tx(t, len)) {
+      ++counters_.tx_raw_dropped;  // as on a port that is down or out of buffers: a loss
+    } else {
+      std::memcpy(t.data, f.bytes.data(), len);
+      t.len = len;
+      tap(pl, {t.data, t.len});
+      pl.port->tx_burst({&t, 1});
+      ++counters_.tx_frames;
+    }
+    // A NIC loops what it sends back to its own rules, as it does a multicast frame.
+    raw_loop_queue_.push_back(std::move(f));
+  }
 }
 
 bool LinkLayer::route(uint32_t peer) {
@@ -436,14 +463,22 @@ bool LinkLayer::poll(Time t) {
     for (LoopPacket* p : loop_batch_) nic_.on_packet(t, cfg_.ip, p->src_port, false, p->bytes);
     work = true;
   }
+  if (!raw_loop_queue_.empty()) {
+    raw_loop_batch_.swap(raw_loop_queue_);
+    for (const RawFrame& f : raw_loop_batch_)
+      if (nic_.on_raw_frame(f.bytes)) counters_.rx_raw++;
+    work = true;
+  }
   // The frames' bytes are what the NIC writes into application memory: released after it did.
   nic_.end_rx(t);
   for (Plane& pl : planes_)
     if (pl.rx_n) pl.port->release({pl.rx.data(), pl.rx_n});
   for (LoopPacket* p : loop_batch_) loop_free_.push_back(p);
   loop_batch_.clear();
+  raw_loop_batch_.clear();
   resolve(t);
   if (nic_.poll_tx(t, *sink_)) work = true;
+  send_raw(nic_.take_raw_frames());
   return work;
 }
 

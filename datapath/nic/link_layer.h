@@ -21,6 +21,8 @@ namespace metaroce::nic {
 struct LinkCounters {
   uint64_t rx_frames = 0, tx_frames = 0, rx_drop_malformed = 0, rx_drop_not_ours = 0;
   uint64_t arp_requests = 0, arp_replies = 0;
+  uint64_t rx_raw = 0;  // frames the flow rules steered to raw QPs (verbs-mapping.md §18)
+  uint64_t tx_raw_dropped = 0;  // frames of raw QPs that could not leave (plane down, no buffer)
 };
 
 class LinkLayer {
@@ -103,6 +105,8 @@ class LinkLayer {
   void handle_frame(transport::Time now, Plane& pl, const io::RxFrame& f);
   static std::optional<uint8_t> goodbye_kind(const io::RxFrame& f);
   void loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_payload);
+  // Frames raw QPs sent: onto plane 0, and back to this device's own flow rules.
+  void send_raw(std::vector<RawFrame> frames);
   void resolve(transport::Time now);
   // Asks the port for the peer's next hop on each Ethernet plane with a kernel interface;
   // returns whether some plane's next hop changed (its MAC must be found again).
@@ -118,6 +122,7 @@ class LinkLayer {
   std::vector<LoopPacket*> loop_free_;
   std::vector<LoopPacket*> loop_queue_;
   std::vector<LoopPacket*> loop_batch_;
+  std::vector<RawFrame> raw_loop_queue_, raw_loop_batch_;  // raw frames seen by our own flows
   // Peers whose MAC some Ethernet plane still lacks: when they were first asked for, and last.
   struct Asking {
     transport::Time first = transport::Time::min(), last = transport::Time::min();

@@ -25,9 +25,10 @@ constexpr uint32_t kEnginePathWindow = 64;       // packets: the transport's per
 constexpr uint32_t kEngineConnWindowMax = 4096;  // packets: 16 MiB in flight at 4 KiB
 constexpr uint32_t kScratchBlock = 16384;
 constexpr uint64_t kPage = 4096;
-// What a data packet adds to its payload inside the link MTU (an IP packet size).
+// What a data packet adds to its payload inside the link MTU (an IP packet size), an XRC
+// request's extension included (every message is cut alike, wire.md §4.1).
 constexpr uint32_t kFrameOverhead =
-    wire::kIpv4HeaderLen + wire::kUdpHeaderLen + wire::kDataHeadersLen;
+    wire::kIpv4HeaderLen + wire::kUdpHeaderLen + wire::kDataHeadersLen + wire::kXrcExtLen;
 // Room the engine may ask for beyond the payload: the largest of a data and an ACK/NAK packet.
 constexpr uint32_t kTransportHeaderRoom =
     std::max<uint32_t>(wire::kDataHeadersLen,
@@ -215,12 +216,19 @@ int Nic::resize_cq(Owner* o, uint32_t id, hostif::CqHeader* ring) {
   return cq->move_to(ring, owed) ? 0 : EINVAL;
 }
 
+uint32_t Nic::alloc_srq_id() {
+  // Numbers go round the 24-bit space before one is used again, so that an initiator still
+  // naming a destroyed SRQ is refused rather than reaching its successor.
+  while ((next_srq_ & wire::kXrcSrqnMask) == 0 || srqs_.count(next_srq_ & wire::kXrcSrqnMask))
+    ++next_srq_;
+  return next_srq_++ & wire::kXrcSrqnMask;
+}
+
 int Nic::create_srq(Owner* o, uint32_t pd, hostif::SrqHeader* ring, uint64_t handle,
                     uint32_t* id) {
   if (!pd_of(o, pd)) return EINVAL;
   if (srqs_.size() >= kMaxSrqs) return ENOMEM;
-  while (next_srq_ == 0 || srqs_.count(next_srq_)) ++next_srq_;
-  *id = next_srq_++;
+  *id = alloc_srq_id();
   srqs_[*id] = std::make_unique<SharedReceiveQueue>(*id, o, pd, ring, handle);
   return 0;
 }
@@ -229,12 +237,102 @@ int Nic::destroy_srq(Owner* o, uint32_t id) {
   SharedReceiveQueue* srq = srq_of(o, id);
   if (!srq) return EINVAL;
   if (srq->users > 0) return EBUSY;
+  if (srq->xrcd()) {
+    // Target QPs of the domain forget what they claimed of it; a later request naming it is
+    // refused as one for an SRQ the domain does not have.
+    for (QueuePair* qp : qp_list_)
+      if (qp->init().type == QpType::kXrcTgt) qp->forget_srq(srq);
+    srq->cq()->users--;
+  }
   srqs_.erase(id);
   return 0;
 }
 
+// --- XRC ---------------------------------------------------------------------------------------
+
+bool Nic::xrcd_open_by(Owner* o, uint32_t xrcd) const {
+  auto it = xrcds_.find(xrcd);
+  return it != xrcds_.end() && it->second.opens.count(o);
+}
+
+bool Nic::xrcd_busy(const Owner* o, uint32_t xrcd) const {
+  for (const auto& [id, srq] : srqs_)
+    if (srq->owner() == o && srq->xrcd() == xrcd) return true;
+  for (const QueuePair* qp : qp_list_)
+    if (qp->init().type == QpType::kXrcTgt && qp->init().xrcd == xrcd && qp->handles_of(o))
+      return true;
+  return false;
+}
+
+int Nic::open_xrcd(Owner* o, const XrcdKey* key, bool create, bool exclusive, uint32_t* xrcd) {
+  if (key) {
+    for (auto& [id, x] : xrcds_) {
+      if (!x.named || !(x.key == *key)) continue;
+      if (exclusive) return EINVAL;
+      ++x.opens[o];
+      *xrcd = id;
+      return 0;
+    }
+    if (!create) return EAGAIN;  // no domain of that file yet, and not asked to make one
+  }
+  if (xrcds_.size() >= kMaxPds) return ENOMEM;
+  while (next_xrcd_ == 0 || xrcds_.count(next_xrcd_)) ++next_xrcd_;
+  *xrcd = next_xrcd_++;
+  Xrcd& x = xrcds_[*xrcd];
+  x.named = key != nullptr;
+  if (key) x.key = *key;
+  x.opens[o] = 1;
+  return 0;
+}
+
+int Nic::close_xrcd(Owner* o, uint32_t xrcd) {
+  auto it = xrcds_.find(xrcd);
+  if (it == xrcds_.end()) return EINVAL;
+  auto open = it->second.opens.find(o);
+  if (open == it->second.opens.end()) return EINVAL;
+  if (open->second == 1 && xrcd_busy(o, xrcd)) return EBUSY;
+  if (--open->second == 0) it->second.opens.erase(open);
+  if (it->second.opens.empty()) xrcds_.erase(it);  // nothing can be left in it (xrcd_busy)
+  return 0;
+}
+
+int Nic::create_xrc_srq(Owner* o, uint32_t pd, uint32_t xrcd, uint32_t cq_id,
+                        hostif::SrqHeader* ring, uint64_t handle, uint32_t* id) {
+  CompletionQueue* cq = cq_of(o, cq_id);
+  if (!pd_of(o, pd) || !xrcd_open_by(o, xrcd) || !cq) return EINVAL;
+  if (srqs_.size() >= kMaxSrqs) return ENOMEM;
+  *id = alloc_srq_id();
+  srqs_[*id] = std::make_unique<SharedReceiveQueue>(*id, o, pd, ring, handle, xrcd, cq);
+  cq->users++;
+  return 0;
+}
+
+SharedReceiveQueue* Nic::xrc_srq(uint32_t srqn, uint32_t xrcd) {
+  auto it = srqs_.find(srqn);
+  if (it == srqs_.end() || xrcd == 0 || it->second->xrcd() != xrcd) return nullptr;
+  return it->second.get();
+}
+
+int Nic::open_qp(Owner* o, uint32_t xrcd, uint32_t qpn, uint64_t handle,
+                 std::shared_ptr<void>* keep) {
+  QueuePair* qp = qp_of(qpn);
+  if (!xrcd_open_by(o, xrcd) || !qp || qp->init().type != QpType::kXrcTgt ||
+      qp->init().xrcd != xrcd)
+    return EINVAL;
+  qp->add_handle(o, handle);
+  *keep = qp->init().keep;
+  return 0;
+}
+
+int Nic::close_qp(Owner* o, uint32_t qpn, uint64_t handle) {
+  QueuePair* qp = qp_of(qpn);
+  if (!qp || qp->init().type != QpType::kXrcTgt || !qp->held_by(o)) return EINVAL;
+  if (qp->drop_handle(o, handle)) destroy_qp_now(qp);
+  return 0;
+}
+
 int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* ring,
-                   uint32_t* qpn) {
+                   uint32_t* qpn, std::shared_ptr<void> keep) {
   QpInit init;
   init.owner = o;
   init.pd = req.pd;
@@ -244,9 +342,34 @@ int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* r
   init.type = req.type;
   init.sq_sig_all = req.sq_sig_all != 0;
   init.handle = req.handle;
-  if (!pd_of(o, req.pd) || !init.send_cq || !init.recv_cq || (req.srq && !init.srq) ||
-      (req.type != QpType::kRc && req.type != QpType::kUd && req.type != QpType::kUc))
-    return EINVAL;
+  switch (req.type) {
+    case QpType::kRaw:
+    case QpType::kWq:
+      if (!raw_ethernet_) return EOPNOTSUPP;  // a UDP-socket link carries no Ethernet frames
+      [[fallthrough]];
+    case QpType::kRc:
+    case QpType::kUd:
+    case QpType::kUc:
+      if (!pd_of(o, req.pd) || !init.send_cq || !init.recv_cq || (req.srq && !init.srq))
+        return EINVAL;
+      break;
+    case QpType::kXrcIni:
+      // A send queue alone: no receive CQ, no SRQ.
+      if (!pd_of(o, req.pd) || !init.send_cq || req.recv_cq || req.srq) return EINVAL;
+      init.recv_cq = nullptr;
+      break;
+    case QpType::kXrcTgt:
+      // No queues, PD or CQs: its domain's SRQs give them, message by message.
+      if (!xrcd_open_by(o, req.xrcd)) return EINVAL;
+      init.pd = 0;
+      init.send_cq = init.recv_cq = nullptr;
+      init.srq = nullptr;
+      init.xrcd = req.xrcd;
+      init.keep = std::move(keep);
+      break;
+    default:
+      return EINVAL;
+  }
   if (qps_.size() >= kMaxQps) return ENOMEM;
   uint32_t n;
   do {
@@ -254,8 +377,8 @@ int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* r
   } while (n < 2 || qps_.count(n));
   ring->qpn = n;
   auto qp = std::make_unique<QueuePair>(*this, n, init, ring);
-  init.send_cq->users++;
-  init.recv_cq->users++;
+  if (init.send_cq) init.send_cq->users++;
+  if (init.recv_cq) init.recv_cq->users++;
   if (init.srq) init.srq->users++;
   qp_list_.push_back(qp.get());
   qps_.emplace(n, std::move(qp));
@@ -265,7 +388,7 @@ int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* r
 
 int Nic::modify_qp(Owner* o, const hostif::ModifyQpReq& req) {
   QueuePair* qp = qp_of(req.qpn);
-  if (!qp || qp->init().owner != o) return EINVAL;
+  if (!qp || !qp->held_by(o)) return EINVAL;
   if ((req.what & hostif::kModState) && static_cast<uint32_t>(req.state) > static_cast<uint32_t>(QpState::kErr))
     return EINVAL;
   if (req.what & hostif::kModAccess) qp->set_access(req.access);
@@ -406,8 +529,8 @@ void Nic::forget_stream(uint32_t qpn) {
 void Nic::destroy_qp_now(QueuePair* qp) {
   forget_stream(qp->qpn());
   if (qp->lane() >= kIsolatedLane) engine_->close_lane(qp->remote().ip, qp->lane());
-  qp->init().send_cq->users--;
-  qp->init().recv_cq->users--;
+  if (CompletionQueue* cq = qp->init().send_cq) cq->users--;
+  if (CompletionQueue* cq = qp->init().recv_cq) cq->users--;
   if (SharedReceiveQueue* srq = qp->init().srq) srq->users--;
   std::erase(qp_list_, qp);
   qps_.erase(qp->qpn());
@@ -415,19 +538,160 @@ void Nic::destroy_qp_now(QueuePair* qp) {
 
 int Nic::destroy_qp(Owner* o, uint32_t qpn) {
   QueuePair* qp = qp_of(qpn);
-  if (!qp || qp->init().owner != o) return EINVAL;
+  // An XRC target is shared: each handle goes with close_qp.
+  if (!qp || qp->init().type == QpType::kXrcTgt || qp->init().owner != o) return EINVAL;
+  if (flows_.count_of(qpn)) return EBUSY;  // its flows first, as the kernel asks
+  if (qp->init().type == QpType::kWq && wq_in_table(qpn)) return EBUSY;
+  if (auto it = rss_.find(qpn); it != rss_.end()) {
+    ind_tables_[it->second.table].users--;
+    rss_.erase(it);
+  }
   // Its staged completions stay: the CQ outlives it, and they describe finished work.
   destroy_qp_now(qp);
   return 0;
 }
 
+int Nic::create_flow(Owner* o, const hostif::CreateFlowReq& req, uint32_t* id) {
+  if (!raw_ethernet_) return EOPNOTSUPP;
+  QueuePair* qp = qp_of(req.qpn);
+  if (!qp || (qp->init().type != QpType::kRaw && qp->init().type != QpType::kRss) ||
+      qp->init().owner != o)
+    return EINVAL;
+  if (static_cast<uint32_t>(req.type) > static_cast<uint32_t>(hostif::FlowType::kSniffer) ||
+      (req.flags & ~uint32_t{hostif::kFlowDontTrap}) || !rule_valid(req.rule))
+    return EINVAL;
+  // Only a rule of specifications can let a frame on to lower priorities (ibv_create_flow(3)).
+  if ((req.flags & hostif::kFlowDontTrap) && req.type != hostif::FlowType::kNormal) return EINVAL;
+  FlowTable::Flow f;
+  f.qpn = req.qpn;
+  f.type = req.type;
+  f.priority = req.priority;
+  f.dont_trap = req.flags & hostif::kFlowDontTrap;
+  f.rule = req.rule;
+  if (const int e = flows_.add(f, id)) return e;
+  flow_owner_[*id] = o;
+  return 0;
+}
+
+int Nic::destroy_flow(Owner* o, uint32_t id) {
+  auto it = flow_owner_.find(id);
+  if (it == flow_owner_.end() || it->second != o) return EINVAL;
+  flows_.remove(id);
+  flow_owner_.erase(it);
+  return 0;
+}
+
+bool Nic::wq_in_table(uint32_t wqn) const {
+  for (const auto& [id, t] : ind_tables_)
+    if (std::find(t.wqns.begin(), t.wqns.end(), wqn) != t.wqns.end()) return true;
+  return false;
+}
+
+int Nic::create_ind_table(Owner* o, const hostif::IndTableReq& req, uint32_t* id) {
+  if (req.log_size > hostif::kMaxIndTableLog) return EINVAL;
+  IndTable t;
+  t.owner = o;
+  const uint32_t n = 1u << req.log_size;
+  for (uint32_t i = 0; i < n; ++i) {
+    const QueuePair* wq = find_qp(req.wqn[i]);
+    if (!wq || wq->init().type != QpType::kWq || wq->init().owner != o) return EINVAL;
+    t.wqns.push_back(req.wqn[i]);
+  }
+  if (ind_tables_.size() >= kMaxQps) return ENOMEM;
+  while (next_ind_table_ == 0 || ind_tables_.count(next_ind_table_)) ++next_ind_table_;
+  *id = next_ind_table_++;
+  ind_tables_[*id] = std::move(t);
+  return 0;
+}
+
+int Nic::destroy_ind_table(Owner* o, uint32_t id) {
+  auto it = ind_tables_.find(id);
+  if (it == ind_tables_.end() || it->second.owner != o) return EINVAL;
+  if (it->second.users) return EBUSY;
+  ind_tables_.erase(it);
+  return 0;
+}
+
+int Nic::create_rss_qp(Owner* o, const hostif::CreateRssQpReq& req, hostif::QpHeader* ring,
+                       uint32_t* qpn) {
+  if (!raw_ethernet_) return EOPNOTSUPP;
+  auto t = ind_tables_.find(req.table);
+  if (!pd_of(o, req.pd) || t == ind_tables_.end() || t->second.owner != o) return EINVAL;
+  if (req.function != hostif::kRssToeplitz || req.key_len == 0 ||
+      req.key_len > hostif::kMaxRssKey || (req.fields & ~hostif::kRssFields))
+    return EINVAL;
+  QpInit init;
+  init.owner = o;
+  init.pd = req.pd;
+  init.type = QpType::kRss;
+  init.handle = req.handle;
+  if (qps_.size() >= kMaxQps) return ENOMEM;
+  uint32_t n;
+  do {
+    n = next_qpn_++ & 0xffffff;
+  } while (n < 2 || qps_.count(n));
+  ring->qpn = n;
+  Rss rss;
+  rss.table = req.table;
+  rss.key.assign(req.key, req.key + req.key_len);
+  rss.fields = req.fields;
+  auto qp = std::make_unique<QueuePair>(*this, n, init, ring);
+  qp_list_.push_back(qp.get());
+  qps_.emplace(n, std::move(qp));
+  rss_[n] = std::move(rss);
+  t->second.users++;
+  *qpn = n;
+  return 0;
+}
+
+QueuePair* Nic::rss_target(const Rss& rss, const FrameHeaders& h) {
+  auto t = ind_tables_.find(rss.table);
+  if (t == ind_tables_.end() || t->second.wqns.empty()) return nullptr;
+  uint8_t in[36];
+  const size_t n = rss_input(h, rss.fields, in);
+  const uint32_t hash = toeplitz(rss.key, {in, n});
+  // The table's size is a power of two: the hash's low bits pick the entry, as NICs do.
+  return qp_of(t->second.wqns[hash & (t->second.wqns.size() - 1)]);
+}
+
 void Nic::release(Owner* o) {
+  for (auto it = flow_owner_.begin(); it != flow_owner_.end();) {
+    if (it->second != o) {
+      ++it;
+      continue;
+    }
+    flows_.remove(it->first);
+    it = flow_owner_.erase(it);
+  }
+  for (auto it = rss_.begin(); it != rss_.end();) {
+    const QueuePair* qp = find_qp(it->first);
+    it = qp && qp->init().owner == o ? rss_.erase(it) : std::next(it);
+  }
+  std::erase_if(ind_tables_, [o](const auto& e) { return e.second.owner == o; });
   std::vector<QueuePair*> mine;
-  for (QueuePair* qp : qp_list_)
-    if (qp->init().owner == o) mine.push_back(qp);
+  for (QueuePair* qp : qp_list_) {
+    // An XRC target lives on while another context holds it.
+    if (qp->init().type == QpType::kXrcTgt ? qp->held_by(o) && qp->drop_owner(o)
+                                           : qp->init().owner == o)
+      mine.push_back(qp);
+  }
   for (QueuePair* qp : mine) destroy_qp_now(qp);
-  for (auto it = srqs_.begin(); it != srqs_.end();)
-    it = it->second->owner() == o ? srqs_.erase(it) : std::next(it);
+  for (auto it = srqs_.begin(); it != srqs_.end();) {
+    SharedReceiveQueue* srq = it->second.get();
+    if (srq->owner() != o) {
+      ++it;
+      continue;
+    }
+    if (srq->xrcd()) {
+      for (QueuePair* qp : qp_list_)
+        if (qp->init().type == QpType::kXrcTgt) qp->forget_srq(srq);
+    }
+    it = srqs_.erase(it);
+  }
+  for (auto it = xrcds_.begin(); it != xrcds_.end();) {
+    it->second.opens.erase(o);
+    it = it->second.opens.empty() ? xrcds_.erase(it) : std::next(it);
+  }
   for (auto it = cqs_.begin(); it != cqs_.end();) {
     if (it->second->owner() == o) {
       std::erase(dirty_cqs_, it->second.get());
@@ -449,7 +713,14 @@ Nic::ObjectCounts Nic::owned_by(const Owner* o) const {
   n.mrs = static_cast<uint32_t>(mrs_.keys_of(o).size());
   for (const auto& [id, cq] : cqs_) n.cqs += cq->owner() == o;
   for (const auto& [id, srq] : srqs_) n.srqs += srq->owner() == o;
-  for (const QueuePair* qp : qp_list_) n.qps += qp->init().owner == o;
+  for (const QueuePair* qp : qp_list_)
+    n.qps += qp->init().type == QpType::kXrcTgt ? qp->handles_of(o) : qp->init().owner == o;
+  for (const auto& [id, x] : xrcds_) {
+    auto it = x.opens.find(o);
+    if (it != x.opens.end()) n.xrcds += it->second;
+  }
+  for (const auto& [id, owner] : flow_owner_) n.flows += owner == o;
+  for (const auto& [id, t] : ind_tables_) n.ind_tables += t.owner == o;
   return n;
 }
 
@@ -474,6 +745,47 @@ void Nic::queue_write(Memory* m, uint64_t addr, std::span<const uint8_t> data, u
 
 void Nic::queue_read(Memory* m, uint64_t addr, std::span<uint8_t> out, uint32_t qpn, uint32_t msn) {
   reads_.add(m, {addr, out.data(), static_cast<uint32_t>(out.size())}, add_origin(cookie(qpn, msn), nullptr));
+}
+
+uint8_t* Nic::raw_tx_buffer(uint32_t qpn, uint32_t msn, uint32_t len) {
+  try {
+    RawTx t;
+    t.qpn = qpn;
+    t.msn = msn;
+    t.frame.bytes.resize(len);
+    raw_pending_.push_back(std::move(t));
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+  return raw_pending_.back().frame.bytes.data();
+}
+
+// The frames whose reads this pass did are complete: each one whose WQE did not fail (its
+// memory could not be read) goes to the link layer, and its WQE completes.
+void Nic::finish_raw_sends() {
+  for (RawTx& t : raw_pending_) {
+    QueuePair* qp = qp_of(t.qpn);
+    if (!qp || !qp->raw_sent(t.msn)) continue;
+    ++counters_.raw_tx;
+    raw_out_.push_back(std::move(t.frame));
+  }
+  raw_pending_.clear();
+}
+
+bool Nic::on_raw_frame(std::span<const uint8_t> frame) {
+  if (flows_.size() == 0) return false;
+  const auto h = parse_headers(frame);
+  if (!h) return false;
+  steer_scratch_.clear();
+  flows_.steer(*h, &steer_scratch_);
+  for (uint32_t qpn : steer_scratch_) {
+    QueuePair* qp = qp_of(qpn);
+    if (!qp) continue;
+    if (auto rss = rss_.find(qpn); rss != rss_.end()) qp = rss_target(rss->second, *h);
+    if (qp) qp->deliver_raw(frame);
+  }
+  if (!steer_scratch_.empty()) ++counters_.raw_rx;
+  return !steer_scratch_.empty();
 }
 
 uint8_t* Nic::scratch(uint32_t n) {
@@ -682,6 +994,10 @@ bool Nic::poll_tx(Time now, FrameSink& sink) {
   }
   failed_.clear();
   origins_.clear();
+  if (!raw_pending_.empty()) {
+    finish_raw_sends();
+    work = true;
+  }
   publish_completions();
   return work;
 }

@@ -16,12 +16,14 @@
 #include <memory>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "datapath/hostif/control.h"
 #include "datapath/hostif/queues.h"
 #include "datapath/nic/access_batch.h"
 #include "datapath/nic/completion_queue.h"
+#include "datapath/nic/flow_table.h"
 #include "datapath/nic/link_config.h"
 #include "datapath/nic/memory.h"
 #include "datapath/nic/mr_table.h"
@@ -83,6 +85,14 @@ struct NicCounters {
   uint64_t rx_packets = 0;
   uint64_t naks_access = 0, rnr = 0;
   uint64_t memory_faults = 0;  // application memory that could not be read or written
+  // Raw Ethernet (verbs-mapping.md §18): frames sent by raw QPs, frames steered to one, and
+  // frames steered to a QP that had no receive posted (dropped, as a NIC does).
+  uint64_t raw_tx = 0, raw_rx = 0, raw_rx_no_recv = 0;
+};
+
+// A frame a raw QP sent, for the link layer to put on the port (and loop back).
+struct RawFrame {
+  std::vector<uint8_t> bytes;
 };
 
 struct NicConfig {
@@ -144,16 +154,61 @@ class Nic final : private transport::Host {
   int create_srq(Owner* o, uint32_t pd, hostif::SrqHeader* ring, uint64_t handle, uint32_t* id);
   int destroy_srq(Owner* o, uint32_t id);
   // ring: a segment formatted by hostif::init_qp (qpn 0); the NIC writes the QP number it
-  // chooses into the header and *qpn.
-  int create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* ring, uint32_t* qpn);
+  // chooses into the header and *qpn. An XRC target QP (req.type kXrcTgt) may outlive o while
+  // other contexts hold it open: keep is what keeps ring mapped, and goes with the QP.
+  int create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* ring, uint32_t* qpn,
+                std::shared_ptr<void> keep = {});
   int modify_qp(Owner* o, const hostif::ModifyQpReq& req);
   int destroy_qp(Owner* o, uint32_t qpn);
+
+  // --- XRC (verbs-mapping.md §17): 0 or an errno -------------------------------------------
+  // A domain named by a file's inode is shared by every owner that opens it; without a key,
+  // o gets a domain of its own. EAGAIN: no domain of that file and !create; EINVAL: one exists
+  // and exclusive (ibv_open_xrcd(3), as the kernel answers).
+  struct XrcdKey {
+    uint64_t dev = 0, ino = 0;
+    bool operator==(const XrcdKey&) const = default;
+  };
+  int open_xrcd(Owner* o, const XrcdKey* key, bool create, bool exclusive, uint32_t* xrcd);
+  // One of o's opens goes; EBUSY while it is o's last and o has SRQs or QP handles in it.
+  int close_xrcd(Owner* o, uint32_t xrcd);
+  // An SRQ of domain xrcd (which o opened), of pd, completing into cq; *id is its number.
+  int create_xrc_srq(Owner* o, uint32_t pd, uint32_t xrcd, uint32_t cq, hostif::SrqHeader* ring,
+                     uint64_t handle, uint32_t* id);
+  // Another handle to XRC target QP qpn of domain xrcd (o must have opened it); *keep: the
+  // QP's ring, for the engine to hand out again. close_qp drops one handle; the QP goes with
+  // its last.
+  int open_qp(Owner* o, uint32_t xrcd, uint32_t qpn, uint64_t handle, std::shared_ptr<void>* keep);
+  int close_qp(Owner* o, uint32_t qpn, uint64_t handle);
+  // The XRC SRQ numbered srqn if it belongs to domain xrcd (a target QP's), else nullptr.
+  SharedReceiveQueue* xrc_srq(uint32_t srqn, uint32_t xrcd);
+  // Raw packet QPs' flow steering (verbs-mapping.md §18): a rule steering frames to o's raw QP
+  // req.qpn. EINVAL: not o's raw QP, a rule a NIC could not apply; EOPNOTSUPP: the link has no
+  // Ethernet port. destroy_flow: EINVAL for a flow that is not o's. A QP with flows is busy.
+  int create_flow(Owner* o, const hostif::CreateFlowReq& req, uint32_t* id);
+  int destroy_flow(Owner* o, uint32_t id);
+  // RSS: an indirection table of 1 << log_size of o's WQs (QPs of type kWq), and a raw packet
+  // QP spreading what its flows steer over a table's WQs by the Toeplitz hash of req.fields
+  // (ring as for create_qp). EINVAL for what is not o's, a function other than Toeplitz, a key
+  // of 0 or more than 64 bytes, fields unknown; a WQ in a table, a table an RSS QP uses, are
+  // busy (EBUSY).
+  int create_ind_table(Owner* o, const hostif::IndTableReq& req, uint32_t* id);
+  int destroy_ind_table(Owner* o, uint32_t id);
+  int create_rss_qp(Owner* o, const hostif::CreateRssQpReq& req, hostif::QpHeader* ring,
+                    uint32_t* qpn);
+  // Whether the link's plane 0 carries Ethernet frames (not a UDP-socket plane): the link layer
+  // says so; raw QPs and flows exist only then.
+  void set_raw_ethernet(bool yes) { raw_ethernet_ = yes; }
+  // The largest frame a raw QP may send or receive: the link MTU, an Ethernet header, a VLAN tag.
+  uint32_t max_raw_frame() const { return cfg_.link.mtu + 18; }
   // Destroys every object of o, users first (its process is gone or closed the device).
   void release(Owner* o);
   // Objects of each kind o holds (metaroce engine status; tests of reclamation).
   struct ObjectCounts {
     uint32_t pds = 0, mrs = 0, cqs = 0, srqs = 0, qps = 0;  // mrs: regions and windows
-    bool any() const { return pds || mrs || cqs || srqs || qps; }
+    uint32_t xrcds = 0;                                      // opens of XRC domains
+    uint32_t flows = 0, ind_tables = 0;                      // raw frames' steering (§18)
+    bool any() const { return pds || mrs || cqs || srqs || qps || xrcds || flows || ind_tables; }
   };
   ObjectCounts owned_by(const Owner* o) const;
 
@@ -197,6 +252,12 @@ class Nic final : private transport::Host {
   transport::Time next_deadline() const;
   // Peers whose hardware address the link layer should ask for (UD destinations, RTR peers).
   std::vector<uint32_t> take_resolve_requests();
+  // A frame from the port (or one of ours looped back) that is not the transport's: steered by
+  // the flow rules to raw QPs. True when some flow took it. Its bytes must stay valid until
+  // end_rx, like a packet's.
+  bool on_raw_frame(std::span<const uint8_t> frame);
+  // Frames raw QPs sent in the last poll_tx, for the link layer to transmit.
+  std::vector<RawFrame> take_raw_frames() { return std::exchange(raw_out_, {}); }
 
   // --- observation ---------------------------------------------------------------------------
   const transport::Engine& engine() const { return *engine_; }
@@ -228,6 +289,10 @@ class Nic final : private transport::Host {
                            const transport::Segment* request);
   // Bytes that live until the end of the pass (what a queued write takes its data from).
   uint8_t* scratch(uint32_t n);
+  // Where a raw QP's send WQE msn gathers its frame of len bytes; sent (and its WQE completed)
+  // once the reads of the pass are done, unless one failed. nullptr without memory.
+  uint8_t* raw_tx_buffer(uint32_t qpn, uint32_t msn, uint32_t len);
+  NicCounters& mutable_counters() { return counters_; }
   void note_dirty(CompletionQueue* cq);
   void want_resolve(uint32_t ip);
   transport::Time now() const { return now_; }
@@ -280,7 +345,18 @@ class Nic final : private transport::Host {
   std::unordered_map<uint32_t, std::unique_ptr<CompletionQueue>> cqs_;
   uint32_t next_cq_ = 1;
   std::unordered_map<uint32_t, std::unique_ptr<SharedReceiveQueue>> srqs_;
-  uint32_t next_srq_ = 1;
+  uint32_t next_srq_ = 1;  // SRQ numbers are 24-bit (an XRC initiator names them) and never 0
+  struct Xrcd {
+    bool named = false;  // shared by the inode of key
+    XrcdKey key;
+    std::unordered_map<const Owner*, uint32_t> opens;  // per owner, how many times it opened it
+  };
+  std::unordered_map<uint32_t, Xrcd> xrcds_;
+  uint32_t next_xrcd_ = 1;
+  bool xrcd_open_by(Owner* o, uint32_t xrcd) const;
+  // Whether o has SRQs or target QP handles in domain xrcd.
+  bool xrcd_busy(const Owner* o, uint32_t xrcd) const;
+  uint32_t alloc_srq_id();
   std::unordered_map<uint32_t, std::unique_ptr<QueuePair>> qps_;
   std::atomic<bool> port_active_{true}, port_changed_{false};
   std::vector<QueuePair*> qp_list_;  // drain order
@@ -303,6 +379,34 @@ class Nic final : private transport::Host {
   std::vector<transport::MessageDesc> pending_reads_;         // submitted after on_packet
   uint32_t next_read_id_ = 0;
   std::vector<uint32_t> resolve_;
+  // Raw Ethernet: flows, frames being gathered, frames for the link layer.
+  FlowTable flows_;
+  std::unordered_map<uint32_t, Owner*> flow_owner_;
+  bool raw_ethernet_ = true;
+  struct RawTx {
+    uint32_t qpn = 0, msn = 0;
+    RawFrame frame;
+  };
+  std::vector<RawTx> raw_pending_;
+  std::vector<RawFrame> raw_out_;
+  std::vector<uint32_t> steer_scratch_;
+  void finish_raw_sends();
+  struct IndTable {
+    Owner* owner = nullptr;
+    std::vector<uint32_t> wqns;
+    uint32_t users = 0;  // RSS QPs
+  };
+  std::unordered_map<uint32_t, IndTable> ind_tables_;
+  uint32_t next_ind_table_ = 1;
+  struct Rss {
+    uint32_t table = 0;
+    std::vector<uint8_t> key;
+    uint64_t fields = 0;
+  };
+  std::unordered_map<uint32_t, Rss> rss_;  // by RSS QP number
+  // The WQ of an RSS QP's table that a frame goes to.
+  QueuePair* rss_target(const Rss& rss, const FrameHeaders& h);
+  bool wq_in_table(uint32_t wqn) const;
 };
 
 }  // namespace metaroce::nic

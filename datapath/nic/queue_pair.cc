@@ -66,6 +66,15 @@ bool uc_op(WqeOp op) {
          op == WqeOp::kWriteImm;
 }
 
+// What an XRC initiator sends (§17): RC's messages, without windows (a type 2 window is bound
+// to a QP, and an XRC initiator is never the QP an access arrives at).
+bool xrc_op(WqeOp op) {
+  return uc_op(op) || op == WqeOp::kRead || hostif::is_atomic(op);
+}
+
+// Initiators that obey the QP's retry and timeout attributes: the reliable ones.
+bool reliable(QpType t) { return t == QpType::kRc || t == QpType::kXrcIni; }
+
 WcStatus remote_status(Syndrome why) {
   switch (why) {
     case Syndrome::kRemoteAccess:
@@ -139,27 +148,109 @@ QueuePair::QueuePair(Nic& nic, uint32_t qpn, const QpInit& init, hostif::QpHeade
       rq_stride_(ring->rq_stride), max_recv_wr_(ring->max_recv_wr),
       max_recv_sge_(ring->max_recv_sge), sq_slots_(ring->sq_entries),
       rx_msgs_(init.type == QpType::kUd ? 1 : kRecvWindowInitial), srq_(init.srq),
-      claimed_(init.srq && init.type != QpType::kUd ? kRecvWindowInitial : 0),
       ud_seen_(init.type == QpType::kUd ? kUdSeen : 0) {
+  if (srq_ && init.type != QpType::kUd) {
+    claims_.srq = srq_;
+    claims_.slots.resize(kRecvWindowInitial);
+  }
+  if (init.type == QpType::kXrcTgt) handles_.push_back({init.owner, init.handle});
   publish_state();
 }
 
 QueuePair::~QueuePair() {
-  for (uint32_t r = srq_retired_; r != next_claim_; ++r)
-    srq_->release(claimed_[r & (claimed_.size() - 1)]);
+  release_claims(claims_);
+  for (auto& [srqn, c] : xrc_claims_) release_claims(c);
 }
 
 size_t QueuePair::state_bytes() const {
+  size_t claims = claims_.slots.capacity() * sizeof(uint32_t);
+  for (const auto& [srqn, c] : xrc_claims_) claims += sizeof(c) + c.slots.capacity() * sizeof(uint32_t);
   return sizeof(*this) + sq_slots_.capacity() * sizeof(SendSlot) +
          rx_msgs_.capacity() * sizeof(RecvMsg) + atomics_.capacity() * sizeof(AtomicResult) +
-         claimed_.capacity() * sizeof(uint32_t) + ud_seen_.capacity() * sizeof(UdSeen);
+         claims + ud_seen_.capacity() * sizeof(UdSeen) + handles_.capacity() * sizeof(Handle);
 }
 
-void QueuePair::raise(AsyncEvent ev) const { init_.owner->async_event(init_.handle, ev); }
+void QueuePair::raise(AsyncEvent ev) const {
+  if (init_.type != QpType::kXrcTgt) {
+    init_.owner->async_event(init_.handle, ev);
+    return;
+  }
+  // A shared target tells every context that holds it, each under its own handle.
+  for (const Handle& h : handles_) h.owner->async_event(h.handle, ev);
+}
+
+bool QueuePair::held_by(const Owner* o) const {
+  if (init_.type != QpType::kXrcTgt) return init_.owner == o;
+  return handles_of(o) > 0;
+}
+
+Owner* QueuePair::owner() const {
+  if (init_.type != QpType::kXrcTgt) return init_.owner;
+  return handles_.empty() ? nullptr : handles_.front().owner;
+}
+
+uint32_t QueuePair::handles_of(const Owner* o) const {
+  uint32_t n = 0;
+  for (const Handle& h : handles_) n += h.owner == o;
+  return n;
+}
+
+bool QueuePair::drop_handle(const Owner* o, uint64_t handle) {
+  for (auto it = handles_.begin(); it != handles_.end(); ++it) {
+    if (it->owner == o && it->handle == handle) {
+      handles_.erase(it);
+      break;
+    }
+  }
+  return handles_.empty();
+}
+
+bool QueuePair::drop_owner(const Owner* o) {
+  std::erase_if(handles_, [o](const Handle& h) { return h.owner == o; });
+  return handles_.empty();
+}
+
+void QueuePair::forget_srq(const SharedReceiveQueue* srq) {
+  std::erase_if(xrc_claims_, [srq](const auto& e) { return e.second.srq == srq; });
+}
+
+void QueuePair::release_claims(SrqClaims& c) {
+  if (!c.srq) return;
+  for (uint32_t r = c.retired; r != c.next; ++r) c.srq->release(c.slots[r & (c.slots.size() - 1)]);
+  c.next = c.retired = 0;
+}
+
+QueuePair::SrqClaims* QueuePair::xrc_claims(uint32_t srqn, SharedReceiveQueue* srq) {
+  auto it = xrc_claims_.find(srqn);
+  if (it != xrc_claims_.end()) return &it->second;
+  try {
+    SrqClaims c;
+    c.srq = srq;
+    c.slots.resize(kRecvWindowInitial);
+    return &xrc_claims_.emplace(srqn, std::move(c)).first->second;
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+
+QueuePair::SrqClaims* QueuePair::claims_of(const RecvMsg& m) {
+  if (init_.type == QpType::kXrcTgt) {
+    auto it = xrc_claims_.find(m.srqn);
+    return it == xrc_claims_.end() ? nullptr : &it->second;
+  }
+  return srq_ ? &claims_ : nullptr;
+}
+
+CompletionQueue* QueuePair::recv_cq_of(const SrqClaims* c) const {
+  if (init_.type == QpType::kXrcTgt) return c ? c->srq->cq() : nullptr;
+  return init_.recv_cq;
+}
 
 void QueuePair::publish_state() { ring_->state.store(static_cast<uint32_t>(state_)); }
 
 bool QueuePair::has_new_work() const {
+  // No queues of its own (an RSS QP's are its table's WQs).
+  if (init_.type == QpType::kXrcTgt || init_.type == QpType::kRss) return false;
   if (state_ == QpState::kRts) return !rd_blocked_ && sq_head() != sq_next_;
   if (state_ == QpState::kErr) return sq_head() != sq_retired_ || rq_head() != rq_retired_;
   return false;
@@ -172,6 +263,7 @@ void QueuePair::reset() {
   ring_->rq_done.store(0);
   sq_next_ = sq_retired_ = rq_retired_ = 0;
   next_rsn_ = 0;
+  xrc_rsn_.clear();
   next_wire_msn_ = 0;
   rd_outstanding_ = 0;
   rd_blocked_ = false;
@@ -181,9 +273,9 @@ void QueuePair::reset() {
   rx_msgs_.assign(init_.type == QpType::kUd ? 1 : kRecvWindowInitial, RecvMsg{});
   // SRQ entries this QP claimed and never completed go back to the SRQ (a reset discards
   // work without completions; from ERR they were already flushed).
-  for (uint32_t r = srq_retired_; r != next_claim_; ++r)
-    srq_->release(claimed_[r & (claimed_.size() - 1)]);
-  next_claim_ = srq_retired_ = 0;
+  release_claims(claims_);
+  for (auto& [srqn, c] : xrc_claims_) release_claims(c);
+  xrc_claims_.clear();
   comm_est_ = false;
   for (auto& u : ud_seen_) u = UdSeen{};
   for (auto& s : sq_slots_) s = SendSlot{};
@@ -220,6 +312,7 @@ void QueuePair::push_cqe(CompletionQueue* cq, const Cqe& cqe) {
 }
 
 bool QueuePair::drain() {
+  if (init_.type == QpType::kXrcTgt || init_.type == QpType::kRss) return false;  // no send queue
   if (state_ == QpState::kErr) {
     // Work posted after the QP failed completes at once, flushed (as verbs specifies).
     if (sq_head() != sq_retired_ || rq_head() != rq_retired_) {
@@ -258,7 +351,9 @@ bool QueuePair::drain() {
     ++sq_next_;
     if (!known_op || w.num_sge > max_send_sge_ || w.inline_len > max_inline_ ||
         (init_.type == QpType::kUd && w.op != WqeOp::kSend && w.op != WqeOp::kSendImm) ||
-        (init_.type == QpType::kUc && !uc_op(w.op))) {
+        (init_.type == QpType::kUc && !uc_op(w.op)) ||
+        (init_.type == QpType::kXrcIni && !xrc_op(w.op)) ||
+        (init_.type == QpType::kRaw && w.op != WqeOp::kSend) || init_.type == QpType::kWq) {
       s.failed = true;
       s.status = WcStatus::kLocQpOpErr;
       break;
@@ -280,12 +375,26 @@ bool QueuePair::drain() {
       }
     }
     if (length > kMaxMrSize || (hostif::is_atomic(w.op) && (length != kAtomicSize || w.inline_len)) ||
-        (init_.type == QpType::kUd && length > nic_.active_mtu())) {
+        (init_.type == QpType::kUd && length > nic_.active_mtu()) ||
+        (init_.type == QpType::kRaw && (length < kEthHeaderLen || length > nic_.max_raw_frame()))) {
       s.failed = true;
       s.status = WcStatus::kLocLenErr;
     }
     if (s.failed) break;  // the QP goes to error at retirement; nothing behind it is sent
     s.length = static_cast<uint32_t>(length);
+    if (init_.type == QpType::kRaw) {
+      // An Ethernet frame, whole in the WQE's buffers: gathered now, put on the port by the
+      // link layer once read (Nic::finish_raw_sends), no transport message.
+      uint8_t* frame = nic_.raw_tx_buffer(qpn_, s.msn, s.length);
+      if (!frame) {
+        s.failed = true;
+        s.status = WcStatus::kLocQpOpErr;
+        break;
+      }
+      s.submitted = true;
+      gather(s.msn, 0, {frame, s.length});
+      continue;
+    }
     transport::MessageDesc m;
     m.peer_ip = remote_.ip;
     m.lane = lane_;
@@ -300,11 +409,26 @@ bool QueuePair::drain() {
       m.peer_ip = w.ud_ip;
       m.dst_stream = w.ud_qpn & 0xffffff;
       nic_.want_resolve(w.ud_ip);
+    } else if (init_.type == QpType::kXrcIni) {
+      // Every request names the SRQ it is for; receives are numbered per SRQ, since the
+      // target claims them from each SRQ in the order of their numbers (§17).
+      m.xrc = true;
+      m.xrc_srqn = w.xrc_srqn & wire::kXrcSrqnMask;
+      if (w.op == WqeOp::kSend || w.op == WqeOp::kSendImm || w.op == WqeOp::kWriteImm) {
+        try {
+          m.rsn = xrc_rsn_[m.xrc_srqn]++;
+        } catch (const std::bad_alloc&) {
+          --next_wire_msn_;  // not sent: it fails here, and the QP with it
+          s.failed = true;
+          s.status = WcStatus::kLocQpOpErr;
+          break;
+        }
+      }
     } else if (w.op == WqeOp::kSend || w.op == WqeOp::kSendImm || w.op == WqeOp::kWriteImm ||
                w.op == WqeOp::kSendInv) {
       m.rsn = next_rsn_++;
     }
-    if (init_.type == QpType::kRc) {
+    if (reliable(init_.type)) {
       // The QP's own limits: retry_cnt timeouts, over whatever paths, and the local ACK timeout
       // (4.096 us * 2^timeout, 0 = none) bound when RETRY_EXC_ERR comes (congestion.md §4.5).
       m.retry_cnt = remote_.retry_cnt;
@@ -567,6 +691,8 @@ Syndrome QueuePair::place_read_response(const transport::Segment& seg) {
 
 Syndrome QueuePair::deliver(const transport::Segment& seg) {
   if (init_.type == QpType::kUd) return deliver_ud(seg);
+  if (init_.type == QpType::kRaw || init_.type == QpType::kWq || init_.type == QpType::kRss)
+    return Syndrome::kUnreachable;  // frames only, never a stream
   const QpState st = state_;
   if (seg.op == Op::kReadResp) {
     if (st != QpState::kRts) return Syndrome::kRemoteInvalid;
@@ -574,6 +700,8 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
   }
   if (st != QpState::kRtr && st != QpState::kRts) return Syndrome::kRemoteInvalid;
   if (seg.peer_ip != remote_.ip || seg.src_stream != remote_.qpn) return Syndrome::kRemoteInvalid;
+  // An XRC initiator has nothing to receive but answers.
+  if (init_.type == QpType::kXrcIni) return Syndrome::kRemoteInvalid;
   if (st == QpState::kRtr && !comm_est_) {
     comm_est_ = true;  // the connection is established: the peer reached us before our RTS
     raise(AsyncEvent::kCommEst);
@@ -582,7 +710,25 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
   const uint32_t ahead = seg.msn - rx_next_msn_;
   if (ahead >= 0x80000000u) {
     // A message completed long ago: a duplicate. An atomic is answered again, not re-executed.
-    return atomic ? execute_atomic(seg, true) : Syndrome::kOk;
+    return atomic ? execute_atomic(seg, true, init_.pd) : Syndrome::kOk;
+  }
+  // Where its receive comes from and which PD checks its keys: the QP's own, or, at an XRC
+  // target, those of the SRQ of its domain that the request names (verbs-mapping.md §17).
+  uint32_t pd = init_.pd;
+  SrqClaims* claims = srq_ ? &claims_ : nullptr;
+  if (init_.type == QpType::kXrcTgt || seg.xrc) {
+    SharedReceiveQueue* x = init_.type == QpType::kXrcTgt && seg.xrc
+                                ? nic_.xrc_srq(seg.xrc_srqn, init_.xrcd)
+                                : nullptr;
+    if (!x) {
+      // No such SRQ in the domain, no SRQ named, or one named at a QP that is not a target:
+      // an invalid request, which ends the connection as any does.
+      enter_error(AsyncEvent::kQpReqErr);
+      return Syndrome::kRemoteInvalid;
+    }
+    claims = xrc_claims(seg.xrc_srqn, x);
+    if (!claims) return Syndrome::kRnr;  // no memory for its claims now: the sender comes back
+    pd = x->pd();
   }
   // A sender too far ahead comes back later (RNR back-off), as it does when the window cannot
   // grow.
@@ -596,7 +742,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
       m.msn = seg.msn;
       m.total = 0;  // nothing but the request itself
     }
-    Syndrome r = execute_atomic(seg, duplicate);
+    Syndrome r = execute_atomic(seg, duplicate, pd);
     m.seen = true;
     complete_receives();
     if (r != Syndrome::kOk) enter_error(responder_event(r));
@@ -605,6 +751,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
   if (!m.seen || m.msn != seg.msn) {
     m = RecvMsg{};
     m.msn = seg.msn;
+    m.srqn = seg.xrc_srqn;
     m.total = seg.total_length;
     m.rsn = seg.rsn;
     m.imm = seg.op == Op::kSendInv ? seg.rkey : seg.imm;
@@ -618,10 +765,10 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
   switch (seg.op) {
     case Op::kWrite:
     case Op::kWriteImm: {
-      if (m.consumes_recv && !recv_for(seg.rsn)) return Syndrome::kRnr;
+      if (m.consumes_recv && !recv_for(claims, seg.rsn)) return Syndrome::kRnr;
       const MemoryRegion* mr = nullptr;
       const MrCheck c = (access_ & kRemoteWrite)
-                            ? nic_.mrs().check_remote(seg.rkey, init_.pd, qpn_, kRemoteWrite,
+                            ? nic_.mrs().check_remote(seg.rkey, pd, qpn_, kRemoteWrite,
                                                       seg.remote_addr, seg.payload.size(), &mr)
                             : MrCheck::kNoAccess;
       if (c == MrCheck::kOk) {
@@ -636,21 +783,19 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     case Op::kSend:
     case Op::kSendImm:
     case Op::kSendInv: {
-      const auto rp = recv_for(seg.rsn);
+      const auto rp = recv_for(claims, seg.rsn);
       if (!rp) return Syndrome::kRnr;
       if (seg.op == Op::kSendInv && m.received == 0 && !m.invalidated) {
         // The window goes before the receive completes (it must be a type 2 window of our PD
         // bound to this QP): once, whichever packet of the message comes first.
-        if (nic_.mrs().invalidate_window(seg.rkey, init_.pd, qpn_) != 0) {
+        if (nic_.mrs().invalidate_window(seg.rkey, pd, qpn_) != 0) {
           m.status = WcStatus::kRemInvReqErr;
           result = Syndrome::kRemoteInvalid;
           break;
         }
         m.invalidated = true;
       }
-      uint64_t room = 0;
-      for (uint32_t i = 0; i < rp->num_sge; ++i) room += rp->sge[i].length;
-      if (seg.total_length > room) {
+      if (seg.total_length > room_of(*rp)) {
         m.status = WcStatus::kLocLenErr;
         result = Syndrome::kRemoteInvalid;
       } else {
@@ -663,7 +808,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     case Op::kReadReq: {
       const MemoryRegion* mr = nullptr;
       const MrCheck c = (access_ & kRemoteRead)
-                            ? nic_.mrs().check_remote(seg.rkey, init_.pd, qpn_, kRemoteRead,
+                            ? nic_.mrs().check_remote(seg.rkey, pd, qpn_, kRemoteRead,
                                                       seg.remote_addr, seg.total_length, &mr)
                             : MrCheck::kNoAccess;
       if (c == MrCheck::kOk) {
@@ -708,7 +853,10 @@ void QueuePair::placement_failed(uint32_t /*msn*/) {
   // The data of a message this pass completed did not reach memory: its receive completions,
   // staged but not yet visible, carry the error instead (IB: the responder's local access
   // violation), and the QP fails as on any access error.
-  for (CompletionQueue* cq : {init_.recv_cq}) {
+  std::vector<CompletionQueue*> cqs{init_.recv_cq};
+  for (const auto& [srqn, c] : xrc_claims_) cqs.push_back(c.srq->cq());
+  for (CompletionQueue* cq : cqs) {
+    if (!cq) continue;
     hostif::CqProducer& p = cq->producer();
     for (uint32_t i = 0; i < p.staged(); ++i) {
       Cqe& c = p.staged_at(i);
@@ -720,7 +868,7 @@ void QueuePair::placement_failed(uint32_t /*msn*/) {
   enter_error(AsyncEvent::kQpAccessErr);
 }
 
-Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate) {
+Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate, uint32_t pd) {
   if (duplicate) {
     for (AtomicResult& r : atomics_)
       if (r.valid && r.msn == seg.msn) {
@@ -734,7 +882,7 @@ Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate
     return Syndrome::kRemoteInvalid;  // IBV_WC_REM_INV_REQ_ERR at the requester
   const MemoryRegion* mr = nullptr;
   const MrCheck c = (access_ & kRemoteAtomic)
-                        ? nic_.mrs().check_remote(seg.rkey, init_.pd, qpn_, kRemoteAtomic,
+                        ? nic_.mrs().check_remote(seg.rkey, pd, qpn_, kRemoteAtomic,
                                                   seg.remote_addr, kAtomicSize, &mr)
                         : MrCheck::kNoAccess;
   if (c != MrCheck::kOk) return mr_syndrome(c);
@@ -807,9 +955,11 @@ void QueuePair::complete_receives() {
   for (;;) {
     RecvMsg& m = rx_msg(rx_next_msn_);
     if (!m.seen || m.msn != rx_next_msn_ || m.received < m.total) return;
-    if (m.consumes_recv) {
+    SrqClaims* claims = m.consumes_recv ? claims_of(m) : nullptr;
+    // An XRC target's message whose SRQ went away meanwhile completes nowhere.
+    if (m.consumes_recv && (claims || init_.type != QpType::kXrcTgt)) {
       Cqe c{};
-      c.wr_id = retire_recv(m.rsn);  // room first (retire_sends)
+      c.wr_id = retire_recv(claims, m.rsn);  // room first (retire_sends)
       c.status = m.status;
       c.opcode = m.is_write ? WcOpcode::kRecvRdmaWithImm : WcOpcode::kRecv;
       c.byte_len = m.total;
@@ -817,7 +967,7 @@ void QueuePair::complete_receives() {
       c.qp_num = qpn_;
       c.src_qp = remote_.qpn;
       c.wc_flags = m.with_imm ? hostif::kWcWithImm : m.with_inv ? hostif::kWcWithInv : 0;
-      push_cqe(init_.recv_cq, c);
+      push_cqe(recv_cq_of(claims), c);
     }
     m.seen = false;
     ++rx_next_msn_;
@@ -835,6 +985,12 @@ void QueuePair::enter_error(std::optional<AsyncEvent> why) {
 }
 
 void QueuePair::flush_all() {
+  if (init_.type == QpType::kRss) return;
+  if (init_.type == QpType::kXrcTgt) {
+    // No queues of its own: what it claimed of each SRQ is flushed into that SRQ's CQ.
+    for (auto& [srqn, c] : xrc_claims_) flush_claims(c, c.srq->cq());
+    return;
+  }
   const uint32_t head = sq_head();
   // Only what the driver could have posted: a garbage head flushes nothing beyond the ring.
   const uint32_t sq_end = head - sq_retired_ <= max_send_wr_ ? head : sq_retired_;
@@ -871,58 +1027,71 @@ void QueuePair::flush_all() {
   rq_retired_ = rq_end;
   ring_->rq_done.store(rq_end);
   // SRQ entries claimed by this QP are flushed; those never claimed stay in the SRQ for others.
-  for (uint32_t r = srq_retired_; r != next_claim_; ++r) {
-    Cqe c{};
-    c.wr_id = retire_recv(r);
-    c.status = WcStatus::kWrFlushErr;
-    c.opcode = WcOpcode::kRecv;
-    c.qp_num = qpn_;
-    push_cqe(init_.recv_cq, c);
+  flush_claims(claims_, init_.recv_cq);
+}
+
+void QueuePair::flush_claims(SrqClaims& c, CompletionQueue* cq) {
+  if (!c.srq) return;
+  for (uint32_t r = c.retired; r != c.next; ++r) {
+    Cqe e{};
+    e.wr_id = retire_recv(&c, r);
+    e.status = WcStatus::kWrFlushErr;
+    e.opcode = WcOpcode::kRecv;
+    e.qp_num = qpn_;
+    push_cqe(cq, e);
   }
 }
 
-std::optional<QueuePair::Receive> QueuePair::recv_for(uint32_t rsn) {
-  if (!srq_) {
+std::optional<QueuePair::Receive> QueuePair::recv_for(SrqClaims* claims, uint32_t rsn) {
+  if (!claims) {
     const uint32_t head = rq_head();
     if (head - rq_retired_ > max_recv_wr_) return std::nullopt;  // garbage head
     if (rsn - rq_retired_ >= head - rq_retired_) return std::nullopt;
     return receive_of(rq_slot(rsn), max_recv_sge_, init_.pd);
   }
+  SrqClaims& c = *claims;
+  SharedReceiveQueue* srq = c.srq;
   // RSNs are never this far ahead of the oldest open receive (the msn window bounds them);
   // refusing keeps a malformed RSN from draining the SRQ.
-  if (rsn - srq_retired_ >= kRecvWindow) return std::nullopt;
-  if (rsn - srq_retired_ >= claimed_.size()) {
-    // Grow the RSN -> slot map, keeping what is claimed.
-    size_t size = claimed_.size();
-    while (size <= rsn - srq_retired_) size *= 2;
-    std::vector<uint32_t> bigger(size);
-    for (uint32_t r = srq_retired_; r != next_claim_; ++r)
-      bigger[r & (size - 1)] = claimed_[r & (claimed_.size() - 1)];
-    claimed_.swap(bigger);
+  if (rsn - c.retired >= kRecvWindow) return std::nullopt;
+  if (rsn - c.retired >= c.slots.size()) {
+    // Grow the RSN -> slot map, keeping what is claimed (without memory: RNR, retried later).
+    size_t size = c.slots.size();
+    while (size <= rsn - c.retired) size *= 2;
+    std::vector<uint32_t> bigger;
+    try {
+      bigger.resize(size);
+    } catch (const std::bad_alloc&) {
+      return std::nullopt;
+    }
+    for (uint32_t r = c.retired; r != c.next; ++r)
+      bigger[r & (size - 1)] = c.slots[r & (c.slots.size() - 1)];
+    c.slots.swap(bigger);
   }
-  const uint32_t mask = static_cast<uint32_t>(claimed_.size()) - 1;
-  while (rsn - next_claim_ < 0x80000000u) {  // rsn >= next_claim_: claim up to it, in order
+  const uint32_t mask = static_cast<uint32_t>(c.slots.size()) - 1;
+  while (rsn - c.next < 0x80000000u) {  // rsn >= next: claim up to it, in order
     uint32_t slot;
     bool limit_hit = false;
-    if (!srq_->claim(&slot, &limit_hit)) return std::nullopt;
-    if (limit_hit) srq_->owner()->async_event(srq_->handle(), AsyncEvent::kSrqLimitReached);
-    claimed_[next_claim_ & mask] = slot;
-    ++next_claim_;
+    if (!srq->claim(&slot, &limit_hit)) return std::nullopt;
+    if (limit_hit) srq->owner()->async_event(srq->handle(), AsyncEvent::kSrqLimitReached);
+    c.slots[c.next & mask] = slot;
+    ++c.next;
   }
-  return receive_of(srq_->slot(claimed_[rsn & mask]), srq_->max_sge(), srq_->pd());
+  return receive_of(srq->slot(c.slots[rsn & mask]), srq->max_sge(), srq->pd());
 }
 
-uint64_t QueuePair::retire_recv(uint32_t rsn) {
-  if (!srq_) {
+uint64_t QueuePair::retire_recv(SrqClaims* claims, uint32_t rsn) {
+  if (!claims) {
     const uint64_t id = hostif::recv_wqe(rq_slot(rsn))->wr_id;
     rq_retired_ = rsn + 1;
     ring_->rq_done.store(rq_retired_);
     return id;
   }
-  const uint32_t slot = claimed_[rsn & (claimed_.size() - 1)];
-  const uint64_t id = reinterpret_cast<const hostif::RecvWqe*>(srq_->slot(slot))->wr_id;
-  srq_->release(slot);
-  srq_retired_ = rsn + 1;
+  SrqClaims& c = *claims;
+  const uint32_t slot = c.slots[rsn & (c.slots.size() - 1)];
+  const uint64_t id = reinterpret_cast<const hostif::RecvWqe*>(c.srq->slot(slot))->wr_id;
+  c.srq->release(slot);
+  c.retired = rsn + 1;
   return id;
 }
 
@@ -935,10 +1104,70 @@ bool QueuePair::ud_seen_before(const transport::Segment& seg) {
   return false;
 }
 
+bool QueuePair::take_datagram_receive(Receive* r, uint32_t* slot) {
+  if (srq_) {
+    bool limit_hit = false;
+    if (!srq_->claim(slot, &limit_hit)) return false;
+    if (limit_hit) srq_->owner()->async_event(srq_->handle(), AsyncEvent::kSrqLimitReached);
+    *r = receive_of(srq_->slot(*slot), srq_->max_sge(), srq_->pd());
+    return true;
+  }
+  const uint32_t head = rq_head();
+  if (head == rq_retired_ || head - rq_retired_ > max_recv_wr_) return false;
+  *r = receive_of(rq_slot(rq_retired_), max_recv_sge_, init_.pd);
+  return true;
+}
+
+void QueuePair::retire_datagram(uint32_t slot) {
+  if (srq_) {
+    srq_->release(slot);
+    return;
+  }
+  ++rq_retired_;
+  ring_->rq_done.store(rq_retired_);
+}
+
+uint64_t QueuePair::room_of(const Receive& r) {
+  uint64_t room = 0;
+  for (uint32_t i = 0; i < r.num_sge; ++i) room += r.sge[i].length;
+  return room;
+}
+
+bool QueuePair::raw_sent(uint32_t msn) {
+  SendSlot& s = sq_slots_[msn & sq_mask_];
+  if (s.msn != msn || !s.submitted || s.failed || s.acked || state_ != QpState::kRts) return false;
+  s.acked = true;
+  retire_sends();
+  return true;
+}
+
+void QueuePair::deliver_raw(std::span<const uint8_t> frame) {
+  if (state_ != QpState::kRtr && state_ != QpState::kRts) return;
+  Receive r;
+  uint32_t slot = 0;
+  if (!take_datagram_receive(&r, &slot)) {
+    ++nic_.mutable_counters().raw_rx_no_recv;
+    return;
+  }
+  Cqe c{};
+  c.wr_id = r.wqe->wr_id;
+  c.opcode = WcOpcode::kRecv;
+  c.qp_num = qpn_;
+  c.byte_len = static_cast<uint32_t>(frame.size());
+  if (room_of(r) < frame.size()) {
+    c.status = WcStatus::kLocLenErr;
+  } else {
+    WcStatus err = WcStatus::kSuccess;
+    if (scatter(r, 0, frame, &err) != Syndrome::kOk) c.status = err;
+  }
+  retire_datagram(slot);
+  push_cqe(init_.recv_cq, c);
+}
+
 Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
   // Datagram semantics: what cannot be received is dropped and acknowledged, so the sender's
   // transport does not retry it (docs/spec/verbs-mapping.md §7).
-  if (seg.op != Op::kSend && seg.op != Op::kSendImm) return Syndrome::kRemoteInvalid;
+  if ((seg.op != Op::kSend && seg.op != Op::kSendImm) || seg.xrc) return Syndrome::kRemoteInvalid;
   if (seg.offset != 0 || seg.payload.size() != seg.total_length) return Syndrome::kRemoteInvalid;
   const QpState st = state_;
   if (st != QpState::kRtr && st != QpState::kRts) return Syndrome::kOk;
@@ -946,16 +1175,7 @@ Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
   if (ud_seen_before(seg)) return Syndrome::kOk;
   Receive r;
   uint32_t slot = 0;
-  if (srq_) {
-    bool limit_hit = false;
-    if (!srq_->claim(&slot, &limit_hit)) return Syndrome::kOk;
-    if (limit_hit) srq_->owner()->async_event(srq_->handle(), AsyncEvent::kSrqLimitReached);
-    r = receive_of(srq_->slot(slot), srq_->max_sge(), srq_->pd());
-  } else {
-    const uint32_t head = rq_head();
-    if (head == rq_retired_ || head - rq_retired_ > max_recv_wr_) return Syndrome::kOk;
-    r = receive_of(rq_slot(rq_retired_), max_recv_sge_, init_.pd);
-  }
+  if (!take_datagram_receive(&r, &slot)) return Syndrome::kOk;
   Cqe c{};
   c.wr_id = r.wqe->wr_id;
   c.opcode = WcOpcode::kRecv;
@@ -964,9 +1184,7 @@ Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
   c.imm = seg.imm;
   c.wc_flags = hostif::kWcGrh | (seg.op == Op::kSendImm ? hostif::kWcWithImm : 0);
   c.byte_len = kGrhLen + seg.total_length;
-  uint64_t room = 0;
-  for (uint32_t i = 0; i < r.num_sge; ++i) room += r.sge[i].length;
-  if (room < c.byte_len) {
+  if (room_of(r) < c.byte_len) {
     c.status = WcStatus::kLocLenErr;
   } else {
     // The GRH must outlive this call: the write is carried out at the end of the pass.
@@ -977,12 +1195,7 @@ Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
         scatter(r, kGrhLen, seg.payload, &err) != Syndrome::kOk)
       c.status = err;
   }
-  if (srq_) {
-    srq_->release(slot);
-  } else {
-    ++rq_retired_;
-    ring_->rq_done.store(rq_retired_);
-  }
+  retire_datagram(slot);
   push_cqe(init_.recv_cq, c);
   return Syndrome::kOk;
 }

@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "datapath/hostif/control.h"
@@ -31,14 +33,17 @@ using hostif::WcStatus;
 
 // What creates a QP (the engine has checked the ring and the caps against the limits).
 struct QpInit {
-  Owner* owner = nullptr;
-  uint32_t pd = 0;
+  Owner* owner = nullptr;             // kXrcTgt: its first handle's (QueuePair::owner())
+  uint32_t pd = 0;                    // kXrcTgt: 0, each message's SRQ gives one
   CompletionQueue* send_cq = nullptr;
-  CompletionQueue* recv_cq = nullptr;
+  CompletionQueue* recv_cq = nullptr; // kXrcIni, kXrcTgt: none
   SharedReceiveQueue* srq = nullptr;  // receives come from here; the QP's own ring is unused
   QpType type = QpType::kRc;
   bool sq_sig_all = false;
   uint64_t handle = 0;                // the driver's name for the QP in async events
+  uint32_t xrcd = 0;                  // kXrcTgt: its XRC domain
+  std::shared_ptr<void> keep;         // kXrcTgt: what keeps its ring mapped (it outlives the
+                                      // context that made it while others hold it open)
 };
 
 // Asynchronous events a QP raises (hostif::AsyncEvent values, delivered through its owner).
@@ -56,6 +61,19 @@ class QueuePair {
   QpState state() const { return state_; }
   const QpInit& init() const { return init_; }
   const QpRemote& remote() const { return remote_; }
+
+  // Who may name the QP: its owner, or for an XRC target every context holding a handle to it
+  // (verbs-mapping.md §17). owner(): the one whose process it counts under (telemetry).
+  bool held_by(const Owner* o) const;
+  Owner* owner() const;
+  // XRC target handles (ibv_create_qp_ex makes the first, ibv_open_qp more): each gets the QP's
+  // async events under its own handle. drop_handle/drop_owner return true when none is left.
+  void add_handle(Owner* o, uint64_t handle) { handles_.push_back({o, handle}); }
+  bool drop_handle(const Owner* o, uint64_t handle);
+  bool drop_owner(const Owner* o);
+  uint32_t handles_of(const Owner* o) const;
+  // An XRC SRQ is going away: what this target claimed of it is forgotten (its slots go with it).
+  void forget_srq(const SharedReceiveQueue* srq);
 
   // Control path (hostif kModifyQp); the driver checked verbs' transition rules.
   void set_state(QpState s);
@@ -91,6 +109,11 @@ class QueuePair {
   void gather_failed(uint32_t msn);
   // Places one arriving segment addressed to this QP.
   transport::Syndrome deliver(const transport::Segment& seg);
+  // Raw packet QP (verbs-mapping.md §18): a frame steered to it takes its next receive (none
+  // posted: dropped, as a NIC does); its bytes must live until the end of the pass.
+  void deliver_raw(std::span<const uint8_t> frame);
+  // The frame of send WQE msn was gathered: it completes, unless it failed meanwhile (false).
+  bool raw_sent(uint32_t msn);
   // A write deliver() queued could not be done: the memory under the region is gone.
   void placement_failed(uint32_t msn);
   // READ and atomic requests whose answer never came (the responder vanished, or abandoned it):
@@ -122,6 +145,7 @@ class QueuePair {
   // Responder state of one incoming message, by msn slot.
   struct RecvMsg {
     uint32_t msn = 0;
+    uint32_t srqn = 0;      // XRC target: the SRQ it consumes from (its RSN counts there)
     bool seen = false;
     bool consumes_recv = false;
     bool with_imm = false;
@@ -160,15 +184,43 @@ class QueuePair {
 
   transport::Syndrome deliver_ud(const transport::Segment& seg);
   bool ud_seen_before(const transport::Segment& seg);
-  // The receive that message rsn consumes, or nothing when none is posted yet (RNR). With an
-  // SRQ, claims entries for every RSN up to rsn not yet claimed, in increasing order.
-  std::optional<Receive> recv_for(uint32_t rsn);
+  // Datagrams (UD messages, raw frames) take receives in arrival order, with no numbering: the
+  // next one of the SRQ or the QP's own queue (*slot: the SRQ's entry), or false when none is
+  // posted; retire_datagram frees it once its completion is written.
+  bool take_datagram_receive(Receive* r, uint32_t* slot);
+  void retire_datagram(uint32_t slot);
+  // Bytes a receive's SGEs hold.
+  static uint64_t room_of(const Receive& r);
+  // Receives claimed from one SRQ, by RSN (verbs-mapping.md §6): the slot each RSN took, from
+  // the oldest not completed to the newest claimed (an RSN is never more than kRecvWindow ahead
+  // of the oldest open receive; the map grows like rx_msgs_). An XRC target has one per SRQ its
+  // initiator names, as RSNs count per (initiator, SRQ) there (§17).
+  struct SrqClaims {
+    SharedReceiveQueue* srq = nullptr;
+    std::vector<uint32_t> slots;
+    uint32_t next = 0;     // lowest RSN without an SRQ entry
+    uint32_t retired = 0;  // lowest RSN not yet completed
+  };
+  // The receive that message rsn consumes, or nothing when none is posted yet (RNR). claims:
+  // nullptr for the QP's own receive queue; else claims entries of its SRQ for every RSN up to
+  // rsn not yet claimed, in increasing order.
+  std::optional<Receive> recv_for(SrqClaims* claims, uint32_t rsn);
   Receive receive_of(const uint8_t* slot, uint32_t max_sge, uint32_t pd) const;
   // Frees the receive rsn consumed (in its queue or SRQ) and returns its wr_id.
-  uint64_t retire_recv(uint32_t rsn);
+  uint64_t retire_recv(SrqClaims* claims, uint32_t rsn);
+  // Gives the claimed, not completed entries back to their SRQ (reset, destruction).
+  static void release_claims(SrqClaims& c);
+  // Completes them flushed into cq.
+  void flush_claims(SrqClaims& c, CompletionQueue* cq);
+  // An XRC target's claims on SRQ srqn, made at first use; nullptr when there is no memory.
+  SrqClaims* xrc_claims(uint32_t srqn, SharedReceiveQueue* srq);
+  // Where message m's receive comes from, and its completion goes.
+  SrqClaims* claims_of(const RecvMsg& m);
+  CompletionQueue* recv_cq_of(const SrqClaims* c) const;
   void raise(AsyncEvent ev) const;
 
-  transport::Syndrome execute_atomic(const transport::Segment& seg, bool duplicate);
+  // pd: the responder's protection domain (an XRC target: the named SRQ's).
+  transport::Syndrome execute_atomic(const transport::Segment& seg, bool duplicate, uint32_t pd);
   // A bind or local invalidation, carried out in send-queue order (verbs-mapping.md §13).
   void execute_local(const hostif::SendWqe& w, SendSlot& s);
   // The send slot of the message the peer knows as wire_msn, among those outstanding.
@@ -211,6 +263,8 @@ class QueuePair {
   uint32_t sq_next_ = 0;
   uint32_t sq_retired_ = 0;
   uint32_t next_rsn_ = 0;        // receives consumed at the peer by our SENDs / WRITE_IMMs
+  // XRC initiator: the same, per SRQ of the target's domain (§17); a map entry per SRQ named.
+  std::unordered_map<uint32_t, uint32_t> xrc_rsn_;
   uint32_t next_wire_msn_ = 0;   // msn of the next message to the peer
   uint32_t rd_outstanding_ = 0;  // READ/atomic WQEs submitted and not yet retired
   bool rd_blocked_ = false;      // the next WQE waits for rd_outstanding_ < max_rd_atomic
@@ -225,12 +279,16 @@ class QueuePair {
   std::vector<AtomicResult> atomics_;
   bool comm_est_ = false;  // kCommEst raised since the last reset
 
-  // With an SRQ: the slot claimed for each RSN, indexed by RSN (a message's RSN is never more
-  // than kRecvWindow ahead of the oldest receive not yet completed). Grows like rx_msgs_.
+  // With an SRQ: what this QP claimed of it.
   SharedReceiveQueue* const srq_;
-  std::vector<uint32_t> claimed_;
-  uint32_t next_claim_ = 0;   // lowest RSN without an SRQ entry
-  uint32_t srq_retired_ = 0;  // lowest RSN not yet completed
+  SrqClaims claims_;
+  // XRC target: per SRQ number, what it claimed of that SRQ; and its handles.
+  std::unordered_map<uint32_t, SrqClaims> xrc_claims_;
+  struct Handle {
+    Owner* owner;
+    uint64_t handle;
+  };
+  std::vector<Handle> handles_;
 
   // UD: recently delivered datagrams, so that a copy the transport lets through twice does not
   // consume a second receive. Direct-mapped by (peer, source QP, msn).
@@ -245,5 +303,7 @@ class QueuePair {
 // An atomic request's payload (docs/spec/wire.md §2.2, opcodes 7 and 8): the big-endian
 // compare/add operand followed by the big-endian swap operand.
 inline constexpr uint32_t kAtomicRequestLen = wire::kAtomicRequestLen;
+// The smallest frame a raw packet QP sends: an Ethernet header.
+inline constexpr uint32_t kEthHeaderLen = 14;
 
 }  // namespace metaroce::nic

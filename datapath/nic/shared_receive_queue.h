@@ -12,19 +12,23 @@
 
 namespace metaroce::nic {
 
+class CompletionQueue;
 class Owner;
 
 class SharedReceiveQueue {
  public:
-  // ring: formatted by hostif::init_srq; its geometry is read here, once.
+  // ring: formatted by hostif::init_srq; its geometry is read here, once. An XRC SRQ
+  // (verbs-mapping.md §17) belongs to domain xrcd (0: a basic SRQ) and completes into cq.
   SharedReceiveQueue(uint32_t id, Owner* owner, uint32_t pd, hostif::SrqHeader* ring,
-                     uint64_t handle);
+                     uint64_t handle, uint32_t xrcd = 0, CompletionQueue* cq = nullptr);
 
   uint32_t id() const { return id_; }
   Owner* owner() const { return owner_; }
   uint32_t pd() const { return pd_; }
   uint64_t handle() const { return handle_; }
   uint32_t max_sge() const { return max_sge_; }
+  uint32_t xrcd() const { return xrcd_; }
+  CompletionQueue* cq() const { return cq_; }
 
   // Takes the oldest posted receive: its slot, owned by the NIC until release(); false when
   // nothing is posted. *limit_hit: the armed limit event is due now (fewer than `limit` left).
@@ -42,6 +46,8 @@ class SharedReceiveQueue {
   const uint32_t pd_;
   hostif::SrqHeader* const ring_;
   const uint64_t handle_;
+  const uint32_t xrcd_;
+  CompletionQueue* const cq_;
   // Geometry, copied at creation.
   uint8_t* const slots_;
   uint32_t* const posted_;

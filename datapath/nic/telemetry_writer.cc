@@ -182,7 +182,7 @@ void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link
         TelemetryStream& ts = tc.streams[streams];
         ts.qpn = qp->qpn();
         ts.remote_qpn = qp->remote().qpn;
-        ts.pid = qp->init().owner->pid();
+        ts.pid = qp->owner() ? qp->owner()->pid() : 0;
         ts.state = static_cast<uint8_t>(qp->state());
         ts.type = static_cast<uint8_t>(qp->init().type);
       }

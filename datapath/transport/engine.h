@@ -55,7 +55,11 @@ struct MessageDesc {
   uint32_t rsn = 0;          // receive sequence number: index of the posted receive consumed
                              // (kSend, kSendImm, kWriteImm); 0 otherwise
   Op op = Op::kWrite;
+  // XRC (wire.md §2.2.1): every packet of the message names the receiver's XRC SRQ (24 bits).
+  // Requests only; the receiver's NIC gives it meaning. (Placed to fill padding.)
+  bool xrc = false;
   uint32_t length = 0;       // payload bytes (kReadReq: bytes requested)
+  uint32_t xrc_srqn = 0;
   uint64_t remote_addr = 0;  // kWrite*, kReadReq: remote virtual address of byte 0
   uint32_t rkey = 0;         // kWrite*, kReadReq
   uint32_t imm = 0;          // kWriteImm, kSendImm: immediate data, network byte order as verbs
@@ -111,6 +115,8 @@ struct Segment {
   uint64_t remote_addr = 0;   // kWrite*: address of this packet's first byte; kReadReq: base
   uint32_t rkey = 0;
   uint32_t imm = 0;
+  bool xrc = false;           // the packet named an XRC SRQ: xrc_srqn
+  uint32_t xrc_srqn = 0;
   std::span<const uint8_t> payload;
   RxRef ref;
 };

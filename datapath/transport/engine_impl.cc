@@ -73,8 +73,10 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& cfg, Host& host) {
 
 EngineImpl::EngineImpl(const EngineConfig& cfg, Host& host)
     : cfg_(sanitize(cfg)), host_(host), rng_state_(cfg.seed) {
-  seg_size_ = std::min<uint32_t>(cfg_.mtu_payload,
-                                 cfg_.max_packet - static_cast<uint32_t>(wire::kDataHeadersLen));
+  // Room for the XRC extension whatever the message, so that every message cuts alike.
+  seg_size_ = std::min<uint32_t>(
+      cfg_.mtu_payload,
+      cfg_.max_packet - static_cast<uint32_t>(wire::kDataHeadersLen + wire::kXrcExtLen));
   acks_.reserve(256);
   retx_conns_.reserve(64);
   done_.reserve(64);
@@ -502,7 +504,7 @@ bool EngineImpl::must_wait(Time now, Connection& c, uint32_t len) {
 }
 
 uint32_t EngineImpl::packet_len(const TxDesc& d) const {
-  return static_cast<uint32_t>(wire::kDataHeadersLen) + seg_len(d.slot, d.offset);
+  return headers_len(slots_[d.slot].m) + seg_len(d.slot, d.offset);
 }
 
 // The connection's queued resends, oldest request first, as its credit allows. False when the
@@ -571,7 +573,8 @@ bool EngineImpl::write_data(Time now, Connection& c, const TxDesc& d, uint16_t p
                             uint16_t flags, uint32_t orig_seq, TxSink& sink) {
   const MessageDesc& m = slots_[d.slot].m;
   const uint32_t plen = seg_len(d.slot, d.offset);
-  const uint32_t len = wire::kDataHeadersLen + plen;
+  const uint32_t hlen = headers_len(m);
+  const uint32_t len = hlen + plen;
   TxPath& tp = c.tx[path];
   std::span<uint8_t> buf = sink.begin(len, tp.plane);
   if (buf.size() < len) return false;
@@ -580,7 +583,8 @@ bool EngineImpl::write_data(Time now, Connection& c, const TxDesc& d, uint16_t p
   b.opcode = static_cast<wire::Opcode>(m.op);
   // It has more waiting to go than this packet: its receiver's share holds it back (§3.2).
   const bool more = c.cursor != kNoSlot || c.move_head != kNil || c.retx_q.size() > 1;
-  b.flags = static_cast<uint16_t>(flags | (more ? wire::kFlagMore : 0));
+  b.flags = static_cast<uint16_t>(flags | (more ? wire::kFlagMore : 0) |
+                                  (m.xrc ? wire::kFlagXrc : 0));
   b.conn_id = c.conn_id;
   b.token = c.token;
   b.path_id = path;
@@ -600,8 +604,9 @@ bool EngineImpl::write_data(Time now, Connection& c, const TxDesc& d, uint16_t p
   h.imm = m.imm;
   h.payload_len = plen;
   h.orig_seq = orig_seq;
+  h.xrc_srqn = m.xrc_srqn & wire::kXrcSrqnMask;
   wire::encode_data(buf, b, h);
-  if (plen) host_.gather(m.cookie, d.offset, buf.subspan(wire::kDataHeadersLen, plen));
+  if (plen) host_.gather(m.cookie, d.offset, buf.subspan(hlen, plen));
   sink.commit(c.peer_ip, tp.port, tp.plane, len);
   // Strictly increasing per connection, so that packets a poll sends at one instant still have
   // an order for late-packet detection (§5.1): a nanosecond apart.
@@ -849,7 +854,7 @@ bool EngineImpl::send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent,
     if (start_held(now, c)) return true;
     detail::MsgSlot& s = slots_[c.cursor];
     const uint32_t len = seg_len(c.cursor, s.next_offset);
-    if (must_wait(now, c, static_cast<uint32_t>(wire::kDataHeadersLen) + len)) return true;
+    if (must_wait(now, c, headers_len(s.m) + len)) return true;
     TxPath& tp = c.tx[p];
     if (s.pkts_sent == 0) s.first_tx_ns = now.count();
     const uint16_t idx = c.free_head;
@@ -1198,7 +1203,7 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     d->paths.resize(b.path_count);
   }
   d->last_used_ns = now.count();
-  account_rx(now, c, wire::kDataHeadersLen + pkt.payload.size(), b.flags & wire::kFlagMore);
+  account_rx(now, c, wire::data_headers_len(b.flags) + pkt.payload.size(), b.flags & wire::kFlagMore);
   RxPath& rp = d->paths[b.path_id];
   rp.port = sport;
   rp.plane = plane;
@@ -1285,6 +1290,8 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
   seg.remote_addr = addressed ? h.remote_addr + h.offset : h.remote_addr;
   seg.rkey = h.rkey;
   seg.imm = h.imm;
+  seg.xrc = b.flags & wire::kFlagXrc;
+  seg.xrc_srqn = h.xrc_srqn;
   seg.payload = pkt.payload;
   const uint32_t dir_id = d->conn_id;
   const uint16_t path = b.path_id;

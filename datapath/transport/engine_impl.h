@@ -318,6 +318,10 @@ class EngineImpl final : public Engine {
   // timed out elsewhere carries its back-off to the path it moves to).
   Time rto(const TxPath& tp, uint8_t backoff = 0) const;
   uint32_t seg_len(uint32_t slot, uint32_t offset) const;
+  // Bytes in front of a packet's payload: the headers, and the XRC extension if it names an SRQ.
+  static uint32_t headers_len(const MessageDesc& m) {
+    return static_cast<uint32_t>(wire::kDataHeadersLen + (m.xrc ? wire::kXrcExtLen : 0));
+  }
   int64_t srtt_ref(const Connection& c, const TxPath& tp) const;
   // An open path to send on, kNoPath if none. avoid_plane: a plane to use only when no
   // other plane has an open path (-1: none).

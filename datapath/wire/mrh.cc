@@ -47,6 +47,8 @@ bool base_fields_ok(const BaseHeader& b) {
   if (b.conn_id == 0 || b.path_count < 1 || b.path_count > kMaxPathCount ||
       b.path_id >= b.path_count)
     return false;
+  // An XRC SRQ is named by requests only: a READ answer goes to the requester's own QP.
+  if ((b.flags & kFlagXrc) && b.opcode == Opcode::kReadResp) return false;
   // Only data can be a failover copy, and only of another existing path of the direction.
   if (is_failover_copy(b.flags)) {
     return is_data_opcode(b.opcode) && orig_path_of(b.flags) < b.path_count;
@@ -108,7 +110,10 @@ size_t encode_base(std::span<uint8_t> out, const BaseHeader& b) {
 }
 
 size_t encode_data(std::span<uint8_t> out, const BaseHeader& b, const DataHeader& d) {
-  if (out.size() < kDataHeadersLen || !is_data_opcode(b.opcode)) return 0;
+  const size_t len = data_headers_len(b.flags);
+  if (out.size() < len || !is_data_opcode(b.opcode)) return 0;
+  if ((b.flags & kFlagXrc) && (b.opcode == Opcode::kReadResp || (d.xrc_srqn & ~kXrcSrqnMask)))
+    return 0;
   encode_base(out, b);
   uint8_t* p = out.data() + kBaseHeaderLen;
   store_be32(p + data_off::kDstStream, d.dst_stream);
@@ -122,7 +127,8 @@ size_t encode_data(std::span<uint8_t> out, const BaseHeader& b, const DataHeader
   store_be32(p + data_off::kImm, d.imm);
   store_be32(p + data_off::kPayloadLen, d.payload_len);
   store_be32(p + data_off::kOrigSeq, d.orig_seq);
-  return kDataHeadersLen;
+  if (b.flags & kFlagXrc) store_be32(p + kDataExtLen, d.xrc_srqn);
+  return len;
 }
 
 size_t encode_ack(std::span<uint8_t> out, const BaseHeader& b, const AckHeader& a,
@@ -186,9 +192,16 @@ DecodeError decode(std::span<const uint8_t> in, Packet& out) {
     d.imm = load_be32(q + data_off::kImm);
     d.payload_len = load_be32(q + data_off::kPayloadLen);
     d.orig_seq = load_be32(q + data_off::kOrigSeq);
-    if (d.payload_len != in.size() - kDataHeadersLen) return DecodeError::kLengthMismatch;
+    const size_t headers = data_headers_len(b.flags);
+    d.xrc_srqn = 0;
+    if (headers > kDataHeadersLen) {
+      if (in.size() < headers) return DecodeError::kTruncated;
+      d.xrc_srqn = load_be32(q + kDataExtLen);
+      if (d.xrc_srqn & ~kXrcSrqnMask) return DecodeError::kBadField;
+    }
+    if (d.payload_len != in.size() - headers) return DecodeError::kLengthMismatch;
     if (!floor_ok(b) || !data_fields_ok(b.opcode, d)) return DecodeError::kBadField;
-    out.payload = in.subspan(kDataHeadersLen);
+    out.payload = in.subspan(headers);
     return DecodeError::kNone;
   }
 

@@ -46,6 +46,16 @@ inline constexpr uint16_t kFlagMore = 0x2000;
 // elsewhere delivered or found this path's packet, or to push a share): no RTT sample, and no
 // proof that the path answers (congestion.md §4.4, §5.2).
 inline constexpr uint16_t kFlagNoEcho = 0x1000;
+// Data requests (not READ_RESP): a 4-byte XRC extension follows the data extension, naming the
+// receiver's XRC shared receive queue (spec §2.2.1); the payload starts after it. A bit of its
+// own (bit 12, kFlagNoEcho, is an ACK's): no bit means two things by packet kind.
+inline constexpr uint16_t kFlagXrc = 0x0800;
+inline constexpr size_t kXrcExtLen = 4;
+inline constexpr uint32_t kXrcSrqnMask = 0x00ffffff;  // 24 bits; the top byte is reserved (0)
+// Where a data packet's payload starts.
+inline constexpr size_t data_headers_len(uint16_t flags) {
+  return kDataHeadersLen + ((flags & kFlagXrc) ? kXrcExtLen : 0);
+}
 inline constexpr bool is_redundant_copy(uint16_t flags) {
   return (flags & (kFlagFailoverCopy | kFlagRedundant)) == (kFlagFailoverCopy | kFlagRedundant);
 }
@@ -110,6 +120,7 @@ struct DataHeader {
   uint32_t imm = 0;           // network byte order as verbs hands it; carried opaquely
   uint32_t payload_len = 0;   // bytes after the headers
   uint32_t orig_seq = 0;      // failover copy: its sequence on the original path; else 0
+  uint32_t xrc_srqn = 0;      // with kFlagXrc: the receiver's XRC SRQ (extension, §2.2.1)
 };
 
 // One NAK record inside an ACK, 16 bytes (spec §2.4).
@@ -141,7 +152,7 @@ struct Packet {
   BaseHeader base;
   DataHeader data;                     // valid for data opcodes
   AckHeader ack;                       // valid for kAck
-  std::span<const uint8_t> payload;    // data opcodes: payload_len bytes
+  std::span<const uint8_t> payload;    // data opcodes: payload_len bytes (after the extensions)
   std::span<const uint8_t> nak_bytes;  // kAck: nak_count * kNakRecordLen bytes
 
   NakRecord nak(size_t i) const;       // i < ack.nak_count
@@ -149,7 +160,8 @@ struct Packet {
 
 // Writers return the bytes written, or 0 when out is too small or a field is out of range.
 size_t encode_base(std::span<uint8_t> out, const BaseHeader& base);
-// Writes base + data extension; the payload_len bytes of payload go right after (caller).
+// Writes base + data extension (+ the XRC extension when base.flags has kFlagXrc); the
+// payload_len bytes of payload go right after, at data_headers_len(base.flags) (caller).
 size_t encode_data(std::span<uint8_t> out, const BaseHeader& base, const DataHeader& data);
 size_t encode_ack(std::span<uint8_t> out, const BaseHeader& base, const AckHeader& ack,
                   std::span<const NakRecord> naks);

@@ -20,9 +20,12 @@
 
 #include "providers/metaroce/comp_channel.h"
 #include "providers/metaroce/cq.h"
+#include "providers/metaroce/flow.h"
 #include "providers/metaroce/pd.h"
 #include "providers/metaroce/qp.h"
 #include "providers/metaroce/srq.h"
+#include "providers/metaroce/wq.h"
+#include "providers/metaroce/xrcd.h"
 
 namespace metaroce::provider {
 namespace {
@@ -75,23 +78,35 @@ const abi::ContextOps kContextOps = [] {
   ops.alloc_pd = alloc_pd;
   ops.alloc_td = alloc_td;
   ops.bind_mw = bind_mw;
+  ops.close_xrcd = close_xrcd;
   ops.create_ah = create_ah;
   ops.create_cq = create_cq;
   ops.create_cq_ex = create_cq_ex;
+  ops.create_flow = create_flow;
   ops.create_qp = create_qp;
   ops.create_qp_ex = create_qp_ex;
+  ops.create_rwq_ind_table = create_rwq_ind_table;
   ops.create_srq = create_srq;
+  ops.create_srq_ex = create_srq_ex;
+  ops.create_wq = create_wq;
   ops.dealloc_mw = dealloc_mw;
   ops.dealloc_pd = dealloc_pd;
   ops.dealloc_td = dealloc_td;
   ops.dereg_mr = dereg_mr;
   ops.destroy_ah = destroy_ah;
   ops.destroy_cq = destroy_cq;
+  ops.destroy_flow = destroy_flow;
   ops.destroy_qp = destroy_qp;
+  ops.destroy_rwq_ind_table = destroy_rwq_ind_table;
   ops.destroy_srq = destroy_srq;
+  ops.destroy_wq = destroy_wq;
   ops.free_context = free_context;
+  ops.get_srq_num = get_srq_num;
   ops.modify_qp = modify_qp;
   ops.modify_srq = modify_srq;
+  ops.modify_wq = modify_wq;
+  ops.open_qp = open_qp;
+  ops.open_xrcd = open_xrcd;
   ops.poll_cq = poll_cq;
   ops.post_recv = post_recv;
   ops.post_send = post_send;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "datapath/hostif/control.h"
 #include "datapath/hostif/queues.h"
 #include "datapath/nic/link_config.h"
 #include "providers/metaroce/convert.h"
@@ -56,7 +57,8 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   a.max_qp_wr = hostif::kMaxQpWr;
   // Honest flags only: RNR NAKs are generated; the GUID above is a system image GUID.
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
-                       IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+                       IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC |
+                       IBV_DEVICE_MANAGED_FLOW_STEERING;
   a.max_sge = hostif::kMaxSge;
   a.max_sge_rd = hostif::kMaxSge;
   a.max_cq = kMaxCq;
@@ -90,7 +92,16 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   ex.odp_caps.per_transport_caps.rc_odp_caps = kRcOdp;
   ex.odp_caps.per_transport_caps.ud_odp_caps =
       IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+  ex.xrc_odp_caps = kRcOdp;  // XRC: RC's operations, receives from SRQs
   ex.phys_port_cnt_ex = a.phys_port_cnt;
+  // RSS over receive WQs (verbs-mapping.md §18): Toeplitz over IP addresses and TCP/UDP ports,
+  // from raw packet QPs only. No raw packet offload (VLAN stripping, checksums, FCS) is offered.
+  ex.rss_caps.supported_qpts = 1u << IBV_QPT_RAW_PACKET;
+  ex.rss_caps.max_rwq_indirection_tables = kMaxQp;
+  ex.rss_caps.max_rwq_indirection_table_size = 1u << hostif::kMaxIndTableLog;
+  ex.rss_caps.rx_hash_fields_mask = hostif::kRssFields;
+  ex.rss_caps.rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ;
+  ex.max_wq_type_rq = kMaxQp;
   return ex;
 }
 

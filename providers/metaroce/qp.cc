@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// RC and UD queue pairs: creation, the state machine (ibv_modify_qp), ibv_query_qp and the classic
+// Queue pairs of every type: creation, the state machine (ibv_modify_qp), ibv_query_qp and the classic
 // ibv_post_send / ibv_post_recv paths, which write WQEs straight into the shared rings.
 #include "providers/metaroce/qp.h"
 
@@ -18,6 +18,7 @@
 #include "providers/metaroce/device_attr.h"
 #include "providers/metaroce/qp_transition.h"
 #include "providers/metaroce/srq.h"
+#include "providers/metaroce/xrcd.h"
 
 namespace metaroce::provider {
 namespace {
@@ -30,8 +31,9 @@ constexpr unsigned kQpAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE 
 constexpr unsigned kQpAccessIgnored = IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND | kHintAccess;
 constexpr unsigned kSendFlags =
     IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE;
-constexpr int kCreateMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
-                            IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+constexpr int kCreateMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD |
+                            IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+constexpr int kRssMask = IBV_QP_INIT_ATTR_RX_HASH | IBV_QP_INIT_ATTR_IND_TABLE;
 
 struct SpinGuard {
   explicit SpinGuard(pthread_spinlock_t* l) : l_(l) { pthread_spin_lock(l_); }
@@ -46,6 +48,12 @@ constexpr uint64_t kUdSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_I
 // UC: SENDs and RDMA WRITEs (verbs-mapping.md §15).
 constexpr uint64_t kUcSendOps = kUdSendOps | IBV_QP_EX_WITH_RDMA_WRITE |
                                 IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+// A raw packet QP (§18): frames, sent as SENDs.
+constexpr uint64_t kRawSendOps = IBV_QP_EX_WITH_SEND;
+// An XRC initiator (§17): RC's messages, no window operations.
+constexpr uint64_t kXrcSendOps = kUcSendOps | IBV_QP_EX_WITH_RDMA_READ |
+                                 IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                                 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 
 // 0 or an errno for the requested caps; writes back what will be granted.
 int grant_caps(const ibv_qp_cap& want, ibv_qp_cap* got) noexcept {
@@ -60,63 +68,129 @@ int grant_caps(const ibv_qp_cap& want, ibv_qp_cap* got) noexcept {
   return 0;
 }
 
-Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
+// The QP's state and public fields once the engine answered with its number and ring segment
+// (no kernel command fills them, as ibv_cmd_create_qp would).
+void init_qp(Qp* qp, ibv_context* context, void* qp_context, uint32_t qpn, void* seg,
+             uint32_t bytes) noexcept {
+  qp->ring = static_cast<hostif::QpHeader*>(seg);
+  qp->ring_bytes = bytes;
+  qp->ring_sge = qp->ring->max_send_sge;
+  pthread_mutex_init(&qp->lock, nullptr);
+  pthread_spin_init(&qp->sq_lock, PTHREAD_PROCESS_PRIVATE);
+  pthread_spin_init(&qp->rq_lock, PTHREAD_PROCESS_PRIVATE);
+  qp->attr.qp_state = IBV_QPS_RESET;
+  qp->attr.cur_qp_state = IBV_QPS_RESET;
+  qp->attr.port_num = kPortNum;
+  ibv_qp& q = qp->vqp.qp;
+  q.context = context;
+  q.qp_context = qp_context;
+  q.qp_type = qp->type;
+  q.state = IBV_QPS_RESET;
+  q.events_completed = 0;
+  pthread_mutex_init(&q.mutex, nullptr);
+  pthread_cond_init(&q.cond, nullptr);
+  q.qp_num = qpn;
+  q.handle = qpn;
+  if (qp->xrcd) {
+    qp->vqp.comp_mask |= abi::kVerbsQpXrcd;
+    qp->vqp.xrcd = &qp->xrcd->vxrcd;
+    qp->xrcd->users.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+// What the QP type needs of ibv_qp_init_attr_ex: 0 or the errno the kernel answers.
+int check_create(ibv_context* context, const ibv_qp_init_attr_ex* a) noexcept {
+  if ((a->comp_mask & ~kCreateMask) ||
+      ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags))
+    return EOPNOTSUPP;  // creation flags (and RSS, made elsewhere) are not offered
+  switch (a->qp_type) {
+    case IBV_QPT_XRC_RECV:
+      // A target: its domain, nothing else (PD, CQs, SRQ and caps are not looked at).
+      if (!(a->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !a->xrcd || a->xrcd->context != context)
+        return EINVAL;
+      if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && a->send_ops_flags) return EINVAL;
+      return 0;
+    case IBV_QPT_XRC_SEND:
+      // An initiator: a PD and a send CQ (no receive side).
+      if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || !a->send_cq ||
+          a->pd->context != context || a->send_cq->context != context)
+        return EINVAL;
+      return 0;
+    case IBV_QPT_RC:
+    case IBV_QPT_UD:
+    case IBV_QPT_UC:
+    case IBV_QPT_RAW_PACKET:
+      break;
+    default:
+      return EOPNOTSUPP;
+  }
   if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || !a->send_cq || !a->recv_cq ||
       a->pd->context != context || a->send_cq->context != context ||
-      a->recv_cq->context != context) {
-    fail(EINVAL);
+      a->recv_cq->context != context)
+    return EINVAL;
+  if (a->srq && a->srq->context != context) return EINVAL;
+  return 0;
+}
+
+// wq: the receive queue of an ibv_wq (the engine's kWq), from a raw packet attribute.
+Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a, bool wq = false) noexcept {
+  if (int err = check_create(context, a)) {
+    fail(err);
     return nullptr;
   }
-  if ((a->comp_mask & ~kCreateMask) ||
-      ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) ||
-      (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UD && a->qp_type != IBV_QPT_UC)) {
-    fail(EOPNOTSUPP);  // XRC, raw packet, RSS and creation flags are not offered
-    return nullptr;
-  }
-  if (a->srq && a->srq->context != context) {
-    fail(EINVAL);
-    return nullptr;
-  }
+  const bool target = a->qp_type == IBV_QPT_XRC_RECV;
+  const bool initiator = a->qp_type == IBV_QPT_XRC_SEND;
   const bool ex = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  const uint64_t send_ops = a->qp_type == IBV_QPT_UD   ? kUdSendOps
-                            : a->qp_type == IBV_QPT_UC ? kUcSendOps
-                                                       : kSupportedSendOps;
-  if (ex && (a->send_ops_flags & ~send_ops)) {
+  const uint64_t send_ops = a->qp_type == IBV_QPT_UD           ? kUdSendOps
+                            : a->qp_type == IBV_QPT_UC         ? kUcSendOps
+                            : a->qp_type == IBV_QPT_RAW_PACKET ? kRawSendOps
+                            : initiator                        ? kXrcSendOps
+                                                               : kSupportedSendOps;
+  if (ex && !target && (a->send_ops_flags & ~send_ops)) {
     fail(EOPNOTSUPP);
     return nullptr;
   }
   ibv_qp_cap cap;
   ibv_qp_cap want = a->cap;
-  if (a->srq) want.max_recv_wr = want.max_recv_sge = 0;  // ignored with an SRQ (verbs)
+  ibv_srq* const srq = target || initiator ? nullptr : a->srq;
+  if (srq || initiator) want.max_recv_wr = want.max_recv_sge = 0;  // no receive queue
+  if (target) want = ibv_qp_cap{};  // no queues at all
   if (int err = grant_caps(want, &cap)) {
     fail(err);
     return nullptr;
   }
-  if (a->srq) cap.max_recv_wr = 0;
+  if (srq || initiator) cap.max_recv_wr = 0;
+  if (target) cap = ibv_qp_cap{};
 
   Pd* from = nullptr;
-  auto* qp = alloc_resource<Qp>(a->pd, MRDV_RES_TYPE_QP, &from);
+  auto* qp = alloc_resource<Qp>(target ? nullptr : a->pd, MRDV_RES_TYPE_QP, &from);
   if (!qp) {
     fail(ENOMEM);
     return nullptr;
   }
-  qp->send_ops = ex ? a->send_ops_flags : 0;
-  qp->pd = to_pd(a->pd);
-  qp->send_cq = to_cq(a->send_cq);
-  qp->recv_cq = to_cq(a->recv_cq);
-  qp->srq = a->srq ? to_srq(a->srq) : nullptr;
+  qp->send_ops = ex && !target ? a->send_ops_flags : 0;
+  qp->pd = target ? nullptr : to_pd(a->pd);
+  qp->send_cq = target ? nullptr : to_cq(a->send_cq);
+  qp->recv_cq = target || initiator ? nullptr : to_cq(a->recv_cq);
+  qp->srq = srq ? to_srq(srq) : nullptr;
+  qp->xrcd = target ? to_xrcd(a->xrcd) : nullptr;
   qp->type = a->qp_type;
   qp->cap = cap;
   qp->sq_sig_all = a->sq_sig_all != 0;
 
   hostif::CreateQpReq req;
-  req.pd = qp->pd->id;
-  req.send_cq = qp->send_cq->id;
-  req.recv_cq = qp->recv_cq->id;
+  req.pd = qp->pd ? qp->pd->id : 0;
+  req.send_cq = qp->send_cq ? qp->send_cq->id : 0;
+  req.recv_cq = qp->recv_cq ? qp->recv_cq->id : 0;
   req.srq = qp->srq ? qp->srq->id : 0;
-  req.type = qp->type == IBV_QPT_UD   ? hostif::QpType::kUd
-             : qp->type == IBV_QPT_UC ? hostif::QpType::kUc
-                                      : hostif::QpType::kRc;
+  req.xrcd = qp->xrcd ? qp->xrcd->id : 0;
+  req.type = wq                             ? hostif::QpType::kWq
+             : qp->type == IBV_QPT_UD         ? hostif::QpType::kUd
+             : qp->type == IBV_QPT_UC         ? hostif::QpType::kUc
+             : qp->type == IBV_QPT_XRC_SEND   ? hostif::QpType::kXrcIni
+             : qp->type == IBV_QPT_RAW_PACKET ? hostif::QpType::kRaw
+             : target                         ? hostif::QpType::kXrcTgt
+                                              : hostif::QpType::kRc;
   req.sq_sig_all = qp->sq_sig_all;
   req.caps.max_send_wr = cap.max_send_wr;
   req.caps.max_recv_wr = std::max<uint32_t>(cap.max_recv_wr, 1);
@@ -126,6 +200,7 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
   req.handle = reinterpret_cast<uintptr_t>(&qp->vqp.qp);
   hostif::CreateQpResp body;
   void* seg = nullptr;
+  // A target is closed handle by handle (kCloseQp), never destroyed outright.
   const int err = create_mapped(context, hostif::Op::kCreateQp, req, {}, hostif::Op::kDestroyQp,
                                 &hostif::CreateQpResp::qpn, hostif::valid_qp, &body, &seg);
   if (err) {
@@ -134,43 +209,79 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
     return nullptr;
   }
   qp->mem_from = from;
-  qp->ring = static_cast<hostif::QpHeader*>(seg);
-  qp->ring_bytes = body.bytes;
-  qp->ring_sge = qp->ring->max_send_sge;
-
-  pthread_mutex_init(&qp->lock, nullptr);
-  pthread_spin_init(&qp->sq_lock, PTHREAD_PROCESS_PRIVATE);
-  pthread_spin_init(&qp->rq_lock, PTHREAD_PROCESS_PRIVATE);
-  qp->attr.qp_state = IBV_QPS_RESET;
-  qp->attr.cur_qp_state = IBV_QPS_RESET;
-  qp->attr.port_num = kPortNum;
-
-  // No kernel command fills the public QP for us (ibv_cmd_create_qp would): do it here.
+  init_qp(qp, context, a->qp_context, body.qpn, seg, body.bytes);
   ibv_qp& q = qp->vqp.qp;
-  q.context = context;
-  q.qp_context = a->qp_context;
-  q.pd = a->pd;
-  q.send_cq = a->send_cq;
-  q.recv_cq = a->recv_cq;
-  q.srq = a->srq;
-  q.qp_type = a->qp_type;
-  q.state = IBV_QPS_RESET;
-  q.events_completed = 0;
-  pthread_mutex_init(&q.mutex, nullptr);
-  pthread_cond_init(&q.cond, nullptr);
-  q.qp_num = body.qpn;
-  q.handle = q.qp_num;
-  if (ex) {
+  q.pd = qp->pd ? a->pd : nullptr;
+  q.send_cq = qp->send_cq ? a->send_cq : nullptr;
+  q.recv_cq = qp->recv_cq ? a->recv_cq : nullptr;
+  q.srq = srq;
+  if (ex && !target) {
     init_qp_ex(qp);
     qp->vqp.comp_mask |= abi::kVerbsQpEx;
   }
-
-  qp->pd->users.fetch_add(1, std::memory_order_relaxed);
-  qp->send_cq->users.fetch_add(1, std::memory_order_relaxed);
-  qp->recv_cq->users.fetch_add(1, std::memory_order_relaxed);
+  if (qp->pd) qp->pd->users.fetch_add(1, std::memory_order_relaxed);
+  if (qp->send_cq) qp->send_cq->users.fetch_add(1, std::memory_order_relaxed);
+  if (qp->recv_cq) qp->recv_cq->users.fetch_add(1, std::memory_order_relaxed);
   if (qp->srq) qp->srq->users.fetch_add(1, std::memory_order_relaxed);
   track(context, qp);
   a->cap = cap;
+  return qp;
+}
+
+// A raw packet QP that spreads the frames its flows steer over the WQs of an indirection table
+// by a Toeplitz hash of their headers (verbs-mapping.md §18). It has no queues of its own: its
+// caps are 0 whatever was asked, and it is never modified.
+Qp* create_rss_qp(ibv_context* context, ibv_qp_init_attr_ex* a) noexcept {
+  constexpr int kKnown = kRssMask | IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  const ibv_rx_hash_conf& h = a->rx_hash_conf;
+  if ((a->comp_mask & ~kKnown) ||
+      ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags)) {
+    fail(EOPNOTSUPP);
+    return nullptr;
+  }
+  if ((a->comp_mask & kRssMask) != kRssMask || a->qp_type != IBV_QPT_RAW_PACKET ||
+      !(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || a->pd->context != context ||
+      !a->rwq_ind_tbl || a->rwq_ind_tbl->context != context || h.rx_hash_key_len == 0 ||
+      h.rx_hash_key_len > hostif::kMaxRssKey || !h.rx_hash_key) {
+    fail(EINVAL);
+    return nullptr;
+  }
+  // Toeplitz over the IP addresses and TCP/UDP ports only: no IPsec SPI, no inner headers.
+  if (h.rx_hash_function != IBV_RX_HASH_FUNC_TOEPLITZ ||
+      (h.rx_hash_fields_mask & ~hostif::kRssFields)) {
+    fail(EOPNOTSUPP);
+    return nullptr;
+  }
+  auto* qp = new (std::nothrow) Qp{};
+  if (!qp) {
+    fail(ENOMEM);
+    return nullptr;
+  }
+  qp->type = IBV_QPT_RAW_PACKET;
+  qp->rss = true;
+  qp->pd = to_pd(a->pd);
+  hostif::CreateRssQpReq req;
+  req.pd = qp->pd->id;
+  req.table = static_cast<uint32_t>(a->rwq_ind_tbl->ind_tbl_handle);  // the engine's id
+  req.function = hostif::kRssToeplitz;
+  req.key_len = h.rx_hash_key_len;
+  std::memcpy(req.key, h.rx_hash_key, h.rx_hash_key_len);
+  req.fields = h.rx_hash_fields_mask;
+  req.handle = reinterpret_cast<uintptr_t>(&qp->vqp.qp);
+  hostif::CreateQpResp body;
+  void* seg = nullptr;
+  const int err = create_mapped(context, hostif::Op::kCreateRssQp, req, {}, hostif::Op::kDestroyQp,
+                                &hostif::CreateQpResp::qpn, hostif::valid_qp, &body, &seg);
+  if (err) {
+    delete qp;
+    fail(err);
+    return nullptr;
+  }
+  init_qp(qp, context, a->qp_context, body.qpn, seg, body.bytes);
+  qp->vqp.qp.pd = a->pd;
+  qp->pd->users.fetch_add(1, std::memory_order_relaxed);
+  track(context, qp);
+  a->cap = qp->cap;
   return qp;
 }
 
@@ -243,8 +354,16 @@ int build_send(const Qp& qp, const ibv_send_wr& wr, uint8_t* slot) noexcept {
   if (qp.type == IBV_QPT_UC && *op != hostif::WqeOp::kSend && *op != hostif::WqeOp::kSendImm &&
       *op != hostif::WqeOp::kWrite && *op != hostif::WqeOp::kWriteImm)
     return EINVAL;  // no READ, atomic or window operation on an unreliable connection
+  if (qp.type == IBV_QPT_XRC_SEND &&
+      (*op == hostif::WqeOp::kBindMw || *op == hostif::WqeOp::kLocalInv ||
+       *op == hostif::WqeOp::kSendInv))
+    return EINVAL;  // windows are bound to the QP an access arrives at: never an initiator
+  if (qp.type == IBV_QPT_RAW_PACKET && *op != hostif::WqeOp::kSend)
+    return EINVAL;  // a raw QP sends frames, as SENDs without immediate
   hostif::SendWqe* w = hostif::send_wqe(slot);
   std::memset(w, 0, sizeof(*w));
+  // An XRC initiator names, per work request, the SRQ of the target's domain it is for.
+  if (qp.type == IBV_QPT_XRC_SEND) w->xrc_srqn = wr.qp_type.xrc.remote_srqn;
   if (qp.type == IBV_QPT_UD) {
     if (*op != hostif::WqeOp::kSend && *op != hostif::WqeOp::kSendImm) return EINVAL;
     if (!wr.wr.ud.ah || wr.wr.ud.ah->context != qp.vqp.qp.context) return EINVAL;
@@ -399,11 +518,12 @@ void sq_publish(Qp* qp, uint32_t n) noexcept {
 void flush_orphan(Qp* qp) noexcept {
   const uint32_t qpn = qp->vqp.qp.qp_num;
   hostif::QpHeader* h = qp->ring;
+  if (qp->type == IBV_QPT_XRC_RECV) return;  // no queues: its SRQs flush their own receives
   {
     SpinGuard g(&qp->sq_lock);
     flush_sq_locked(qp);
   }
-  if (qp->srq) return;  // the SRQ flushes its own receives
+  if (qp->srq || !qp->recv_cq) return;  // the SRQ flushes its own receives; an initiator has none
   SpinGuard g(&qp->rq_lock);
   for (uint32_t i = h->rq_done.load(); i != h->rq_head.peek(); ++i)
     push_orphan(qp->recv_cq, flushed(hostif::recv_wqe(hostif::rq_slot(h, i))->wr_id,
@@ -430,21 +550,94 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) noexcept {
 }
 
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) noexcept {
-  Qp* qp = create_any_qp(context, attr);
+  Qp* qp = (attr->comp_mask & kRssMask) ? create_rss_qp(context, attr)
+                                         : create_any_qp(context, attr);
   return qp ? &qp->vqp.qp : nullptr;
+}
+
+Qp* create_wq_qp(ibv_context* context, ibv_pd* pd, ibv_cq* cq, uint32_t max_wr,
+                 uint32_t max_sge, void* wq_handle) noexcept {
+  ibv_qp_init_attr_ex a;
+  std::memset(&a, 0, sizeof(a));
+  a.qp_context = wq_handle;
+  a.send_cq = cq;
+  a.recv_cq = cq;
+  a.cap.max_recv_wr = max_wr;
+  a.cap.max_recv_sge = max_sge;
+  a.qp_type = IBV_QPT_RAW_PACKET;
+  a.comp_mask = IBV_QP_INIT_ATTR_PD;
+  a.pd = pd;
+  return create_any_qp(context, &a, true);
+}
+
+ibv_qp* open_qp(ibv_context* context, ibv_qp_open_attr* attr) noexcept {
+  constexpr uint32_t kNeed = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+  if (attr->comp_mask >= IBV_QP_OPEN_ATTR_RESERVED) {
+    fail(EOPNOTSUPP);
+    return nullptr;
+  }
+  // Only an XRC target of a domain of this context can be opened (ibv_open_qp(3)).
+  if ((attr->comp_mask & kNeed) != kNeed || attr->qp_type != IBV_QPT_XRC_RECV || !attr->xrcd ||
+      attr->xrcd->context != context) {
+    fail(EINVAL);
+    return nullptr;
+  }
+  auto* qp = new (std::nothrow) Qp{};
+  if (!qp) {
+    fail(ENOMEM);
+    return nullptr;
+  }
+  qp->type = IBV_QPT_XRC_RECV;
+  qp->xrcd = to_xrcd(attr->xrcd);
+  hostif::OpenQpReq req;
+  req.xrcd = qp->xrcd->id;
+  req.qpn = attr->qp_num;
+  req.handle = reinterpret_cast<uintptr_t>(&qp->vqp.qp);
+  hostif::Message resp;
+  int err = engine_call(context, hostif::Op::kOpenQp, req, &resp);
+  auto body = resp.as<hostif::CreateQpResp>();
+  void* seg = nullptr;
+  if (!err && (!body || resp.fds.size() != 1 || body->qpn != attr->qp_num)) err = EPROTO;
+  if (!err) {
+    seg = map_segment(resp.fds[0], body->bytes);
+    resp.fds.clear();
+    if (!seg || !hostif::valid_qp(seg, body->bytes)) err = EPROTO;
+  }
+  hostif::close_fds(&resp);
+  if (err) {
+    if (seg) munmap(seg, body->bytes);
+    if (err == EPROTO) engine_call(context, hostif::Op::kCloseQp, req, &resp);
+    delete qp;
+    fail(err);
+    return nullptr;
+  }
+  init_qp(qp, context, (attr->comp_mask & IBV_QP_OPEN_ATTR_CONTEXT) ? attr->qp_context : nullptr,
+          body->qpn, seg, body->bytes);
+  // The state is shared with the other handles; the attributes they set are theirs.
+  qp->attr.qp_state = qp->attr.cur_qp_state = to_verbs(qp_state(qp));
+  qp->vqp.qp.state = qp->attr.qp_state;
+  track(context, qp);
+  return &qp->vqp.qp;
 }
 
 int destroy_qp(ibv_qp* ibqp) noexcept {
   Qp* qp = to_qp(ibqp);
   hostif::Message resp;
-  const int err = engine_call(ibqp->context, hostif::Op::kDestroyQp,
-                              hostif::IdReq{ibqp->qp_num}, &resp);
+  // An XRC target is shared: this closes our handle, and the QP goes with its last one.
+  const int err = qp->type == IBV_QPT_XRC_RECV
+                      ? engine_call(ibqp->context, hostif::Op::kCloseQp,
+                                    hostif::OpenQpReq{qp->xrcd->id, ibqp->qp_num,
+                                                      reinterpret_cast<uintptr_t>(ibqp)},
+                                    &resp)
+                      : engine_call(ibqp->context, hostif::Op::kDestroyQp,
+                                    hostif::IdReq{ibqp->qp_num}, &resp);
   if (err && !engine_gone(err)) return err;
   untrack(ibqp->context, qp);
-  qp->pd->users.fetch_sub(1, std::memory_order_release);
-  qp->send_cq->users.fetch_sub(1, std::memory_order_release);
-  qp->recv_cq->users.fetch_sub(1, std::memory_order_release);
+  if (qp->pd) qp->pd->users.fetch_sub(1, std::memory_order_release);
+  if (qp->send_cq) qp->send_cq->users.fetch_sub(1, std::memory_order_release);
+  if (qp->recv_cq) qp->recv_cq->users.fetch_sub(1, std::memory_order_release);
   if (qp->srq) qp->srq->users.fetch_sub(1, std::memory_order_release);
+  if (qp->xrcd) qp->xrcd->users.fetch_sub(1, std::memory_order_release);
   munmap(qp->ring, qp->ring_bytes);
   pthread_mutex_destroy(&qp->lock);
   pthread_spin_destroy(&qp->sq_lock);
@@ -455,8 +648,49 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
   return 0;
 }
 
+namespace {
+
+// After the engine reset the QP: it emptied the rings (their retirement counters are 0 again),
+// so do we. Callers hold qp->lock.
+void forget_rings(Qp* qp) noexcept {
+  SpinGuard s(&qp->sq_lock);
+  SpinGuard r(&qp->rq_lock);
+  qp->ring->sq_head.store(0);
+  qp->ring->rq_head.store(0);
+  // Its completions not yet polled go too, as a hardware NIC cleans its CQs of a QP that is
+  // reset (rdma-core's tests restate failed QPs and poll on).
+  Cq* const cqs[2] = {qp->send_cq, qp->recv_cq};
+  for (int i = 0; i < 2; ++i) {
+    if (!cqs[i] || (i == 1 && cqs[1] == cqs[0])) continue;
+    SpinGuard c(&cqs[i]->poll_lock);
+    hostif::cq_clean(cqs[i]->ring, qp->vqp.qp.qp_num);
+  }
+}
+
+}  // namespace
+
+int set_qp_state(Qp* qp, ibv_qp_state state) noexcept {
+  const auto nic_state = to_nic(state);
+  if (!nic_state) return EINVAL;
+  hostif::ModifyQpReq req;
+  req.qpn = qp->vqp.qp.qp_num;
+  req.what = hostif::kModState;
+  req.state = *nic_state;
+  pthread_mutex_lock(&qp->lock);
+  hostif::Message resp;
+  const int err = engine_call(qp->vqp.qp.context, hostif::Op::kModifyQp, req, &resp);
+  if (!err) {
+    if (state == IBV_QPS_RESET) forget_rings(qp);
+    qp->attr.qp_state = qp->attr.cur_qp_state = state;
+  }
+  pthread_mutex_unlock(&qp->lock);
+  return err;
+}
+
 int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
   Qp* qp = to_qp(ibqp);
+  // An RSS QP has no state of its own (its WQs have), as the kernel's ENOSYS says for one.
+  if (qp->rss) return EOPNOTSUPP;
   const ContextState& st = state_of(ibqp->context);
   pthread_mutex_lock(&qp->lock);
   const ibv_qp_state cur = to_verbs(qp_state(qp));
@@ -466,9 +700,13 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
   if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur)
     err = EINVAL;
   else
-    err = qp->type == IBV_QPT_UD   ? check_ud_modify(cur, mask, attr->qp_state)
-          : qp->type == IBV_QPT_UC ? check_uc_modify(cur, mask, attr->qp_state)
-                                   : check_rc_modify(cur, mask, attr->qp_state);
+    err = qp->type == IBV_QPT_UD         ? check_ud_modify(cur, mask, attr->qp_state)
+          : qp->type == IBV_QPT_UC       ? check_uc_modify(cur, mask, attr->qp_state)
+          : qp->type == IBV_QPT_XRC_SEND ? check_xrc_ini_modify(cur, mask, attr->qp_state)
+          : qp->type == IBV_QPT_XRC_RECV ? check_xrc_tgt_modify(cur, mask, attr->qp_state)
+          : qp->type == IBV_QPT_RAW_PACKET ? check_raw_modify(cur, mask, attr->qp_state)
+                                         : check_rc_modify(cur, mask, attr->qp_state);
+  if (!err && (mask & IBV_QP_RATE_LIMIT)) err = EOPNOTSUPP;  // no packet pacing offered
   if (!err && !to_nic(next)) err = EOPNOTSUPP;  // SQD: the NIC cannot drain a send queue yet
   if (!err) err = check_values(st.engine.active_mtu, *attr, mask, &peer_ip);
   if (!err) {
@@ -499,21 +737,7 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
       qp->attr = saved;
       qp->remote = saved_remote;
     } else {
-      if (next == IBV_QPS_RESET) {
-        // The engine emptied the rings (their retirement counters are 0 again): so do we.
-        SpinGuard s(&qp->sq_lock);
-        SpinGuard r(&qp->rq_lock);
-        qp->ring->sq_head.store(0);
-        qp->ring->rq_head.store(0);
-        // Its completions not yet polled go too, as a hardware NIC cleans its CQs of a QP
-        // that is reset (rdma-core's tests restate failed QPs and poll on).
-        Cq* const cqs[2] = {qp->send_cq, qp->recv_cq};
-        for (int i = 0; i < 2; ++i) {
-          if (!cqs[i] || (i == 1 && cqs[1] == cqs[0])) continue;
-          SpinGuard c(&cqs[i]->poll_lock);
-          hostif::cq_clean(cqs[i]->ring, ibqp->qp_num);
-        }
-      }
+      if (next == IBV_QPS_RESET) forget_rings(qp);
       qp->attr.qp_state = next;
       qp->attr.cur_qp_state = next;
     }
@@ -572,7 +796,7 @@ int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int /*attr_mask*/,
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
   Qp* qp = to_qp(ibqp);
   SpinGuard g(&qp->sq_lock);
-  if (!sq_accepts(qp)) {
+  if (!sq_accepts(qp) || qp->type == IBV_QPT_XRC_RECV) {  // a target has no send queue
     *bad_wr = wr;
     return EINVAL;
   }
@@ -619,7 +843,9 @@ int bind_mw(ibv_qp* ibqp, ibv_mw* mw, ibv_mw_bind* bind) noexcept {
 
 int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
   Qp* qp = to_qp(ibqp);
-  if (qp_state(qp) == hostif::QpState::kReset || qp->srq) {  // with an SRQ: ibv_post_srq_recv
+  // With an SRQ: ibv_post_srq_recv; XRC QPs have no receive queue (their SRQs do).
+  if (qp_state(qp) == hostif::QpState::kReset || qp->srq || qp->type == IBV_QPT_XRC_SEND ||
+      qp->type == IBV_QPT_XRC_RECV) {
     *bad_wr = wr;
     return EINVAL;
   }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// RC and UD queue pairs: verbs checks (caps, state machine, work requests) in front of send and
+// RC, UC, UD, XRC and raw packet queue pairs: verbs checks (caps, state machine, work requests) in front of send and
 // receive rings shared with the engine, which drains them without any call from the
 // application.
 #pragma once
@@ -28,7 +28,11 @@ struct Qp {
   Cq* send_cq;
   Cq* recv_cq;
   struct Srq* srq;      // receives come from here when set
-  ibv_qp_type type;     // IBV_QPT_RC or IBV_QPT_UD
+  struct Xrcd* xrcd;    // an XRC target's domain (made or opened with it)
+  ibv_qp_type type;     // IBV_QPT_RC, UC, UD, XRC_SEND (initiator), XRC_RECV (target), RAW_PACKET
+  // A raw packet QP made with an indirection table (RSS): no queues; what its flows steer goes
+  // to its table's WQs (verbs-mapping.md §18).
+  bool rss;
   ibv_qp_cap cap;       // what was granted, written back to the creator and used by post_*
   bool sq_sig_all;
   pthread_mutex_t lock;  // serialises modify_qp and query_qp
@@ -58,6 +62,8 @@ inline hostif::QpState qp_state(const Qp* qp) {
 
 ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) noexcept;
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) noexcept;
+// ibv_open_qp: another handle to an XRC target QP of a domain (verbs-mapping.md §17).
+ibv_qp* open_qp(ibv_context* context, ibv_qp_open_attr* attr) noexcept;
 int destroy_qp(ibv_qp* qp) noexcept;
 int modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) noexcept;
 int query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr* init_attr) noexcept;
@@ -73,6 +79,13 @@ int query_ece(ibv_qp* qp, ibv_ece* ece) noexcept;
 int set_ece(ibv_qp* qp, ibv_ece* ece) noexcept;
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept;
+
+// The receive queue behind an ibv_wq (wq.cc): a raw packet QP of the engine's type kWq, whose
+// receives are posted with post_recv and complete into cq. nullptr with errno set.
+Qp* create_wq_qp(ibv_context* context, ibv_pd* pd, ibv_cq* cq, uint32_t max_wr,
+                 uint32_t max_sge, void* wq_handle) noexcept;
+// Moves a QP to state (no attributes), as modify_qp does; 0 or the engine's errno.
+int set_qp_state(Qp* qp, ibv_qp_state state) noexcept;
 
 // Installs the ibv_qp_ex wr_* callbacks (qp_ex.cc).
 void init_qp_ex(Qp* qp) noexcept;

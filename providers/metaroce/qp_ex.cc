@@ -205,7 +205,14 @@ void wr_send_inv(ibv_qp_ex* qpx, uint32_t invalidate_rkey) {
     w->rkey = invalidate_rkey;
 }
 void wr_send_tso(ibv_qp_ex* q, void*, uint16_t, uint16_t) { unsupported(q); }
-void wr_set_xrc_srqn(ibv_qp_ex* q, uint32_t) { unsupported(q); }
+// XRC initiator: the SRQ of the target's domain the current WR is for (verbs-mapping.md §17).
+void wr_set_xrc_srqn(ibv_qp_ex* qpx, uint32_t remote_srqn) {
+  Qp* qp = to_qp(qpx);
+  uint8_t* slot = current(qp);
+  if (!slot) return;
+  if (qp->type != IBV_QPT_XRC_SEND) return set_error(qp, EINVAL);
+  hostif::send_wqe(slot)->xrc_srqn = remote_srqn;
+}
 void wr_atomic_write(ibv_qp_ex* q, uint32_t, uint64_t, const void*) { unsupported(q); }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The verbs QP state machine for RC and UD (IB spec vol. 1, 10.3.1 and table 91): which transitions
-// exist and which ibv_modify_qp attribute bits each one requires and allows. Pure, so tested alone.
+// The verbs QP state machine for RC, UC, UD, XRC and raw packet QPs (IB spec vol. 1, 10.3.1 and
+// table 91): which transitions exist and which ibv_modify_qp attribute bits each one requires and
+// allows. Pure, so tested alone.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -142,6 +143,79 @@ constexpr QpTransition uc_transition(ibv_qp_state cur, ibv_qp_state next) {
   }
 }
 
+// The XRC initiator row (the kernel's IB_QPT_XRC_INI): RC's requester side, no responder
+// attributes (READ/atomic depth it answers, RNR timer).
+constexpr QpTransition xrc_ini_transition(ibv_qp_state cur, ibv_qp_state next) {
+  if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
+    if (cur < IBV_QPS_RESET || cur > IBV_QPS_ERR) return {};
+    return {true, 0, 0};
+  }
+  constexpr uint32_t kRtsTunables =
+      IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE;
+  switch (cur) {
+    case IBV_QPS_RESET:
+    case IBV_QPS_INIT:
+      if (cur == IBV_QPS_RESET && next == IBV_QPS_INIT)
+        return {true, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0};
+      if (cur == IBV_QPS_INIT && next == IBV_QPS_INIT)
+        return {true, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS};
+      if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR)
+        return {true, IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
+                IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX};
+      return {};
+    case IBV_QPS_RTR:
+      if (next == IBV_QPS_RTS)
+        return {true,
+                IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                    IBV_QP_MAX_QP_RD_ATOMIC,
+                kRtsTunables};
+      return {};
+    case IBV_QPS_RTS:
+      if (next == IBV_QPS_RTS) return {true, 0, kRtsTunables};
+      if (next == IBV_QPS_SQD) return {true, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+      return {};
+    case IBV_QPS_SQD:
+      if (next == IBV_QPS_RTS) return {true, 0, kRtsTunables};
+      if (next == IBV_QPS_SQD)
+        return {true, 0,
+                IBV_QP_PORT | IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                    IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS |
+                    IBV_QP_PKEY_INDEX | IBV_QP_PATH_MIG_STATE};
+      return {};
+    default:
+      return {};
+  }
+}
+
+// The XRC target row (IB_QPT_XRC_TGT): RC's responder side; RTS asks only the ACK timeout and
+// the send PSN (it sends nothing but answers).
+constexpr QpTransition xrc_tgt_transition(ibv_qp_state cur, ibv_qp_state next) {
+  if (cur == IBV_QPS_RTR && next == IBV_QPS_RTS)
+    return {true, IBV_QP_TIMEOUT | IBV_QP_SQ_PSN,
+            IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
+                IBV_QP_PATH_MIG_STATE};
+  if (cur == IBV_QPS_SQD && next == IBV_QPS_SQD)
+    return {true, 0,
+            IBV_QP_PORT | IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_MAX_DEST_RD_ATOMIC |
+                IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
+                IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE};
+  return rc_transition(cur, next);
+}
+
+// The raw packet row (the kernel's IB_QPT_RAW_PACKET): a port, and nothing else to say.
+constexpr QpTransition raw_transition(ibv_qp_state cur, ibv_qp_state next) {
+  if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
+    if (cur < IBV_QPS_RESET || cur > IBV_QPS_ERR) return {};
+    return {true, 0, 0};
+  }
+  if (cur == IBV_QPS_RESET && next == IBV_QPS_INIT) return {true, IBV_QP_PORT, 0};
+  if (cur == IBV_QPS_INIT && (next == IBV_QPS_INIT || next == IBV_QPS_RTR)) return {true, 0, 0};
+  // A rate limit is allowed here by verbs; none is offered (modify_qp answers EOPNOTSUPP).
+  if ((cur == IBV_QPS_RTR || cur == IBV_QPS_RTS) && next == IBV_QPS_RTS)
+    return {true, 0, IBV_QP_RATE_LIMIT};
+  return {};
+}
+
 // 0 or EINVAL: mask (with or without IBV_QP_STATE) against one row of the table.
 constexpr int check_transition(const QpTransition& t, uint32_t mask) {
   if (!t.valid) return EINVAL;
@@ -164,6 +238,25 @@ constexpr int check_uc_modify(ibv_qp_state cur, int attr_mask, ibv_qp_state requ
   const uint32_t mask = static_cast<uint32_t>(attr_mask);
   const ibv_qp_state next = (mask & IBV_QP_STATE) ? requested_next : cur;
   return check_transition(uc_transition(cur, next), mask);
+}
+
+// The same for XRC initiators and targets.
+constexpr int check_xrc_ini_modify(ibv_qp_state cur, int attr_mask, ibv_qp_state requested_next) {
+  const uint32_t mask = static_cast<uint32_t>(attr_mask);
+  const ibv_qp_state next = (mask & IBV_QP_STATE) ? requested_next : cur;
+  return check_transition(xrc_ini_transition(cur, next), mask);
+}
+constexpr int check_xrc_tgt_modify(ibv_qp_state cur, int attr_mask, ibv_qp_state requested_next) {
+  const uint32_t mask = static_cast<uint32_t>(attr_mask);
+  const ibv_qp_state next = (mask & IBV_QP_STATE) ? requested_next : cur;
+  return check_transition(xrc_tgt_transition(cur, next), mask);
+}
+
+// The same for a raw packet QP.
+constexpr int check_raw_modify(ibv_qp_state cur, int attr_mask, ibv_qp_state requested_next) {
+  const uint32_t mask = static_cast<uint32_t>(attr_mask);
+  const ibv_qp_state next = (mask & IBV_QP_STATE) ? requested_next : cur;
+  return check_transition(raw_transition(cur, next), mask);
 }
 
 // The same for a UD QP.

@@ -15,11 +15,15 @@
 #include "providers/metaroce/cq.h"
 #include "providers/metaroce/device_attr.h"
 #include "providers/metaroce/qp.h"
+#include "providers/metaroce/xrcd.h"
 
 namespace metaroce::provider {
 
-ibv_srq* create_srq(ibv_pd* ibpd, ibv_srq_init_attr* attr) noexcept {
-  ibv_srq_attr& a = attr->attr;
+namespace {
+
+// A basic SRQ (xrcd null), or one of an XRC domain completing into cq.
+ibv_srq* make_srq(ibv_pd* ibpd, void* srq_context, ibv_srq_attr& a, Xrcd* xrcd,
+                  Cq* cq) noexcept {
   if (a.max_wr < 1 || a.max_wr > hostif::kMaxSrqWr || a.max_sge < 1 || a.max_sge > hostif::kMaxSge) {
     errno = EINVAL;
     return nullptr;
@@ -32,16 +36,30 @@ ibv_srq* create_srq(ibv_pd* ibpd, ibv_srq_init_attr* attr) noexcept {
   }
   srq->mem_from = from;
   Pd* pd = to_pd(ibpd);
-  hostif::CreateSrqReq req;
-  req.pd = pd->id;
-  req.max_wr = a.max_wr;
-  req.max_sge = a.max_sge;
-  req.handle = reinterpret_cast<uintptr_t>(&srq->srq);
+  const uint64_t handle = reinterpret_cast<uintptr_t>(&srq->srq);
   hostif::CreateSrqResp body;
   void* seg = nullptr;
-  const int err = create_mapped(ibpd->context, hostif::Op::kCreateSrq, req, {},
-                                hostif::Op::kDestroySrq, &hostif::CreateSrqResp::id,
-                                hostif::valid_srq, &body, &seg);
+  int err;
+  if (xrcd) {
+    hostif::CreateXrcSrqReq req;
+    req.pd = pd->id;
+    req.max_wr = a.max_wr;
+    req.max_sge = a.max_sge;
+    req.xrcd = xrcd->id;
+    req.cq = cq->id;
+    req.handle = handle;
+    err = create_mapped(ibpd->context, hostif::Op::kCreateXrcSrq, req, {},
+                        hostif::Op::kDestroySrq, &hostif::CreateSrqResp::id, hostif::valid_srq,
+                        &body, &seg);
+  } else {
+    hostif::CreateSrqReq req;
+    req.pd = pd->id;
+    req.max_wr = a.max_wr;
+    req.max_sge = a.max_sge;
+    req.handle = handle;
+    err = create_mapped(ibpd->context, hostif::Op::kCreateSrq, req, {}, hostif::Op::kDestroySrq,
+                        &hostif::CreateSrqResp::id, hostif::valid_srq, &body, &seg);
+  }
   if (err) {
     free_resource(srq, from, MRDV_RES_TYPE_SRQ);
     errno = err;
@@ -53,11 +71,14 @@ ibv_srq* create_srq(ibv_pd* ibpd, ibv_srq_init_attr* attr) noexcept {
   srq->pd = pd;
   srq->max_wr = a.max_wr;
   srq->max_sge = a.max_sge;
+  srq->type = xrcd ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+  srq->xrcd = xrcd;
+  srq->cq = cq;
   pthread_spin_init(&srq->post_lock, PTHREAD_PROCESS_PRIVATE);
   // libibverbs fills these too after we return; a provider that is called directly has them.
   ibv_srq& s = srq->srq;
   s.context = ibpd->context;
-  s.srq_context = attr->srq_context;
+  s.srq_context = srq_context;
   s.pd = ibpd;
   s.handle = srq->id;
   s.events_completed = 0;
@@ -66,8 +87,60 @@ ibv_srq* create_srq(ibv_pd* ibpd, ibv_srq_init_attr* attr) noexcept {
   // srq_limit is ignored at creation (verbs): the limit is armed only by ibv_modify_srq.
   a.srq_limit = 0;
   pd->users.fetch_add(1, std::memory_order_relaxed);
+  if (xrcd) {
+    xrcd->users.fetch_add(1, std::memory_order_relaxed);
+    cq->users.fetch_add(1, std::memory_order_relaxed);
+  }
   track(ibpd->context, srq);
   return &srq->srq;
+}
+
+}  // namespace
+
+ibv_srq* create_srq(ibv_pd* ibpd, ibv_srq_init_attr* attr) noexcept {
+  return make_srq(ibpd, attr->srq_context, attr->attr, nullptr, nullptr);
+}
+
+ibv_srq* create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr) noexcept {
+  constexpr uint32_t kKnown = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
+                              IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
+                              IBV_SRQ_INIT_ATTR_TM;
+  if (attr->comp_mask & ~kKnown) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  // Every SRQ has a PD (the kernel's rule), of this context.
+  if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd || attr->pd->context != context) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  const ibv_srq_type type =
+      (attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? attr->srq_type : IBV_SRQT_BASIC;
+  switch (type) {
+    case IBV_SRQT_BASIC:
+      return make_srq(attr->pd, attr->srq_context, attr->attr, nullptr, nullptr);
+    case IBV_SRQT_XRC: {
+      // An XRC SRQ names its domain and the CQ its receives complete into.
+      const uint32_t need = IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+      if ((attr->comp_mask & need) != need || !attr->xrcd || !attr->cq ||
+          attr->xrcd->context != context || attr->cq->context != context) {
+        errno = EINVAL;
+        return nullptr;
+      }
+      return make_srq(attr->pd, attr->srq_context, attr->attr, to_xrcd(attr->xrcd),
+                      to_cq(attr->cq));
+    }
+    case IBV_SRQT_TM:
+      errno = EOPNOTSUPP;  // tag matching is not offered (no IBV_DEVICE ... tm_caps)
+      return nullptr;
+  }
+  errno = EINVAL;
+  return nullptr;
+}
+
+int get_srq_num(ibv_srq* ibsrq, uint32_t* srq_num) noexcept {
+  *srq_num = to_srq(ibsrq)->id;
+  return 0;
 }
 
 int modify_srq(ibv_srq* ibsrq, ibv_srq_attr* attr, int mask) noexcept {
@@ -99,6 +172,10 @@ int destroy_srq(ibv_srq* ibsrq) noexcept {
   if (err && !engine_gone(err)) return err;
   untrack(ibsrq->context, srq);
   srq->pd->users.fetch_sub(1, std::memory_order_release);
+  if (srq->xrcd) {
+    srq->xrcd->users.fetch_sub(1, std::memory_order_release);
+    srq->cq->users.fetch_sub(1, std::memory_order_release);
+  }
   munmap(srq->ring, srq->ring_bytes);
   pthread_spin_destroy(&srq->post_lock);
   pthread_cond_destroy(&ibsrq->cond);
@@ -128,9 +205,9 @@ int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcep
 }
 
 void flush_orphan(Srq* srq, const std::vector<Qp*>& qps) noexcept {
-  Cq* cq = nullptr;
+  Cq* cq = srq->cq;  // an XRC SRQ's own
   for (Qp* qp : qps)
-    if (qp->srq == srq) cq = qp->recv_cq;
+    if (!cq && qp->srq == srq) cq = qp->recv_cq;
   hostif::SrqHeader* h = srq->ring;
   pthread_spin_lock(&srq->post_lock);
   // Every slot not in the free ring is a receive posted and not completed.

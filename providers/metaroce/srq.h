@@ -16,7 +16,9 @@
 
 namespace metaroce::provider {
 
+struct Cq;
 struct Qp;
+struct Xrcd;
 
 struct Srq {
   ibv_srq srq;                  // first: the application holds &srq
@@ -29,6 +31,9 @@ struct Srq {
   uint32_t max_sge;
   std::atomic<uint32_t> users;  // QPs attached: destroy_srq answers EBUSY meanwhile
   pthread_spinlock_t post_lock; // one poster at a time
+  ibv_srq_type type;            // IBV_SRQT_BASIC or IBV_SRQT_XRC
+  Xrcd* xrcd;                   // XRC: its domain, and the CQ its receives complete into
+  Cq* cq;
 };
 static_assert(std::is_standard_layout_v<Srq>);
 
@@ -43,6 +48,10 @@ static_assert(std::is_standard_layout_v<Ah>);
 inline Ah* to_ah(ibv_ah* a) { return reinterpret_cast<Ah*>(a); }
 
 ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) noexcept;
+// ibv_create_srq_ex: a basic SRQ, or an XRC one (verbs-mapping.md §17); its number for XRC
+// initiators from ibv_get_srq_num.
+ibv_srq* create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr) noexcept;
+int get_srq_num(ibv_srq* srq, uint32_t* srq_num) noexcept;
 int modify_srq(ibv_srq* srq, ibv_srq_attr* attr, int attr_mask) noexcept;
 int query_srq(ibv_srq* srq, ibv_srq_attr* attr) noexcept;
 int destroy_srq(ibv_srq* srq) noexcept;

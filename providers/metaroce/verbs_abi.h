@@ -92,6 +92,14 @@ struct VerbsMr {
 
 enum : uint32_t { kVerbsQpXrcd = 1u << 0, kVerbsQpEx = 1u << 1 };
 
+// libibverbs' verbs_xrcd: what ibv_open_xrcd returns; verbs_qp.xrcd points at it.
+enum : uint32_t { kVerbsXrcdHandle = 1u << 0 };
+struct VerbsXrcd {
+  ibv_xrcd xrcd;
+  uint32_t comp_mask;  // kVerbsXrcdHandle: handle is valid
+  uint32_t handle;
+};
+
 struct VerbsQp {
   union {
     ibv_qp qp;
@@ -126,21 +134,22 @@ struct ContextOps {
   UnusedOp attach_counters_point_flow;
   UnusedOp attach_mcast;
   int (*bind_mw)(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* mw_bind);
-  UnusedOp close_xrcd;
+  int (*close_xrcd)(ibv_xrcd* xrcd);
   void (*cq_event)(ibv_cq* cq);
   ibv_ah* (*create_ah)(ibv_pd* pd, ibv_ah_attr* attr);
   UnusedOp create_counters;
   ibv_cq* (*create_cq)(ibv_context* context, int cqe, ibv_comp_channel* channel,
                        int comp_vector);
   ibv_cq_ex* (*create_cq_ex)(ibv_context* context, ibv_cq_init_attr_ex* attr);
-  UnusedOp create_flow;
+  ibv_flow* (*create_flow)(ibv_qp* qp, ibv_flow_attr* flow_attr);
   UnusedOp create_flow_action_esp;
   ibv_qp* (*create_qp)(ibv_pd* pd, ibv_qp_init_attr* attr);
   ibv_qp* (*create_qp_ex)(ibv_context* context, ibv_qp_init_attr_ex* attr);
-  UnusedOp create_rwq_ind_table;
+  ibv_rwq_ind_table* (*create_rwq_ind_table)(ibv_context* context,
+                                             ibv_rwq_ind_table_init_attr* init_attr);
   ibv_srq* (*create_srq)(ibv_pd* pd, ibv_srq_init_attr* attr);
-  UnusedOp create_srq_ex;
-  UnusedOp create_wq;
+  ibv_srq* (*create_srq_ex)(ibv_context* context, ibv_srq_init_attr_ex* attr);
+  ibv_wq* (*create_wq)(ibv_context* context, ibv_wq_init_attr* attr);
   int (*dealloc_mw)(ibv_mw* mw);
   int (*dealloc_pd)(ibv_pd* pd);
   int (*dealloc_td)(ibv_td* td);
@@ -148,16 +157,16 @@ struct ContextOps {
   int (*destroy_ah)(ibv_ah* ah);
   UnusedOp destroy_counters;
   int (*destroy_cq)(ibv_cq* cq);
-  UnusedOp destroy_flow;
+  int (*destroy_flow)(ibv_flow* flow);
   UnusedOp destroy_flow_action;
   int (*destroy_qp)(ibv_qp* qp);
-  UnusedOp destroy_rwq_ind_table;
+  int (*destroy_rwq_ind_table)(ibv_rwq_ind_table* table);
   int (*destroy_srq)(ibv_srq* srq);
-  UnusedOp destroy_wq;
+  int (*destroy_wq)(ibv_wq* wq);
   UnusedOp detach_mcast;
   void (*free_context)(ibv_context* context);
   UnusedOp free_dm;
-  UnusedOp get_srq_num;
+  int (*get_srq_num)(ibv_srq* srq, uint32_t* srq_num);
   UnusedOp import_dm;
   UnusedOp import_mr;
   UnusedOp import_pd;
@@ -166,9 +175,9 @@ struct ContextOps {
   int (*modify_qp)(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask);
   UnusedOp modify_qp_rate_limit;
   int (*modify_srq)(ibv_srq* srq, ibv_srq_attr* attr, int attr_mask);
-  UnusedOp modify_wq;
-  UnusedOp open_qp;
-  UnusedOp open_xrcd;
+  int (*modify_wq)(ibv_wq* wq, ibv_wq_attr* attr);
+  ibv_qp* (*open_qp)(ibv_context* context, ibv_qp_open_attr* attr);
+  ibv_xrcd* (*open_xrcd)(ibv_context* context, ibv_xrcd_init_attr* attr);
   int (*poll_cq)(ibv_cq* cq, int num_entries, ibv_wc* wc);
   int (*post_recv)(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
   int (*post_send)(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
@@ -229,6 +238,19 @@ static_assert(offsetof(ContextOps, query_srq) == 64 * 8);
 static_assert(sizeof(VerbsMr) == 56);
 static_assert(offsetof(VerbsMr, mr_type) == sizeof(ibv_mr));
 static_assert(offsetof(VerbsQp, comp_mask) == sizeof(ibv_qp_ex));
+static_assert(sizeof(VerbsXrcd) == 16 && offsetof(VerbsXrcd, handle) == 12);
+static_assert(offsetof(ContextOps, close_xrcd) == 11 * 8);
+static_assert(offsetof(ContextOps, create_srq_ex) == 23 * 8);
+static_assert(offsetof(ContextOps, get_srq_num) == 41 * 8);
+static_assert(offsetof(ContextOps, open_qp) == 51 * 8);
+static_assert(offsetof(ContextOps, open_xrcd) == 52 * 8);
+static_assert(offsetof(ContextOps, create_flow) == 17 * 8);
+static_assert(offsetof(ContextOps, destroy_flow) == 32 * 8);
+static_assert(offsetof(ContextOps, create_rwq_ind_table) == 21 * 8);
+static_assert(offsetof(ContextOps, create_wq) == 24 * 8);
+static_assert(offsetof(ContextOps, destroy_rwq_ind_table) == 35 * 8);
+static_assert(offsetof(ContextOps, destroy_wq) == 37 * 8);
+static_assert(offsetof(ContextOps, modify_wq) == 50 * 8);
 static_assert(offsetof(ibv_qp_ex, qp_base) == 0);
 static_assert(sizeof(verbs_context) == 648);
 static_assert(offsetof(verbs_context, context) == 320);

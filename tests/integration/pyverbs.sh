@@ -35,6 +35,9 @@ grep -E '^(Ran|OK|FAILED)' "$LOGDIR/pyverbs"
 check=0
 if [ -z "${PYVERBS_MODULES:-}" ]; then
   python3 "$HERE/pyverbs_skips.py" "$LOGDIR/pyverbs" "$DOC" || check=$?
+else
+  # A subset: its skips are shown, but the table speaks of the whole run.
+  python3 "$HERE/pyverbs_skips.py" "$LOGDIR/pyverbs" "$DOC" 2>/dev/null || true
 fi
 [ "$rc" -eq 0 ] || { grep -E '^(ERROR|FAIL):' "$LOGDIR/pyverbs"; fail "pyverbs tests failed (exit $rc)"; }
 grep -q '^OK' "$LOGDIR/pyverbs" || fail "pyverbs did not report OK"

@@ -473,6 +473,56 @@ class Driver {
     return qp->ring->qpn == qp->qpn ? 0 : EPROTO;
   }
 
+  // Any QP request answered with the QP and its segment: kCreateQp with req, or kOpenQp.
+  template <typename Req>
+  int mapped_qp(Op op, const Req& req, uint64_t handle, Qp* qp) {
+    Message resp;
+    const int e = call(op, req, &resp);
+    auto body = resp.as<hostif::CreateQpResp>();
+    if (e) return e;
+    void* seg = take_segment(&resp, body ? body->bytes : 0);
+    if (!seg || !hostif::valid_qp(seg, body->bytes)) return EPROTO;
+    qp->qpn = body->qpn;
+    qp->handle = handle;
+    qp->ring = static_cast<hostif::QpHeader*>(seg);
+    return qp->ring->qpn == qp->qpn ? 0 : EPROTO;
+  }
+
+  // ibv_open_xrcd: fd < 0 for a domain of its own.
+  int open_xrcd(int fd, uint32_t oflags, uint32_t* xrcd) {
+    hostif::OpenXrcdReq req;
+    req.oflags = oflags;
+    req.has_fd = fd >= 0;
+    Message resp;
+    const int e = fd >= 0 ? call(Op::kOpenXrcd, req, &resp, {fd}) : call(Op::kOpenXrcd, req, &resp);
+    auto body = resp.as<hostif::XrcdResp>();
+    if (e) return e;
+    if (!body) return EPROTO;
+    *xrcd = body->xrcd;
+    return 0;
+  }
+
+  // An XRC SRQ of max_wr receives of one SGE; *ring its mapped segment.
+  int create_xrc_srq(uint32_t pd, uint32_t xrcd, uint32_t cq, uint32_t* id,
+                     hostif::SrqHeader** ring) {
+    hostif::CreateXrcSrqReq req;
+    req.pd = pd;
+    req.max_wr = 16;
+    req.max_sge = 1;
+    req.xrcd = xrcd;
+    req.cq = cq;
+    req.handle = 0xb0000 + ++handles_;
+    Message resp;
+    const int e = call(Op::kCreateXrcSrq, req, &resp);
+    auto body = resp.as<hostif::CreateSrqResp>();
+    if (e) return e;
+    void* seg = take_segment(&resp, body ? body->bytes : 0);
+    if (!seg || !hostif::valid_srq(seg, body->bytes)) return EPROTO;
+    *id = body->id;
+    *ring = static_cast<hostif::SrqHeader*>(seg);
+    return 0;
+  }
+
   int modify_qp(uint32_t qpn, uint32_t what, QpState state, unsigned access = 0,
                 const hostif::QpRemote& remote = {}) {
     hostif::ModifyQpReq req;
@@ -779,6 +829,113 @@ TEST_F(HostEngineTest, ASessionCannotUseOrDestroyAnotherSessionsObjects) {
   // a's objects are intact and work.
   EXPECT_EQ(a.qp.state(), QpState::kRts);
   ASSERT_NO_FATAL_FAILURE(write_and_check(a, b, 7, 5000, 0));
+}
+
+// XRC (verbs-mapping.md §17): a domain named by a file is one domain for every context that opens
+// it; an SRQ of it completes into its own CQ; a target QP made by one context is opened by
+// another, shares its state with it, and outlives its creator.
+TEST_F(HostEngineTest, XrcDomainsAreSharedByFileAndATargetOutlivesTheContextThatMadeIt) {
+  Side ini_side, c1;
+  ASSERT_NO_FATAL_FAILURE(open_side(ini_side, "a", kIpA));
+  ASSERT_NO_FATAL_FAILURE(open_side(c1, "b", kIpB));
+  auto c2 = driver();
+  ASSERT_EQ(c2->hello("b"), 0);
+  const std::string path = rundir_ + "/xrcd-file";
+  const int fd = open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  uint32_t x1 = 0, x2 = 0, other = 0;
+  EXPECT_EQ(c1.drv->open_xrcd(fd, 0, &x1), EAGAIN) << "no domain yet, and no O_CREAT";
+  ASSERT_EQ(c1.drv->open_xrcd(fd, O_CREAT, &x1), 0);
+  ASSERT_EQ(c2->open_xrcd(fd, 0, &x2), 0);
+  EXPECT_EQ(x1, x2);
+  EXPECT_EQ(c2->open_xrcd(fd, O_CREAT | O_EXCL, &other), EINVAL);
+  ASSERT_EQ(c2->open_xrcd(-1, 0, &other), 0);
+  EXPECT_NE(other, x1);
+  EXPECT_EQ(c2->call(Op::kCloseXrcd, hostif::IdReq{other, 0}), 0);
+  {
+    hostif::OpenXrcdReq bad;
+    bad.has_fd = 1;  // but none sent
+    EXPECT_EQ(c2->call(Op::kOpenXrcd, bad), EINVAL);
+  }
+  close(fd);
+  // c2's SRQ in the domain; c1's target QP, which c2 opens.
+  uint32_t pd2 = 0, srqn = 0;
+  Cq cq2;
+  hostif::SrqHeader* srq = nullptr;
+  ASSERT_EQ(c2->alloc_pd(&pd2), 0);
+  ASSERT_EQ(c2->create_cq(16, &cq2), 0);
+  ASSERT_EQ(c2->create_xrc_srq(pd2, x1, cq2.id, &srqn, &srq), 0);
+  EXPECT_EQ(c2->create_xrc_srq(pd2, x1, c1.cq.id, &srqn, &srq), EINVAL) << "another's CQ";
+  hostif::CreateQpReq treq;
+  treq.type = hostif::QpType::kXrcTgt;
+  treq.xrcd = x1;
+  treq.handle = 0x7001;
+  Qp tgt1, tgt2;
+  ASSERT_EQ(c1.drv->mapped_qp(Op::kCreateQp, treq, treq.handle, &tgt1), 0);
+  ASSERT_EQ(c2->mapped_qp(Op::kOpenQp, hostif::OpenQpReq{x1, tgt1.qpn, 0x7002}, 0x7002, &tgt2), 0);
+  EXPECT_EQ(tgt2.qpn, tgt1.qpn);
+  EXPECT_EQ(c2->mapped_qp(Op::kOpenQp, hostif::OpenQpReq{other, tgt1.qpn, 1}, 1, &tgt2), EINVAL);
+  EXPECT_EQ(c1.drv->call(Op::kDestroyQp, hostif::IdReq{tgt1.qpn, 0}), EINVAL) << "closed, not destroyed";
+  // An initiator on link a (a send queue only).
+  hostif::CreateQpReq ireq;
+  ireq.type = hostif::QpType::kXrcIni;
+  ireq.pd = ini_side.pd;
+  ireq.send_cq = ini_side.cq.id;
+  ireq.caps.max_send_wr = 8;
+  ireq.caps.max_send_sge = 1;
+  Qp ini;
+  ASSERT_EQ(ini_side.drv->mapped_qp(Op::kCreateQp, ireq, 0, &ini), 0);
+  ASSERT_EQ(ini_side.drv->modify_qp(ini.qpn, hostif::kModState | hostif::kModAccess, QpState::kInit, 0), 0);
+  hostif::QpRemote r;
+  r.ip = kIpB;
+  r.qpn = tgt1.qpn;
+  ASSERT_EQ(ini_side.drv->modify_qp(ini.qpn, hostif::kModState | hostif::kModRemote, QpState::kRtr, 0, r), 0);
+  ASSERT_EQ(ini_side.drv->modify_qp(ini.qpn, hostif::kModState, QpState::kRts), 0);
+  // The creator brings the target to INIT; the other handle sees it in the shared state.
+  ASSERT_EQ(c1.drv->modify_qp(tgt1.qpn, hostif::kModState | hostif::kModAccess, QpState::kInit,
+                              kAllAccess), 0);
+  EXPECT_EQ(tgt2.state(), QpState::kInit);
+  // The creator goes away: the target stays, and the other context finishes connecting it.
+  c1.drv->close_socket();
+  ASSERT_TRUE(eventually([&] { return engine_->session_count() == 2; }));
+  hostif::QpRemote t;
+  t.ip = kIpA;
+  t.qpn = ini.qpn;
+  ASSERT_EQ(c2->modify_qp(tgt2.qpn, hostif::kModState | hostif::kModRemote, QpState::kRtr, 0, t), 0);
+  EXPECT_EQ(tgt2.state(), QpState::kRtr);
+  // A SEND from the initiator lands in c2's SRQ and completes into c2's CQ.
+  auto buf2 = std::make_unique<Pages>(kBufBytes);
+  uint32_t key2 = 0;
+  ASSERT_EQ(c2->reg_mr(pd2, buf2->addr(), kBufBytes, kAllAccess, &key2), 0);
+  const hostif::Sge rs{buf2->addr(), 256, key2};
+  ASSERT_EQ(hostif::srq_post(srq, 77, &rs, 1), 0);
+  std::memcpy(ini_side.buf->data(), "xrc over the engine", 20);
+  uint8_t* slot = hostif::sq_reserve(ini.ring);
+  ASSERT_NE(slot, nullptr);
+  hostif::SendWqe* w = hostif::send_wqe(slot);
+  std::memset(w, 0, sizeof(*w));
+  w->wr_id = 5;
+  w->op = hostif::WqeOp::kSend;
+  w->flags = hostif::kSignaled;
+  w->num_sge = 1;
+  w->xrc_srqn = srqn;
+  hostif::send_sges(slot)[0] = {ini_side.buf->addr(), 20, ini_side.key};
+  hostif::sq_post(ini.ring);
+  ini_side.drv->ring_doorbell();
+  Cqe c{};
+  ASSERT_TRUE(next_cqe(ini_side.cq, &c));
+  EXPECT_EQ(c.status, WcStatus::kSuccess);
+  ASSERT_TRUE(next_cqe(cq2, &c));
+  EXPECT_EQ(c.wr_id, 77u);
+  EXPECT_EQ(c.qp_num, tgt1.qpn);
+  EXPECT_EQ(c.byte_len, 20u);
+  EXPECT_EQ(std::memcmp(buf2->data(), "xrc over the engine", 20), 0);
+  // Its last handle closes it; a second close is refused.
+  EXPECT_EQ(c2->call(Op::kCloseXrcd, hostif::IdReq{x1, 0}), EBUSY);
+  EXPECT_EQ(c2->call(Op::kCloseQp, hostif::OpenQpReq{x1, tgt2.qpn, 0x7002}), 0);
+  EXPECT_EQ(c2->call(Op::kCloseQp, hostif::OpenQpReq{x1, tgt2.qpn, 0x7002}), EINVAL);
+  EXPECT_EQ(c2->call(Op::kDestroySrq, hostif::IdReq{srqn, 0}), 0);
+  EXPECT_EQ(c2->call(Op::kCloseXrcd, hostif::IdReq{x1, 0}), 0);
 }
 
 // The direct verbs' requests (kSetQpPaths, kQueryQpConn, kQueryPaths, kRepath, kQueryDevice,

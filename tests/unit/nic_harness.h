@@ -67,6 +67,7 @@ struct SendWqe {
   uint32_t inline_len = 0;
   uint8_t inline_data[hostif::kMaxInline] = {};
   uint32_t ud_ip = 0, ud_qpn = 0, ud_qkey = 0;
+  uint32_t xrc_srqn = 0;  // XRC initiator: the target's SRQ
 };
 
 struct RecvWqe {
@@ -110,6 +111,13 @@ class TestSrq {
     hostif::init_srq(ring_.mem, max_wr, max_sge);
     err = nic.create_srq(o, pd, header(), reinterpret_cast<uintptr_t>(this), &id);
   }
+  // An XRC SRQ of domain xrcd, completing into cq.
+  TestSrq(Nic& nic, Owner* o, uint32_t pd, uint32_t xrcd, uint32_t cq, uint32_t max_wr,
+          uint32_t max_sge)
+      : nic_(nic), owner_(o), ring_(hostif::srq_layout(max_wr, max_sge).bytes) {
+    hostif::init_srq(ring_.mem, max_wr, max_sge);
+    err = nic.create_xrc_srq(o, pd, xrcd, cq, header(), reinterpret_cast<uintptr_t>(this), &id);
+  }
   hostif::SrqHeader* header() { return reinterpret_cast<hostif::SrqHeader*>(ring_.mem); }
   int post_recv(const RecvWqe& r) { return hostif::srq_post(header(), r.wr_id, r.sge, r.num_sge); }
   void set_limit(uint32_t l) { header()->limit.store(l); }
@@ -137,6 +145,28 @@ class TestQp {
     req.srq = srq ? srq->id : 0;
     req.type = type;
     req.caps = caps;
+    req.handle = reinterpret_cast<uintptr_t>(this);
+    err = nic.create_qp(o, req, header(), &qpn_);
+  }
+  // An XRC initiator (send queue only) of pd, completing into scq.
+  TestQp(Nic& nic, Owner* o, uint32_t pd, TestCq& scq, const hostif::QpCaps& caps)
+      : nic_(nic), owner_(o), ring_(hostif::qp_layout(caps).bytes) {
+    hostif::init_qp(ring_.mem, 0, hostif::QpType::kXrcIni, caps);
+    hostif::CreateQpReq req;
+    req.pd = pd;
+    req.send_cq = scq.id;
+    req.type = hostif::QpType::kXrcIni;
+    req.caps = caps;
+    req.handle = reinterpret_cast<uintptr_t>(this);
+    err = nic.create_qp(o, req, header(), &qpn_);
+  }
+  // An XRC target of domain xrcd.
+  TestQp(Nic& nic, Owner* o, uint32_t xrcd)
+      : nic_(nic), owner_(o), ring_(hostif::qp_layout(hostif::QpCaps{}).bytes) {
+    hostif::init_qp(ring_.mem, 0, hostif::QpType::kXrcTgt, hostif::QpCaps{});
+    hostif::CreateQpReq req;
+    req.type = hostif::QpType::kXrcTgt;
+    req.xrcd = xrcd;
     req.handle = reinterpret_cast<uintptr_t>(this);
     err = nic.create_qp(o, req, header(), &qpn_);
   }
@@ -178,6 +208,7 @@ class TestQp {
     h->inline_len = w.inline_len;
     h->ud_ip = w.ud_ip;
     h->ud_qpn = w.ud_qpn;
+    h->xrc_srqn = w.xrc_srqn;
     std::memcpy(hostif::send_sges(slot), w.sge, sizeof(Sge) * w.num_sge);
     std::memcpy(hostif::send_inline(slot, header()->max_send_sge), w.inline_data, w.inline_len);
     hostif::sq_post(header());

@@ -146,6 +146,28 @@ TEST(QpTransition, WithoutTheStateBitTheQpStaysAndOnlyTunablesApply) {
   EXPECT_EQ(check_rc_modify(IBV_QPS_RTR, IBV_QP_MIN_RNR_TIMER, IBV_QPS_RESET), EINVAL);
 }
 
+// The XRC rows (the kernel's IB_QPT_XRC_INI and IB_QPT_XRC_TGT), as pyverbs drives them.
+TEST(QpTransition, XrcInitiatorsAndTargetsFollowTheirOwnRows) {
+  constexpr int kIniRtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                          IBV_QP_RQ_PSN;
+  constexpr int kTgtRts = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN;
+  // An initiator: RC's requester side, no responder attributes at RTR.
+  EXPECT_EQ(check_xrc_ini_modify(IBV_QPS_RESET, kInitMask, IBV_QPS_INIT), 0);
+  EXPECT_EQ(check_xrc_ini_modify(IBV_QPS_INIT, kIniRtr, IBV_QPS_RTR), 0);
+  EXPECT_EQ(check_xrc_ini_modify(IBV_QPS_INIT, kRtrMask, IBV_QPS_RTR), EINVAL);
+  EXPECT_EQ(check_xrc_ini_modify(IBV_QPS_RTR, kRtsMask, IBV_QPS_RTS), 0);
+  EXPECT_EQ(check_xrc_ini_modify(IBV_QPS_RTS, IBV_QP_MIN_RNR_TIMER, IBV_QPS_RTS), EINVAL);
+  // A target: RC's responder side; RTS asks only the timeout and the send PSN.
+  EXPECT_EQ(check_xrc_tgt_modify(IBV_QPS_RESET, kInitMask, IBV_QPS_INIT), 0);
+  EXPECT_EQ(check_xrc_tgt_modify(IBV_QPS_INIT, kRtrMask, IBV_QPS_RTR), 0);
+  EXPECT_EQ(check_xrc_tgt_modify(IBV_QPS_INIT, kIniRtr, IBV_QPS_RTR), EINVAL);
+  EXPECT_EQ(check_xrc_tgt_modify(IBV_QPS_RTR, kTgtRts, IBV_QPS_RTS), 0);
+  EXPECT_EQ(check_xrc_tgt_modify(IBV_QPS_RTR, kTgtRts & ~IBV_QP_TIMEOUT, IBV_QPS_RTS), EINVAL);
+  EXPECT_EQ(check_xrc_tgt_modify(IBV_QPS_RTR, kRtsMask, IBV_QPS_RTS), EINVAL);  // retry_cnt
+  EXPECT_EQ(check_xrc_tgt_modify(IBV_QPS_RTS, IBV_QP_STATE, IBV_QPS_ERR), 0);
+  EXPECT_EQ(check_xrc_ini_modify(IBV_QPS_ERR, IBV_QP_STATE, IBV_QPS_RESET), 0);
+}
+
 // ---- conversions ----
 
 TEST(Convert, MtuEnumsAndBytesRoundTrip) {

@@ -136,11 +136,14 @@ class Fabric {
     m.rkey = 7;
     m.cookie = cookie;
     m.rnr_retry = rnr_retry;
+    m.xrc = xrc_srqn >= 0;
+    m.xrc_srqn = m.xrc ? static_cast<uint32_t>(xrc_srqn) : 0;
     node[from].e->submit(m);
     return cookie;
   }
 
   uint8_t rnr_retry = MessageDesc::kEngineRetries;  // the QP's, for every message submitted
+  int64_t xrc_srqn = -1;  // >= 0: every message submitted names this XRC SRQ
 
   // Advances the virtual clock event by event; false when nothing is left to happen.
   bool step() {
@@ -415,6 +418,49 @@ TEST(Transport, MessagesLeaveInSubmissionOrderAndSegmentByMtu) {
       EXPECT_EQ(s.remote_addr, 0x10000u);
     }
   }
+}
+
+TEST(Transport, AnXrcMessageNamesItsSrqInEveryPacketResendsIncludedAndCutsLikeAnyOther) {
+  Fabric f;
+  f.submit(0, 1, 0, 3 * kMtu + 10);  // plain
+  f.xrc_srqn = 0x00abcdef;
+  const uint64_t cookie = f.submit(0, 2, 0, 3 * kMtu + 10, Op::kSend);
+  f.submit(0, 2, 1, 0, Op::kSend);  // zero-length
+  bool dropped = false;
+  f.fate = [&](const Sent& s) {
+    if (!dropped && s.from == 0 && s.pkt.data.src_stream == 2 && s.pkt.data.offset == kMtu &&
+        wire::is_data_opcode(s.pkt.base.opcode)) {
+      dropped = true;
+      return Fate::kDrop;
+    }
+    return Fate::kDeliver;
+  };
+  f.run();
+  ASSERT_TRUE(dropped);
+  // Per stream, the transmissions of the packets' records (a resend in the tail also has a
+  // redundant copy, congestion.md §5.2, which must name the SRQ too).
+  std::map<uint32_t, int> packets;
+  for (const Sent* s : f.data_from(0)) {
+    const bool xrc = s->pkt.data.src_stream == 2;
+    EXPECT_EQ((s->pkt.base.flags & wire::kFlagXrc) != 0, xrc);
+    EXPECT_EQ(s->pkt.data.xrc_srqn, xrc ? 0x00abcdefu : 0u);
+    EXPECT_LE(s->bytes.size(), f.cfg.max_packet);
+    EXPECT_EQ(s->bytes.size(), wire::data_headers_len(s->pkt.base.flags) + s->pkt.payload.size());
+    if (s->pkt.data.msn == 0 && !wire::is_redundant_copy(s->pkt.base.flags))
+      ++packets[s->pkt.data.src_stream];
+  }
+  EXPECT_EQ(packets[1], 4);
+  EXPECT_EQ(packets[2], 5);  // the same 4, and the one lost sent again
+  // The NIC sees the SRQ in every packet it places, and the bytes are the message's.
+  int xrc_segments = 0;
+  for (const Segment& s : f.node[1].host.segments) {
+    EXPECT_EQ(s.xrc, s.src_stream == 2);
+    EXPECT_EQ(s.xrc_srqn, s.xrc ? 0x00abcdefu : 0u);
+    xrc_segments += s.xrc;
+  }
+  EXPECT_EQ(xrc_segments, 5);
+  EXPECT_EQ(f.node[1].host.received.at({2, 0}), sent_bytes(f, 0, cookie));
+  EXPECT_EQ(f.node[0].host.acked.size(), 3u);
 }
 
 TEST(Transport, OneLostPacketIsResentAtOnceAndOnlyIt) {

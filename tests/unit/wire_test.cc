@@ -345,6 +345,77 @@ TEST(Mrh, FailoverCopyCarriesItsOriginalPathAndSequence) {
   EXPECT_EQ(decode(ack_packet(ack, AckHeader{}, {}), p), DecodeError::kBadField);
 }
 
+// An XRC packet (spec §2.2.1): the SRQ number in 4 bytes after the data extension, the payload
+// after it; payload_len still counts the payload alone.
+std::vector<uint8_t> xrc_packet(Opcode op, uint32_t srqn, uint32_t payload_len) {
+  BaseHeader b = sample_base(op);
+  b.flags |= kFlagXrc;
+  DataHeader d = sample_data(payload_len);
+  d.xrc_srqn = srqn;
+  if (op != Opcode::kSend && op != Opcode::kSendImm && op != Opcode::kWriteImm) d.rsn = 0;
+  std::vector<uint8_t> buf(kDataHeadersLen + kXrcExtLen + payload_len);
+  EXPECT_EQ(encode_data(buf, b, d), kDataHeadersLen + kXrcExtLen);
+  for (uint32_t i = 0; i < payload_len; ++i)
+    buf[kDataHeadersLen + kXrcExtLen + i] = static_cast<uint8_t>(0x40 + i);
+  return buf;
+}
+
+TEST(Mrh, AnXrcRequestCarriesItsSrqNumberBetweenTheHeadersAndThePayload) {
+  auto buf = xrc_packet(Opcode::kSend, 0x00abcdef, 12);
+  EXPECT_EQ(load_be16(&buf[2]) & kFlagXrc, kFlagXrc);
+  EXPECT_EQ(load_be32(&buf[80]), 0x00abcdefu);
+  EXPECT_EQ(load_be32(&buf[72]), 12u);  // payload_len: the payload, not the extension
+  Packet p;
+  ASSERT_EQ(decode(buf, p), DecodeError::kNone);
+  EXPECT_EQ(p.data.xrc_srqn, 0x00abcdefu);
+  ASSERT_EQ(p.payload.size(), 12u);
+  EXPECT_EQ(p.payload[0], 0x40);
+  EXPECT_EQ(data_headers_len(p.base.flags), kDataHeadersLen + kXrcExtLen);
+  // Every request opcode may name one; a zero-length one too.
+  for (Opcode op : {Opcode::kWrite, Opcode::kWriteImm, Opcode::kSendImm, Opcode::kSendInv})
+    EXPECT_EQ(decode(xrc_packet(op, 1, 0), p), DecodeError::kNone);
+  // Without the flag the same bytes are a packet whose payload_len is 4 short.
+  auto unflagged = buf;
+  unflagged[2] &= static_cast<uint8_t>(~(kFlagXrc >> 8));
+  EXPECT_EQ(decode(unflagged, p), DecodeError::kLengthMismatch);
+  // A plain packet names no SRQ.
+  ASSERT_EQ(decode(data_packet(sample_base(Opcode::kSend), sample_data(8)), p), DecodeError::kNone);
+  EXPECT_EQ(p.data.xrc_srqn, 0u);
+}
+
+TEST(Mrh, XrcExtensionsThatCannotBeAreRefused) {
+  Packet p;
+  // The top byte of the SRQ number is reserved.
+  auto bad = xrc_packet(Opcode::kSend, 1, 4);
+  bad[80] = 1;
+  EXPECT_EQ(decode(bad, p), DecodeError::kBadField);
+  // Cut inside the extension.
+  auto full = xrc_packet(Opcode::kSend, 1, 0);
+  EXPECT_EQ(decode(std::span(full).first(kDataHeadersLen + 2), p), DecodeError::kTruncated);
+  // A READ answer goes to the requester's QP, never to an SRQ.
+  BaseHeader b = sample_base(Opcode::kReadResp);
+  DataHeader d = sample_data(4);
+  d.rsn = 0;
+  std::vector<uint8_t> resp(kDataHeadersLen + kXrcExtLen + 4);
+  b.flags |= kFlagXrc;
+  EXPECT_EQ(encode_data(resp, b, d), 0u);
+  b.flags &= static_cast<uint16_t>(~kFlagXrc);
+  ASSERT_EQ(encode_data(resp, b, d), kDataHeadersLen);
+  resp[2] |= kFlagXrc >> 8;
+  EXPECT_EQ(decode(resp, p), DecodeError::kBadField);
+  // The encoder refuses an SRQ number past 24 bits.
+  BaseHeader s = sample_base(Opcode::kSend);
+  s.flags |= kFlagXrc;
+  DataHeader big = sample_data(0);
+  big.xrc_srqn = 0x01000000;
+  std::vector<uint8_t> out(kDataHeadersLen + kXrcExtLen);
+  EXPECT_EQ(encode_data(out, s, big), 0u);
+  // On an ACK the flag means nothing and is ignored, as other unassigned bits are.
+  BaseHeader ack = sample_base(Opcode::kAck);
+  ack.flags |= kFlagXrc;
+  EXPECT_EQ(decode(ack_packet(ack, AckHeader{}, {}), p), DecodeError::kNone);
+}
+
 UdpFrameParams sample_params() {
   UdpFrameParams pr;
   pr.src_mac = {2, 0, 0, 0, 0, 1};
