@@ -9,7 +9,8 @@ local mr = Proto("metaroce", "MetaRoCE")
 
 local opcodes = {
   [1] = "WRITE", [2] = "WRITE_IMM", [3] = "SEND", [4] = "SEND_IMM", [5] = "READ_REQ",
-  [6] = "READ_RESP", [16] = "ACK", [17] = "PROBE",
+  [6] = "READ_RESP", [7] = "ATOMIC_CMP_SWP", [8] = "ATOMIC_FETCH_ADD", [9] = "SEND_INV",
+  [16] = "ACK", [17] = "PROBE",
 }
 local syndromes = {
   [1] = "RNR", [2] = "remote access", [3] = "remote bounds", [4] = "remote invalid",
@@ -25,6 +26,7 @@ local f = {
   redundant = ProtoField.bool("metaroce.flags.redundant", "Redundant copy (original in flight)", 16, nil, 0x4000),
   more = ProtoField.bool("metaroce.flags.more", "Sender has more queued", 16, nil, 0x2000),
   noecho = ProtoField.bool("metaroce.flags.noecho", "ACK: echo dates nothing", 16, nil, 0x1000),
+  xrc = ProtoField.bool("metaroce.flags.xrc", "XRC extension follows", 16, nil, 0x0800),
   orig_path = ProtoField.uint16("metaroce.flags.orig_path", "Original path", base.DEC, nil, 0x00ff),
   conn_id = ProtoField.uint32("metaroce.conn_id", "Connection id", base.HEX),
   token = ProtoField.uint64("metaroce.token", "Token", base.HEX),
@@ -45,6 +47,7 @@ local f = {
   imm = ProtoField.uint32("metaroce.imm", "Immediate data", base.HEX),
   payload_len = ProtoField.uint32("metaroce.payload_len", "Payload length", base.DEC),
   orig_seq = ProtoField.uint32("metaroce.orig_seq", "Original sequence", base.DEC),
+  xrc_srqn = ProtoField.uint32("metaroce.xrc_srqn", "XRC SRQ number", base.HEX),
   payload = ProtoField.bytes("metaroce.payload", "Payload"),
   -- ACK extension (§2.3)
   cum_seq = ProtoField.uint32("metaroce.ack.cum_seq", "Cumulative sequence", base.DEC),
@@ -79,7 +82,8 @@ mr.prefs.port = Pref.uint("UDP port", 4793, "UDP destination port of MetaRoCE (w
 
 local BASE, DATA_END, ACK_END, NAK_LEN = 32, 80, 80, 16
 
-local function dissect_data(tvb, tree, info)
+-- xrc: the packet has the XRC extension (wire.md §2.2.1); the payload follows it.
+local function dissect_data(tvb, tree, xrc)
   tree:add(f.dst_stream, tvb(32, 4))
   tree:add(f.src_stream, tvb(36, 4))
   tree:add(f.msn, tvb(40, 4))
@@ -91,9 +95,19 @@ local function dissect_data(tvb, tree, info)
   tree:add(f.imm, tvb(68, 4))
   local plen = tree:add(f.payload_len, tvb(72, 4))
   tree:add(f.orig_seq, tvb(76, 4))
+  local payload_at = DATA_END
+  if xrc then
+    if tvb:len() < DATA_END + 4 then
+      tree:add_proto_expert_info(e_len)
+      return ""
+    end
+    local x = tree:add(f.xrc_srqn, tvb(DATA_END, 4))
+    if tvb(DATA_END, 1):uint() ~= 0 then x:add_proto_expert_info(e_bad) end
+    payload_at = DATA_END + 4
+  end
   local payload_len = tvb(72, 4):uint()
-  if payload_len ~= tvb:reported_len() - DATA_END then plen:add_proto_expert_info(e_len) end
-  if tvb:len() > DATA_END then tree:add(f.payload, tvb(DATA_END)) end
+  if payload_len ~= tvb:reported_len() - payload_at then plen:add_proto_expert_info(e_len) end
+  if tvb:len() > payload_at then tree:add(f.payload, tvb(payload_at)) end
   return string.format(" dst 0x%x msn %u off %u len %u", tvb(32, 4):uint(), tvb(40, 4):uint(),
                        tvb(48, 4):uint(), payload_len)
 end
@@ -146,6 +160,7 @@ function mr.dissector(tvb, pinfo, root)
   fl:add(f.redundant, tvb(2, 2))
   fl:add(f.more, tvb(2, 2))
   fl:add(f.noecho, tvb(2, 2))
+  fl:add(f.xrc, tvb(2, 2))
   fl:add(f.orig_path, tvb(2, 2))
   tree:add(f.conn_id, tvb(4, 4))
   tree:add(f.token, tvb(8, 8))
@@ -165,8 +180,9 @@ function mr.dissector(tvb, pinfo, root)
   end
   if not name then
     opitem:add_proto_expert_info(e_bad)
-  elseif op <= 6 then
-    if tvb:len() < DATA_END then tree:add_proto_expert_info(e_len) else info = info .. dissect_data(tvb, tree) end
+  elseif op <= 9 then
+    local xrc = op ~= 6 and bit.band(flags, 0x0800) ~= 0
+    if tvb:len() < DATA_END then tree:add_proto_expert_info(e_len) else info = info .. dissect_data(tvb, tree, xrc) end
   elseif op == 16 then
     if tvb:len() < ACK_END then tree:add_proto_expert_info(e_len) else info = info .. dissect_ack(tvb, tree) end
   elseif op == 17 and tvb:reported_len() ~= BASE then

@@ -145,7 +145,7 @@ done
 # The dissector decodes every field of the MRH headers in what the tests captured, and nothing
 # of ours is malformed.
 LUA="$(dirname "$0")/../../dist/wireshark/metaroce.lua"
-fields=(version opcode flags flags.failover flags.redundant flags.more flags.noecho
+fields=(version opcode flags flags.failover flags.redundant flags.more flags.noecho flags.xrc
         flags.orig_path conn_id
         token path_id path_count
         path_seq timestamp ack_floor dst_stream src_stream msn rsn offset total_length remote_addr
