@@ -17,7 +17,8 @@
 
 namespace metaroce::hostif {
 
-inline constexpr uint32_t kAbiVersion = 2;  // 2: RegMrReq carries an IOVA; rereg, MW ops
+inline constexpr uint32_t kAbiVersion = 3;  // 2: RegMrReq carries an IOVA; rereg, MW ops;
+                                            // 3: 48-byte CQEs (a TM tag), TM SRQ requests
 
 // Limits of the interface (the engine may grant less; ibv_query_device reports these).
 inline constexpr uint32_t kMaxSge = 16;
