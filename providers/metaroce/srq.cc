@@ -279,7 +279,7 @@ int post_srq_ops(ibv_srq* ibsrq, ibv_ops_wr* wr, ibv_ops_wr** bad_wr) noexcept {
 }
 
 void flush_orphan(Srq* srq, const std::vector<Qp*>& qps) noexcept {
-  Cq* cq = srq->cq;  // an XRC SRQ's own
+  Cq* cq = srq->cq;  // an XRC or TM SRQ's own
   for (Qp* qp : qps)
     if (!cq && qp->srq == srq) cq = qp->recv_cq;
   hostif::SrqHeader* h = srq->ring;
