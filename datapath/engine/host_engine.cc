@@ -1110,6 +1110,39 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       s.keep_segment('s', c.id, std::move(seg));
       return done(0);
     }
+    case Op::kCreateTmSrq: {
+      auto b = req.as<hostif::CreateTmSrqReq>();
+      if (!b || b->max_wr < 1 || b->max_wr > nic::kMaxSrqWr || b->max_sge < 1 ||
+          b->max_sge > nic::kMaxSge || b->max_tags < 1 || b->max_tags > hostif::kMaxTmTags)
+        return done(EINVAL);
+      const hostif::SrqLayout l = hostif::srq_layout(b->max_wr, b->max_sge);
+      Segment seg = Segment::create("metaroce-srq", l.bytes);
+      if (!seg.ok()) return done(ENOMEM);
+      hostif::init_srq(seg.base(), b->max_wr, b->max_sge);
+      hostif::CreateSrqResp c;
+      int e = 0;
+      on_datapath([&] {
+        e = nic.create_tm_srq(&s, b->pd, b->cq, b->max_tags,
+                              static_cast<hostif::SrqHeader*>(seg.base()), b->handle, &c.id);
+      });
+      if (e) return done(e);
+      c.bytes = l.bytes;
+      r.set(c);
+      r.fds.push_back(dup(seg.share(false)));
+      seg.close_fd();
+      s.keep_segment('s', c.id, std::move(seg));
+      return done(0);
+    }
+    case Op::kSrqTagOp: {
+      auto b = req.as<hostif::SrqTagOpReq>();
+      if (!b) return done(EINVAL);
+      hostif::SrqTagOpResp c;
+      int e = 0;
+      on_datapath([&] { e = nic.srq_tag_op(&s, *b, &c.handle); });
+      if (e) return done(e);
+      r.set(c);
+      return done(0);
+    }
     case Op::kModifyQp: {
       auto b = req.as<hostif::ModifyQpReq>();
       if (!b) return done(EINVAL);

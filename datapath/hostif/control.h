@@ -64,6 +64,9 @@ enum class Op : uint16_t {
   kCreateIndTable = 31,   // ibv_create_rwq_ind_table
   kDestroyIndTable = 32,  // ibv_destroy_rwq_ind_table (IdReq)
   kCreateRssQp = 33,      // ibv_create_qp_ex of a raw packet QP with RX_HASH and IND_TABLE
+  // Tag matching (verbs-mapping.md §19).
+  kCreateTmSrq = 34,  // ibv_create_srq_ex of type TM (answered as kCreateSrq)
+  kSrqTagOp = 35,     // one ibv_post_srq_ops operation, carried out before the answer
   // Administration (uid 0, or the engine's own user: a user who runs an engine for a private run
   // dir administers it): what `metaroce link` and `metaroce engine` ask.
   kLinkOpen = 100,
@@ -171,6 +174,31 @@ struct CreateSrqReq {
 struct CreateSrqResp {
   uint32_t id = 0;
   uint32_t bytes = 0;
+};
+// A tag-matching SRQ: a plain SRQ's fields, its tag list's size, the CQ of its completions.
+struct CreateTmSrqReq {
+  uint32_t pd = 0, max_wr = 0, max_sge = 0, max_tags = 0;
+  uint32_t cq = 0, reserved = 0;
+  uint64_t handle = 0;
+};
+// enum ibv_ops_wr_opcode values.
+enum class TagOp : uint32_t { kAdd = 0, kDel = 1, kSync = 2 };
+struct SrqTagOpReq {
+  uint32_t srq = 0;
+  TagOp op = TagOp::kAdd;
+  uint32_t signaled = 0;        // IBV_OPS_SIGNALED: a completion when it succeeds
+  uint32_t unexpected_cnt = 0;  // kAdd, kSync: the application's count
+  uint32_t handle = 0;          // kDel: the tag
+  uint32_t num_sge = 0;         // kAdd: 0 or 1
+  uint64_t wr_id = 0;
+  uint64_t recv_wr_id = 0;      // kAdd: the wr_id of the tag's receive completions
+  uint64_t tag = 0, mask = 0;   // kAdd
+  Sge sge{};                    // kAdd: where a matched message's payload goes
+};
+// Answer: the tag's handle (kAdd).
+struct SrqTagOpResp {
+  uint32_t handle = 0;
+  uint32_t reserved = 0;
 };
 struct ModifySrqReq {
   uint32_t id = 0;

@@ -17,7 +17,8 @@
 
 namespace metaroce::hostif {
 
-inline constexpr uint32_t kAbiVersion = 2;  // 2: RegMrReq carries an IOVA; rereg, MW ops
+inline constexpr uint32_t kAbiVersion = 3;  // 2: RegMrReq carries an IOVA; rereg, MW ops;
+                                            // 3: 48-byte CQEs (a TM tag), TM SRQ requests
 
 // Limits of the interface (the engine may grant less; ibv_query_device reports these).
 inline constexpr uint32_t kMaxSge = 16;
@@ -25,6 +26,12 @@ inline constexpr uint32_t kMaxInline = 256;
 inline constexpr uint32_t kMaxQpWr = 16384;
 inline constexpr uint32_t kMaxCqe = 65536;
 inline constexpr uint32_t kMaxSrqWr = 16384;
+// Tag matching (verbs-mapping.md §19): a TM SRQ's list, and its tag-list operations in flight
+// (they are carried out before ibv_post_srq_ops returns: max_ops bounds nothing more).
+inline constexpr uint32_t kMaxTmTags = 1024;
+inline constexpr uint32_t kMaxTmOps = 1024;
+// The largest rendezvous request header the NIC reads from a first segment (TMH and RVH).
+inline constexpr uint32_t kMaxRndvHdr = 64;
 inline constexpr uint32_t kMaxMrSize = 1u << 31;  // bytes per MR (transport offsets are 32-bit)
 inline constexpr uint32_t kMaxRdAtomic = 16;  // outstanding READ/atomic requests per QP, each way
 inline constexpr uint32_t kAtomicSize = 8;    // FETCH_ADD and CMP_SWP operate on 8 aligned bytes
@@ -116,14 +123,20 @@ enum class WcStatus : uint32_t {
   kRemAccessErr = 10, kRemOpErr = 11, kRetryExcErr = 12, kRnrRetryExcErr = 13,
   kLocRddViolErr = 14, kRemInvRdReqErr = 15, kRemAbortErr = 16, kInvEecnErr = 17,
   kInvEecStateErr = 18, kFatalErr = 19, kRespTimeoutErr = 20, kGeneralErr = 21,
+  kTmErr = 22,  // a tag list operation that could not be carried out (verbs-mapping.md §19)
 };
 enum class WcOpcode : uint32_t {
   kSend = 0, kRdmaWrite = 1, kRdmaRead = 2, kCompSwap = 3, kFetchAdd = 4, kBindMw = 5,
   kLocalInv = 6, kTso = 7, kRecv = 128, kRecvRdmaWithImm = 129,
+  // Tag matching (verbs-mapping.md §19): list operations, and receives of a TM SRQ.
+  kTmAdd = 130, kTmDel = 131, kTmSync = 132, kTmRecv = 133, kTmNoTag = 134,
 };
 inline constexpr uint32_t kWcWithImm = 1 << 1;  // IBV_WC_WITH_IMM
 inline constexpr uint32_t kWcWithInv = 1 << 3;  // IBV_WC_WITH_INV: imm is the invalidated rkey
 inline constexpr uint32_t kWcGrh = 1 << 0;      // IBV_WC_GRH
+inline constexpr uint32_t kWcTmSyncReq = 1 << 4;    // IBV_WC_TM_SYNC_REQ: report the unexpected count
+inline constexpr uint32_t kWcTmMatch = 1 << 5;      // IBV_WC_TM_MATCH: tag and context are valid
+inline constexpr uint32_t kWcTmDataValid = 1 << 6;  // IBV_WC_TM_DATA_VALID: the data is in place
 
 struct Cqe {
   uint64_t wr_id;
@@ -134,9 +147,10 @@ struct Cqe {
   uint32_t imm;       // network byte order
   uint32_t qp_num;
   uint32_t src_qp;
-  uint32_t wc_flags;  // kWcWithImm, kWcGrh
+  uint32_t wc_flags;  // kWcWithImm, kWcGrh, kWcTm*
+  uint64_t tag;       // kWcTmMatch: the message's tag (imm then holds its TMH context)
 };
-static_assert(sizeof(Cqe) == 40);
+static_assert(sizeof(Cqe) == 48);
 
 // Asynchronous event types (enum ibv_event_type values).
 enum class AsyncEvent : uint32_t {

@@ -233,6 +233,56 @@ int Nic::create_srq(Owner* o, uint32_t pd, hostif::SrqHeader* ring, uint64_t han
   return 0;
 }
 
+int Nic::create_tm_srq(Owner* o, uint32_t pd, uint32_t cq_id, uint32_t max_tags,
+                       hostif::SrqHeader* ring, uint64_t handle, uint32_t* id) {
+  CompletionQueue* cq = cq_of(o, cq_id);
+  if (!pd_of(o, pd) || !cq || max_tags < 1 || max_tags > TagMatcher::kMaxTags) return EINVAL;
+  if (srqs_.size() >= kMaxSrqs) return ENOMEM;
+  *id = alloc_srq_id();
+  srqs_[*id] = std::make_unique<SharedReceiveQueue>(*id, o, pd, ring, handle, 0, cq, max_tags);
+  cq->users++;
+  return 0;
+}
+
+int Nic::srq_tag_op(Owner* o, const hostif::SrqTagOpReq& req, uint32_t* handle) {
+  SharedReceiveQueue* srq = srq_of(o, req.srq);
+  if (!srq || !srq->tags()) return EINVAL;
+  TagMatcher& tm = *srq->tags();
+  hostif::Cqe c{};
+  c.wr_id = req.wr_id;
+  switch (req.op) {
+    case hostif::TagOp::kAdd: {
+      if (req.num_sge > 1) return EINVAL;
+      const hostif::Sge sge = req.num_sge ? req.sge : hostif::Sge{};
+      if (sge.length &&
+          mrs_.check(sge.lkey, srq->pd(), kLocalWrite, sge.addr, sge.length, nullptr) != MrCheck::kOk)
+        return EINVAL;
+      if (tm.add(req.tag, req.mask, req.recv_wr_id, sge, req.unexpected_cnt, handle) != 0)
+        return ENOMEM;
+      c.opcode = WcOpcode::kTmAdd;
+      // Behind on unexpected messages: nothing matches until it reports the count (§19).
+      if (!tm.in_sync()) c.wc_flags = hostif::kWcTmSyncReq;
+      break;
+    }
+    case hostif::TagOp::kDel:
+      c.opcode = WcOpcode::kTmDel;
+      if (tm.remove(req.handle) != 0) c.status = WcStatus::kTmErr;  // matched or gone already
+      break;
+    case hostif::TagOp::kSync:
+      c.opcode = WcOpcode::kTmSync;
+      tm.sync(req.unexpected_cnt);
+      break;
+    default:
+      return EINVAL;
+  }
+  if (req.signaled || c.status != WcStatus::kSuccess) {
+    srq->cq()->stage(c);
+    note_dirty(srq->cq());
+    publish_completions();
+  }
+  return 0;
+}
+
 int Nic::destroy_srq(Owner* o, uint32_t id) {
   SharedReceiveQueue* srq = srq_of(o, id);
   if (!srq) return EINVAL;
@@ -242,6 +292,8 @@ int Nic::destroy_srq(Owner* o, uint32_t id) {
     // refused as one for an SRQ the domain does not have.
     for (QueuePair* qp : qp_list_)
       if (qp->init().type == QpType::kXrcTgt) qp->forget_srq(srq);
+    srq->cq()->users--;
+  } else if (srq->tags()) {
     srq->cq()->users--;
   }
   srqs_.erase(id);
@@ -352,6 +404,8 @@ int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* r
     case QpType::kUc:
       if (!pd_of(o, req.pd) || !init.send_cq || !init.recv_cq || (req.srq && !init.srq))
         return EINVAL;
+      // Tag matching is an RC service (verbs-mapping.md §19).
+      if (init.srq && init.srq->tags() && req.type != QpType::kRc) return EINVAL;
       break;
     case QpType::kXrcIni:
       // A send queue alone: no receive CQ, no SRQ.
@@ -867,6 +921,13 @@ std::vector<uint32_t> Nic::take_resolve_requests() {
 // --- transport::Host ---------------------------------------------------------------------------
 
 void Nic::gather(uint64_t c, uint32_t offset, std::span<uint8_t> out) {
+  if ((c & kQpOwnTag) && !(c & kReadRespTag)) {
+    if (QueuePair* qp = qp_of(static_cast<uint32_t>(c >> 32) & 0xffffff))
+      qp->own_gather(static_cast<uint32_t>(c), offset, out);
+    else
+      std::memset(out.data(), 0, out.size());
+    return;
+  }
   if (c & kReadRespTag) {
     auto it = reads_pending_.find(c);
     if (it == reads_pending_.end() || it->second.failed) {
@@ -909,6 +970,11 @@ int Nic::rnr_timer(uint32_t qpn) {
 }
 
 void Nic::message_acked(uint64_t c) {
+  if ((c & kQpOwnTag) && !(c & kReadRespTag)) {
+    if (QueuePair* qp = qp_of(static_cast<uint32_t>(c >> 32) & 0xffffff))
+      qp->own_acked(static_cast<uint32_t>(c));
+    return;
+  }
   if (c & kReadRespTag) {
     reads_pending_.erase(c);
     return;
@@ -918,6 +984,11 @@ void Nic::message_acked(uint64_t c) {
 }
 
 void Nic::message_failed(uint64_t c, Syndrome why) {
+  if ((c & kQpOwnTag) && !(c & kReadRespTag)) {
+    if (QueuePair* qp = qp_of(static_cast<uint32_t>(c >> 32) & 0xffffff))
+      qp->own_failed(static_cast<uint32_t>(c), why);
+    return;
+  }
   if (c & kReadRespTag) {
     reads_pending_.erase(c);
     return;

@@ -152,6 +152,13 @@ class Nic final : private transport::Host {
   // does not fit (the old ring stays). The driver does not poll meanwhile.
   int resize_cq(Owner* o, uint32_t id, hostif::CqHeader* ring);
   int create_srq(Owner* o, uint32_t pd, hostif::SrqHeader* ring, uint64_t handle, uint32_t* id);
+  // A tag-matching SRQ (verbs-mapping.md §19): max_tags tags, every completion into cq.
+  int create_tm_srq(Owner* o, uint32_t pd, uint32_t cq, uint32_t max_tags,
+                    hostif::SrqHeader* ring, uint64_t handle, uint32_t* id);
+  // One ibv_post_srq_ops operation on o's TM SRQ req.srq, its completion written to the SRQ's
+  // CQ when signaled (or when it fails there: IBV_WC_TM_ERR). EINVAL: not o's TM SRQ, an opcode,
+  // SGE or key that is wrong; ENOMEM: the list is full (*handle: the added tag's).
+  int srq_tag_op(Owner* o, const hostif::SrqTagOpReq& req, uint32_t* handle);
   int destroy_srq(Owner* o, uint32_t id);
   // ring: a segment formatted by hostif::init_qp (qpn 0); the NIC writes the QP number it
   // chooses into the header and *qpn. An XRC target QP (req.type kXrcTgt) may outlive o while
@@ -297,6 +304,10 @@ class Nic final : private transport::Host {
   void want_resolve(uint32_t ip);
   transport::Time now() const { return now_; }
   static uint64_t cookie(uint32_t qpn, uint32_t msn) { return (uint64_t{qpn} << 32) | msn; }
+  // A message a QP sends on its own, with no WQE (tag matching's rendezvous READ and FIN):
+  // id is the QP's name for it.
+  static constexpr uint64_t kQpOwnTag = uint64_t{1} << 62;
+  static uint64_t own_cookie(uint32_t qpn, uint32_t id) { return kQpOwnTag | cookie(qpn, id); }
   // The segment deliver() is placing (its writes' failures are NAKed through it).
   const transport::Segment* current_segment() const { return current_; }
 

@@ -133,6 +133,16 @@ std::optional<AsyncEvent> responder_event(Syndrome why) {
   }
 }
 
+// The QP's own limits: retry_cnt timeouts, over whatever paths, and the local ACK timeout
+// (4.096 us * 2^timeout, 0 = none) bound when RETRY_EXC_ERR comes (congestion.md §4.5); and RNR
+// NAKs one packet may collect (7: for ever).
+void set_limits(const QpRemote& r, transport::MessageDesc& m) {
+  m.retry_cnt = r.retry_cnt;
+  m.rnr_retry = r.rnr_retry;
+  m.timeout = r.timeout ? transport::Time(int64_t{4096} << std::min<uint8_t>(r.timeout, 31))
+                        : transport::Time{0};
+}
+
 Syndrome mr_syndrome(MrCheck c) {
   return c == MrCheck::kOutOfBounds ? Syndrome::kRemoteBounds : Syndrome::kRemoteAccess;
 }
@@ -152,6 +162,7 @@ QueuePair::QueuePair(Nic& nic, uint32_t qpn, const QpInit& init, hostif::QpHeade
   if (srq_ && init.type != QpType::kUd) {
     claims_.srq = srq_;
     claims_.slots.resize(kRecvWindowInitial);
+    if (srq_->tags()) tm_msgs_.resize(kRecvWindowInitial);
   }
   if (init.type == QpType::kXrcTgt) handles_.push_back({init.owner, init.handle});
   publish_state();
@@ -251,7 +262,11 @@ void QueuePair::publish_state() { ring_->state.store(static_cast<uint32_t>(state
 bool QueuePair::has_new_work() const {
   // No queues of its own (an RSS QP's are its table's WQs).
   if (init_.type == QpType::kXrcTgt || init_.type == QpType::kRss) return false;
-  if (state_ == QpState::kRts) return !rd_blocked_ && sq_head() != sq_next_;
+  if (state_ == QpState::kRts) {
+    for (const OwnOp& op : own_ops_)
+      if (!op.submitted) return true;
+    return !rd_blocked_ && sq_head() != sq_next_;
+  }
   if (state_ == QpState::kErr) return sq_head() != sq_retired_ || rq_head() != rq_retired_;
   return false;
 }
@@ -271,6 +286,10 @@ void QueuePair::reset() {
   atomics_.shrink_to_fit();
   rx_next_msn_ = 0;
   rx_msgs_.assign(init_.type == QpType::kUd ? 1 : kRecvWindowInitial, RecvMsg{});
+  if (!tm_msgs_.empty()) tm_msgs_.assign(kRecvWindowInitial, TmMsg{});
+  tm_next_rsn_ = tm_plain_ = 0;
+  own_ops_.clear();
+  own_sent_ = 0;
   // SRQ entries this QP claimed and never completed go back to the SRQ (a reset discards
   // work without completions; from ERR they were already flushed).
   release_claims(claims_);
@@ -322,8 +341,9 @@ bool QueuePair::drain() {
     return false;
   }
   if (state_ != QpState::kRts) return false;
+  const bool own = submit_own();
   const uint32_t head = sq_head();
-  if (sq_next_ == head) return false;
+  if (sq_next_ == head) return own;
   // A driver cannot post more than max_send_wr ahead of what was retired: more is garbage.
   if (head - sq_retired_ > max_send_wr_) return false;
   const uint32_t rd_limit = std::max<uint32_t>(remote_.max_rd_atomic, 1);
@@ -428,14 +448,7 @@ bool QueuePair::drain() {
                w.op == WqeOp::kSendInv) {
       m.rsn = next_rsn_++;
     }
-    if (reliable(init_.type)) {
-      // The QP's own limits: retry_cnt timeouts, over whatever paths, and the local ACK timeout
-      // (4.096 us * 2^timeout, 0 = none) bound when RETRY_EXC_ERR comes (congestion.md §4.5).
-      m.retry_cnt = remote_.retry_cnt;
-      m.rnr_retry = remote_.rnr_retry;  // and RNR NAKs one packet may collect (7: for ever)
-      m.timeout = remote_.timeout ? transport::Time(int64_t{4096} << std::min<uint8_t>(remote_.timeout, 31))
-                                  : transport::Time{0};
-    }
+    if (reliable(init_.type)) set_limits(remote_, m);
     m.length = s.length;
     s.resp_length = w.op == WqeOp::kRead ? s.length : 0;
     if (hostif::is_atomic(w.op)) {
@@ -525,7 +538,10 @@ void QueuePair::gather_failed(uint32_t msn) {
 }
 
 void QueuePair::check_responses(transport::Time now) {
-  if (rd_outstanding_ == 0 || state_ != QpState::kRts || remote_.timeout == 0) return;
+  const bool own_reads =
+      std::any_of(own_ops_.begin(), own_ops_.end(), [](const OwnOp& op) { return op.is_read; });
+  if ((rd_outstanding_ == 0 && !own_reads) || state_ != QpState::kRts || remote_.timeout == 0)
+    return;
   const transport::Time limit =
       transport::Time(int64_t{4096} << std::min<uint8_t>(remote_.timeout, 31)) *
       (int64_t{remote_.retry_cnt} + 1);
@@ -536,10 +552,18 @@ void QueuePair::check_responses(transport::Time now) {
     if (s.submitted && !s.failed && hostif::needs_response(s.op) && s.read_bytes < s.resp_length) {
       s.failed = true;
       s.status = WcStatus::kRetryExcErr;
-      break;
+      retire_sends();
+      return;
     }
   }
   retire_sends();
+  // Else a rendezvous READ of the QP's own (tag matching) waits in vain: its tag fails.
+  for (OwnOp& op : own_ops_) {
+    if (op.is_read && op.submitted) {
+      rndv_done(op, WcStatus::kRetryExcErr);
+      return;
+    }
+  }
 }
 
 void QueuePair::gather(uint32_t msn, uint32_t offset, std::span<uint8_t> out) {
@@ -628,17 +652,17 @@ Syndrome QueuePair::scatter(const Receive& r, uint32_t offset, std::span<const u
 }
 
 QueuePair::SendSlot* QueuePair::slot_of_wire_msn(uint32_t wire_msn) {
-  // Without binds or invalidations the slot is the msn's; each one before it shifts it by one.
-  // An answer belongs to an outstanding WQE: the search stops at the oldest one.
-  const uint32_t skew = (sq_next_ - next_wire_msn_);
-  for (uint32_t k = 0; k <= skew; ++k) {
-    const uint32_t idx = wire_msn + skew - k;
-    if (idx - sq_retired_ >= sq_next_ - sq_retired_) {
-      if (static_cast<int32_t>(idx - sq_retired_) < 0) break;
-      continue;
-    }
+  // Without binds, invalidations or messages of the QP's own the slot is the msn's; a bind or
+  // invalidation before it moves it one later, an own message one earlier. An answer belongs to
+  // an outstanding WQE: the search runs from the latest slot it can be down to the oldest.
+  if (sq_next_ == sq_retired_) return nullptr;
+  const uint32_t skew = sq_next_ + own_sent_ - next_wire_msn_;  // binds and invalidations
+  uint32_t idx = wire_msn + skew;
+  if (static_cast<int32_t>(idx - (sq_next_ - 1)) > 0) idx = sq_next_ - 1;
+  for (; static_cast<int32_t>(idx - sq_retired_) >= 0; --idx) {
     SendSlot& s = sq_slots_[idx & sq_mask_];
     if (s.msn == idx && s.wire_msn == wire_msn && !hostif::is_local(s.op)) return &s;
+    if (own_sent_ == 0 && idx == wire_msn) break;  // as low as it can be
   }
   return nullptr;
 }
@@ -663,6 +687,7 @@ void QueuePair::execute_local(const hostif::SendWqe& w, SendSlot& s) {
 }
 
 Syndrome QueuePair::place_read_response(const transport::Segment& seg) {
+  if (!own_ops_.empty() && place_own_read(seg)) return Syndrome::kOk;
   SendSlot* sp = slot_of_wire_msn(seg.msn);
   if (!sp) return Syndrome::kOk;
   SendSlot& s = *sp;
@@ -748,12 +773,22 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     if (r != Syndrome::kOk) enter_error(responder_event(r));
     return r;
   }
+  // A TM SRQ's QP decides where each message goes from its headers, once (§19).
+  const bool tm = !tm_msgs_.empty() && (seg.op == Op::kSend || seg.op == Op::kSendImm ||
+                                        seg.op == Op::kSendInv || seg.op == Op::kWriteImm);
+  uint32_t prsn = seg.rsn;
+  if (tm && (!m.seen || m.msn != seg.msn)) {
+    TmMsg d;
+    const Syndrome s = tm_decide(seg, &d, &prsn);
+    if (s != Syndrome::kOk) return s;
+    tm_msg(seg.msn) = d;
+  }
   if (!m.seen || m.msn != seg.msn) {
     m = RecvMsg{};
     m.msn = seg.msn;
     m.srqn = seg.xrc_srqn;
     m.total = seg.total_length;
-    m.rsn = seg.rsn;
+    m.rsn = prsn;
     m.imm = seg.op == Op::kSendInv ? seg.rkey : seg.imm;
     m.with_imm = seg.op == Op::kWriteImm || seg.op == Op::kSendImm;
     m.with_inv = seg.op == Op::kSendInv;
@@ -765,7 +800,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
   switch (seg.op) {
     case Op::kWrite:
     case Op::kWriteImm: {
-      if (m.consumes_recv && !recv_for(claims, seg.rsn)) return Syndrome::kRnr;
+      if (m.consumes_recv && !recv_for(claims, m.rsn)) return Syndrome::kRnr;
       const MemoryRegion* mr = nullptr;
       const MrCheck c = (access_ & kRemoteWrite)
                             ? nic_.mrs().check_remote(seg.rkey, pd, qpn_, kRemoteWrite,
@@ -783,7 +818,29 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     case Op::kSend:
     case Op::kSendImm:
     case Op::kSendInv: {
-      const auto rp = recv_for(claims, seg.rsn);
+      if (tm) {
+        const TmMsg& d = tm_msg(seg.msn);
+        if (d.kind == TmKind::kRndv) break;  // headers only: the data comes by READ
+        if (d.kind == TmKind::kEager) {
+          // The payload after the TMH, into the tag's buffer.
+          if (seg.total_length - kTmhLen > d.sge.length) {
+            m.status = WcStatus::kLocLenErr;
+            result = Syndrome::kRemoteInvalid;
+            break;
+          }
+          const uint32_t skip = seg.offset < kTmhLen ? kTmhLen - seg.offset : 0;
+          if (skip >= seg.payload.size()) break;
+          Receive r;
+          r.sge = &d.sge;
+          r.num_sge = 1;
+          r.pd = srq_->pd();
+          WcStatus err = WcStatus::kSuccess;
+          result = scatter(r, seg.offset + skip - kTmhLen, seg.payload.subspan(skip), &err);
+          if (result != Syndrome::kOk) m.status = err;
+          break;
+        }
+      }
+      const auto rp = recv_for(claims, m.rsn);
       if (!rp) return Syndrome::kRnr;
       if (seg.op == Op::kSendInv && m.received == 0 && !m.invalidated) {
         // The window goes before the receive completes (it must be a type 2 window of our PD
@@ -854,6 +911,7 @@ void QueuePair::placement_failed(uint32_t /*msn*/) {
   // staged but not yet visible, carry the error instead (IB: the responder's local access
   // violation), and the QP fails as on any access error.
   std::vector<CompletionQueue*> cqs{init_.recv_cq};
+  if (!tm_msgs_.empty()) cqs.push_back(tm_cq());
   for (const auto& [srqn, c] : xrc_claims_) cqs.push_back(c.srq->cq());
   for (CompletionQueue* cq : cqs) {
     if (!cq) continue;
@@ -861,7 +919,8 @@ void QueuePair::placement_failed(uint32_t /*msn*/) {
     for (uint32_t i = 0; i < p.staged(); ++i) {
       Cqe& c = p.staged_at(i);
       if (c.qp_num == qpn_ && c.status == WcStatus::kSuccess &&
-          (c.opcode == WcOpcode::kRecv || c.opcode == WcOpcode::kRecvRdmaWithImm))
+          (c.opcode == WcOpcode::kRecv || c.opcode == WcOpcode::kRecvRdmaWithImm ||
+           c.opcode == WcOpcode::kTmRecv || c.opcode == WcOpcode::kTmNoTag))
         c.status = WcStatus::kLocAccessErr;
     }
   }
@@ -947,6 +1006,19 @@ bool QueuePair::grow_rx_window(uint32_t ahead) {
     const RecvMsg& m = rx_msg(msn);
     if (m.seen && m.msn == msn) bigger[msn & (size - 1)] = m;
   }
+  if (!tm_msgs_.empty()) {
+    std::vector<TmMsg> tm_bigger;
+    try {
+      tm_bigger.resize(size);
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+    for (uint32_t k = 0; k < rx_msgs_.size(); ++k) {
+      const uint32_t msn = rx_next_msn_ + k;
+      tm_bigger[msn & (size - 1)] = tm_msg(msn);
+    }
+    tm_msgs_.swap(tm_bigger);
+  }
   rx_msgs_.swap(bigger);
   return true;
 }
@@ -955,6 +1027,12 @@ void QueuePair::complete_receives() {
   for (;;) {
     RecvMsg& m = rx_msg(rx_next_msn_);
     if (!m.seen || m.msn != rx_next_msn_ || m.received < m.total) return;
+    if (!tm_msgs_.empty() && tm_msg(rx_next_msn_).kind != TmKind::kNone) {
+      tm_complete(m, tm_msg(rx_next_msn_));
+      m.seen = false;
+      ++rx_next_msn_;
+      continue;
+    }
     SrqClaims* claims = m.consumes_recv ? claims_of(m) : nullptr;
     // An XRC target's message whose SRQ went away meanwhile completes nowhere.
     if (m.consumes_recv && (claims || init_.type != QpType::kXrcTgt)) {
@@ -1027,7 +1105,18 @@ void QueuePair::flush_all() {
   rq_retired_ = rq_end;
   ring_->rq_done.store(rq_end);
   // SRQ entries claimed by this QP are flushed; those never claimed stay in the SRQ for others.
-  flush_claims(claims_, init_.recv_cq);
+  flush_claims(claims_, tm_msgs_.empty() ? init_.recv_cq : tm_cq());
+  // Rendezvous READs not done: their tags complete flushed (a FIN not sent is not owed).
+  for (const OwnOp& op : own_ops_) {
+    if (!op.is_read) continue;
+    Cqe c{};
+    c.wr_id = op.wr_id;
+    c.status = WcStatus::kWrFlushErr;
+    c.opcode = WcOpcode::kTmRecv;
+    c.qp_num = qpn_;
+    push_cqe(tm_cq(), c);
+  }
+  own_ops_.clear();
 }
 
 void QueuePair::flush_claims(SrqClaims& c, CompletionQueue* cq) {
@@ -1198,6 +1287,228 @@ Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
   retire_datagram(slot);
   push_cqe(init_.recv_cq, c);
   return Syndrome::kOk;
+}
+
+// --- tag matching (verbs-mapping.md §19) --------------------------------------------------------
+
+Syndrome QueuePair::tm_decide(const transport::Segment& seg, TmMsg* d, uint32_t* prsn) {
+  // In message order, from the segment that holds the headers: segments are placed as they
+  // come, but where a tagged message goes is known only once its TMH is read. Anything else
+  // comes back after an RNR back-off.
+  if (seg.rsn != tm_next_rsn_ || seg.offset != 0) return Syndrome::kRnr;
+  TagMatcher& tags = *srq_->tags();
+  const bool room = srq_->posted() > 0;
+  const std::optional<Tmh> h =
+      seg.op == Op::kWriteImm ? std::nullopt : parse_tmh(seg.payload);
+  if (seg.op == Op::kWriteImm) {
+    d->kind = TmKind::kPlain;
+  } else if (!h) {
+    d->kind = TmKind::kNoTag;  // too short for a TMH, or not one
+  } else if (h->op == TmhOp::kRndv && !parse_rvh(seg.payload)) {
+    if (!room) return Syndrome::kRnr;
+    tags.note_unexpected();  // its RVH is beyond the first segment: software's to handle
+    d->kind = TmKind::kUnexpected;
+  } else {
+    TagMatcher::Entry e;
+    switch (tags.classify(*h, &e, room)) {
+      case TagMatcher::Verdict::kMatched:
+        d->kind = h->op == TmhOp::kRndv ? TmKind::kRndv : TmKind::kEager;
+        d->tag = h->tag;
+        d->app_ctx = h->app_ctx;
+        d->wr_id = e.recv_wr_id;
+        d->sge = e.sge;
+        if (d->kind == TmKind::kRndv) d->rvh = *parse_rvh(seg.payload);
+        break;
+      case TagMatcher::Verdict::kUnexpected:
+        d->kind = TmKind::kUnexpected;
+        break;
+      case TagMatcher::Verdict::kNoTag:
+        d->kind = TmKind::kNoTag;
+        break;
+      case TagMatcher::Verdict::kNoRoom:
+        return Syndrome::kRnr;
+    }
+  }
+  if (d->kind != TmKind::kEager && d->kind != TmKind::kRndv) {
+    // A plain receive, claimed now so that plain receives go in decision order.
+    if (!room || !recv_for(&claims_, tm_plain_)) return Syndrome::kRnr;
+    *prsn = tm_plain_++;
+  }
+  ++tm_next_rsn_;
+  return Syndrome::kOk;
+}
+
+void QueuePair::tm_complete(const RecvMsg& m, TmMsg& d) {
+  Cqe c{};
+  c.status = m.status;
+  c.qp_num = qpn_;
+  c.src_qp = remote_.qpn;
+  switch (d.kind) {
+    case TmKind::kEager:
+    case TmKind::kRndv:
+      c.wr_id = d.wr_id;
+      c.opcode = WcOpcode::kTmRecv;
+      c.wc_flags = hostif::kWcTmMatch;
+      c.tag = d.tag;
+      c.imm = d.app_ctx;
+      if (d.kind == TmKind::kEager) {
+        c.wc_flags |= hostif::kWcTmDataValid;
+        c.byte_len = m.total - kTmhLen;
+      }
+      push_cqe(tm_cq(), c);
+      if (d.kind != TmKind::kRndv || m.status != WcStatus::kSuccess) break;
+      if (d.rvh.len > d.sge.length) {
+        // The sender's data does not fit the tag's buffer: no READ, no FIN; software decides.
+        rndv_cqe(d.wr_id, d.rvh.len, WcStatus::kLocLenErr);
+        break;
+      }
+      {
+        OwnOp op;
+        op.id = next_own_id_++;
+        op.is_read = true;
+        op.length = d.rvh.len;
+        op.wr_id = d.wr_id;
+        op.tag = d.tag;
+        op.sge = d.sge;
+        op.rvh = d.rvh;
+        try {
+          own_ops_.push_back(op);
+        } catch (const std::bad_alloc&) {
+          rndv_cqe(d.wr_id, d.rvh.len, WcStatus::kLocQpOpErr);
+          break;
+        }
+        if (op.length == 0) rndv_done(own_ops_.back(), WcStatus::kSuccess);  // nothing to read
+      }
+      break;
+    default:
+      c.wr_id = retire_recv(&claims_, m.rsn);
+      c.opcode = d.kind == TmKind::kUnexpected ? WcOpcode::kTmRecv
+                 : d.kind == TmKind::kNoTag    ? WcOpcode::kTmNoTag
+                 : m.is_write                  ? WcOpcode::kRecvRdmaWithImm
+                                               : WcOpcode::kRecv;
+      c.byte_len = m.total;
+      c.imm = m.imm;
+      c.wc_flags = m.with_imm ? hostif::kWcWithImm : m.with_inv ? hostif::kWcWithInv : 0;
+      push_cqe(tm_cq(), c);
+      break;
+  }
+  d = TmMsg{};
+}
+
+QueuePair::OwnOp* QueuePair::own_op(uint32_t id) {
+  for (OwnOp& op : own_ops_)
+    if (op.id == id) return &op;
+  return nullptr;
+}
+
+void QueuePair::finish_own(uint32_t id) {
+  std::erase_if(own_ops_, [id](const OwnOp& op) { return op.id == id; });
+}
+
+bool QueuePair::submit_own() {
+  bool any = false;
+  for (OwnOp& op : own_ops_) {
+    if (op.submitted) continue;
+    transport::MessageDesc m;
+    m.peer_ip = remote_.ip;
+    m.lane = lane_;
+    m.dst_stream = remote_.qpn;
+    m.src_stream = qpn_;
+    m.msn = op.wire_msn = next_wire_msn_++;
+    ++own_sent_;
+    if (op.is_read) {
+      // Its answer is watched like a READ WQE's (check_responses).
+      if (rd_outstanding_ == 0) response_progress_ = nic_.now();
+      m.op = Op::kReadReq;
+      m.length = op.length;
+      m.remote_addr = op.rvh.va;
+      m.rkey = op.rvh.rkey;
+    } else {
+      m.op = Op::kSend;
+      m.length = kTmhLen;
+      m.rsn = next_rsn_++;  // the FIN takes one of the sender's receives
+    }
+    set_limits(remote_, m);
+    m.cookie = Nic::own_cookie(qpn_, op.id);
+    op.submitted = true;
+    any = true;
+    nic_.transport().submit(m);
+  }
+  return any;
+}
+
+bool QueuePair::place_own_read(const transport::Segment& seg) {
+  OwnOp* found = nullptr;
+  for (OwnOp& op : own_ops_)
+    if (op.is_read && op.submitted && op.wire_msn == seg.msn) found = &op;
+  if (!found) return false;
+  OwnOp& op = *found;
+  if (op.read_bytes >= op.length) return true;  // an answer seen again
+  if (seg.src_stream != remote_.qpn || seg.total_length != op.length ||
+      uint64_t{seg.offset} + seg.payload.size() > op.length)
+    return true;  // not an answer to it: dropped
+  Receive r;
+  r.sge = &op.sge;
+  r.num_sge = 1;
+  r.pd = srq_->pd();
+  WcStatus err = WcStatus::kSuccess;
+  if (scatter(r, seg.offset, seg.payload, &err) != Syndrome::kOk) {
+    rndv_done(op, err);
+    return true;
+  }
+  op.read_bytes += static_cast<uint32_t>(seg.payload.size());
+  response_progress_ = nic_.now();
+  if (op.read_bytes >= op.length) rndv_done(op, WcStatus::kSuccess);
+  return true;
+}
+
+void QueuePair::rndv_cqe(uint64_t wr_id, uint32_t length, WcStatus status) {
+  Cqe c{};
+  c.wr_id = wr_id;
+  c.status = status;
+  c.opcode = WcOpcode::kTmRecv;
+  c.byte_len = length;
+  c.wc_flags = status == WcStatus::kSuccess ? hostif::kWcTmDataValid : 0;
+  c.qp_num = qpn_;
+  c.src_qp = remote_.qpn;
+  push_cqe(tm_cq(), c);
+}
+
+void QueuePair::rndv_done(OwnOp& op, WcStatus status) {
+  rndv_cqe(op.wr_id, op.length, status);
+  if (status != WcStatus::kSuccess) {
+    finish_own(op.id);
+    enter_error();
+    return;
+  }
+  // The same entry becomes the FIN, sent at the next pass (after this data is written).
+  op.is_read = false;
+  op.submitted = false;
+  op.length = kTmhLen;
+}
+
+void QueuePair::own_gather(uint32_t id, uint32_t offset, std::span<uint8_t> out) {
+  uint8_t fin[kTmhLen] = {};
+  if (const OwnOp* op = own_op(id); op && !op->is_read)
+    write_tmh(Tmh{TmhOp::kFin, 0, op->tag}, fin);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = offset + i < kTmhLen ? fin[offset + i] : 0;
+}
+
+void QueuePair::own_acked(uint32_t id) {
+  const OwnOp* op = own_op(id);
+  if (op && !op->is_read) finish_own(id);  // a READ is done when its data is in
+}
+
+void QueuePair::own_failed(uint32_t id, Syndrome why) {
+  OwnOp* op = own_op(id);
+  if (!op || state_ == QpState::kErr) return;
+  const bool gave_up = why == Syndrome::kRetryExceeded || why == Syndrome::kRnr;
+  if (op->is_read) {
+    rndv_done(*op, remote_status(why));
+    return;
+  }
+  finish_own(id);
+  enter_error(gave_up ? std::optional(AsyncEvent::kQpFatal) : std::nullopt);
 }
 
 }  // namespace metaroce::nic

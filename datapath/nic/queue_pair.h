@@ -17,6 +17,7 @@
 #include "datapath/nic/completion_queue.h"
 #include "datapath/nic/memory.h"
 #include "datapath/nic/shared_receive_queue.h"
+#include "datapath/nic/tag_matcher.h"
 #include "datapath/transport/engine.h"
 #include "datapath/wire/mrh.h"
 
@@ -107,6 +108,11 @@ class QueuePair {
   void gather(uint32_t msn, uint32_t offset, std::span<uint8_t> out);
   // A read queued by gather() failed: the local buffer is gone (IBV_WC_LOC_PROT_ERR).
   void gather_failed(uint32_t msn);
+  // The transport's callbacks for the messages the QP sends on its own (Nic::own_cookie):
+  // tag matching's rendezvous READs and FIN notifications (verbs-mapping.md §19).
+  void own_gather(uint32_t id, uint32_t offset, std::span<uint8_t> out);
+  void own_acked(uint32_t id);
+  void own_failed(uint32_t id, transport::Syndrome why);
   // Places one arriving segment addressed to this QP.
   transport::Syndrome deliver(const transport::Segment& seg);
   // Raw packet QP (verbs-mapping.md §18): a frame steered to it takes its next receive (none
@@ -167,6 +173,38 @@ class QueuePair {
     uint64_t original = 0;  // the target's value before the operation, as memory held it
   };
   static constexpr uint32_t kAtomicCache = 64;
+  // Tag matching (verbs-mapping.md §19): how a message of a TM SRQ's QP was decided, once, in
+  // message order, from its first segment. Kept beside rx_msgs_ (same index) for such QPs only.
+  enum class TmKind : uint8_t {
+    kNone,        // not decided (or not a TM QP)
+    kEager,       // matched: the payload after the TMH lands in the tag's buffer
+    kRndv,        // matched rendezvous: the QP READs the sender's data into the tag's buffer
+    kUnexpected,  // a plain SRQ receive takes the whole message (IBV_WC_TM_RECV, no flags)
+    kNoTag,       // a plain SRQ receive takes it (IBV_WC_TM_NO_TAG)
+    kPlain,       // not a SEND (WRITE with immediate): a plain receive, as without TM
+  };
+  struct TmMsg {
+    TmKind kind = TmKind::kNone;
+    uint32_t app_ctx = 0;
+    uint64_t tag = 0;
+    uint64_t wr_id = 0;  // the tag's recv_wr_id
+    hostif::Sge sge{};   // the tag's buffer
+    Rvh rvh{};
+  };
+  // A message the QP sends with no WQE: a rendezvous READ, then the FIN that tells the sender
+  // its buffer is free.
+  struct OwnOp {
+    uint32_t id = 0;
+    uint32_t wire_msn = 0;
+    bool is_read = false;
+    bool submitted = false;
+    uint32_t length = 0;      // READ: bytes to read; FIN: kTmhLen
+    uint32_t read_bytes = 0;  // READ: placed so far
+    uint64_t wr_id = 0;       // the tag's recv_wr_id
+    uint64_t tag = 0;
+    hostif::Sge sge{};        // READ: the tag's buffer
+    Rvh rvh{};                // READ: the sender's buffer
+  };
   // A receive as the NIC uses it: a snapshot of the WQE taken when a message claims it.
   struct Receive {
     const hostif::RecvWqe* wqe = nullptr;
@@ -229,6 +267,22 @@ class QueuePair {
 
   void retire_sends();
   void complete_receives();
+  // Tag matching: decides the message seg is the first segment of (kRnr: not now, it comes
+  // back); *prsn: the plain receive it consumes, when it does.
+  transport::Syndrome tm_decide(const transport::Segment& seg, TmMsg* d, uint32_t* prsn);
+  TmMsg& tm_msg(uint32_t msn) { return tm_msgs_[msn & (tm_msgs_.size() - 1)]; }
+  // Completes a decided TM message (its receive-side completion, a rendezvous READ queued).
+  void tm_complete(const RecvMsg& m, TmMsg& d);
+  // Submits the QP's own messages queued since the last pass (RTS only).
+  bool submit_own();
+  OwnOp* own_op(uint32_t id);
+  void finish_own(uint32_t id);
+  // A rendezvous READ ended: DATA_VALID (or its error) for the tag, then the FIN.
+  void rndv_done(OwnOp& op, WcStatus status);
+  // The tag's second completion: DATA_VALID, or the error that kept its data out.
+  void rndv_cqe(uint64_t wr_id, uint32_t length, WcStatus status);
+  bool place_own_read(const transport::Segment& seg);
+  CompletionQueue* tm_cq() const { return srq_->cq(); }
   // why: the event to raise (none when the application asked for ERR).
   void enter_error(std::optional<AsyncEvent> why = std::nullopt);
   void flush_all();
@@ -282,6 +336,14 @@ class QueuePair {
   // With an SRQ: what this QP claimed of it.
   SharedReceiveQueue* const srq_;
   SrqClaims claims_;
+  // With a TM SRQ: decisions by msn, the next RSN to decide, plain receives consumed so far
+  // (the numbers claims_ uses for it: matched messages take none), and the own messages.
+  std::vector<TmMsg> tm_msgs_;
+  uint32_t tm_next_rsn_ = 0;
+  uint32_t tm_plain_ = 0;
+  std::vector<OwnOp> own_ops_;
+  uint32_t next_own_id_ = 0;
+  uint32_t own_sent_ = 0;  // own messages given wire msns (they take none of the send slots)
   // XRC target: per SRQ number, what it claimed of that SRQ; and its handles.
   std::unordered_map<uint32_t, SrqClaims> xrc_claims_;
   struct Handle {

@@ -6,12 +6,13 @@ namespace metaroce::nic {
 
 SharedReceiveQueue::SharedReceiveQueue(uint32_t id, Owner* owner, uint32_t pd,
                                        hostif::SrqHeader* ring, uint64_t handle, uint32_t xrcd,
-                                       CompletionQueue* cq)
+                                       CompletionQueue* cq, uint32_t max_tags)
     : id_(id), owner_(owner), pd_(pd), ring_(ring), handle_(handle), xrcd_(xrcd), cq_(cq),
       slots_(hostif::srq_slot(ring, 0)), posted_(hostif::srq_posted_ring(ring)),
       free_(hostif::srq_free_ring(ring)), mask_(ring->entries - 1), stride_(ring->stride),
       max_wr_(ring->max_wr), max_sge_(ring->max_sge), free_head_(ring->free_head.peek()),
-      held_(ring->max_wr, false) {}
+      held_(ring->max_wr, false),
+      tags_(max_tags ? std::make_unique<TagMatcher>(max_tags) : nullptr) {}
 
 bool SharedReceiveQueue::claim(uint32_t* slot, bool* limit_hit) {
   *limit_hit = false;

@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "datapath/hostif/queues.h"
+#include "datapath/nic/tag_matcher.h"
 
 namespace metaroce::nic {
 
@@ -18,9 +20,11 @@ class Owner;
 class SharedReceiveQueue {
  public:
   // ring: formatted by hostif::init_srq; its geometry is read here, once. An XRC SRQ
-  // (verbs-mapping.md §17) belongs to domain xrcd (0: a basic SRQ) and completes into cq.
+  // (verbs-mapping.md §17) belongs to domain xrcd (0: a basic SRQ) and completes into cq. A
+  // tag-matching SRQ (§19) has a list of max_tags tags and completes into cq.
   SharedReceiveQueue(uint32_t id, Owner* owner, uint32_t pd, hostif::SrqHeader* ring,
-                     uint64_t handle, uint32_t xrcd = 0, CompletionQueue* cq = nullptr);
+                     uint64_t handle, uint32_t xrcd = 0, CompletionQueue* cq = nullptr,
+                     uint32_t max_tags = 0);
 
   uint32_t id() const { return id_; }
   Owner* owner() const { return owner_; }
@@ -29,6 +33,8 @@ class SharedReceiveQueue {
   uint32_t max_sge() const { return max_sge_; }
   uint32_t xrcd() const { return xrcd_; }
   CompletionQueue* cq() const { return cq_; }
+  // A tag-matching SRQ's list; nullptr for other SRQs.
+  TagMatcher* tags() const { return tags_.get(); }
 
   // Takes the oldest posted receive: its slot, owned by the NIC until release(); false when
   // nothing is posted. *limit_hit: the armed limit event is due now (fewer than `limit` left).
@@ -56,6 +62,7 @@ class SharedReceiveQueue {
   uint32_t tail_ = 0;       // next posted entry to claim (private copy of posted_tail)
   uint32_t free_head_;      // next free-ring entry to fill (private copy of free_head)
   std::vector<bool> held_;  // slots the NIC holds: a slot posted twice is claimed once
+  std::unique_ptr<TagMatcher> tags_;
 };
 
 }  // namespace metaroce::nic

@@ -111,6 +111,7 @@ const abi::ContextOps kContextOps = [] {
   ops.post_recv = post_recv;
   ops.post_send = post_send;
   ops.post_srq_recv = post_srq_recv;
+  ops.post_srq_ops = post_srq_ops;
   ops.query_device_ex = query_device_ex;
   ops.query_ece = query_ece;
   ops.query_port = query_port;

@@ -146,6 +146,13 @@ unsigned int read_wc_flags(ibv_cq_ex* x) { return to_cq(x)->cur.wc_flags; }
 uint32_t read_slid(ibv_cq_ex*) { return 0; }  // no LIDs on Ethernet
 uint8_t read_sl(ibv_cq_ex*) { return 0; }
 uint8_t read_dlid_path_bits(ibv_cq_ex*) { return 0; }
+// Tag matching (verbs-mapping.md §19): the tag and the TMH's context, set with IBV_WC_TM_MATCH.
+void read_tm_info(ibv_cq_ex* x, ibv_wc_tm_info* info) {
+  const hostif::Cqe& c = to_cq(x)->cur;
+  const bool match = c.wc_flags & IBV_WC_TM_MATCH;
+  info->tag = match ? c.tag : 0;
+  info->priv = match ? c.imm : 0;
+}
 
 }  // namespace
 
@@ -196,7 +203,7 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) noexcep
     return nullptr;
   }
   if (attr->wc_flags & ~kSupportedWcFlags) {
-    errno = EOPNOTSUPP;  // completion timestamps, CVLAN, flow tags, TM info
+    errno = EOPNOTSUPP;  // completion timestamps, CVLAN, flow tags
     return nullptr;
   }
   Cq* cq = new_cq(context, attr->cqe, attr->channel, attr->comp_vector, parent);
@@ -215,6 +222,7 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) noexcep
   if (attr->wc_flags & IBV_WC_EX_WITH_SLID) x.read_slid = read_slid;
   if (attr->wc_flags & IBV_WC_EX_WITH_SL) x.read_sl = read_sl;
   if (attr->wc_flags & IBV_WC_EX_WITH_DLID_PATH_BITS) x.read_dlid_path_bits = read_dlid_path_bits;
+  if (attr->wc_flags & IBV_WC_EX_WITH_TM_INFO) x.read_tm_info = read_tm_info;
   // No kernel command fills these for the extended constructor: do what it would have done.
   verbs_init_cq(&cq->vcq.cq, context, attr->channel, attr->cq_context);
   return &x;

@@ -45,7 +45,7 @@ void to_wc(const hostif::Cqe& cqe, ibv_wc* wc) noexcept;
 inline constexpr uint64_t kSupportedWcFlags =
     IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
     IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
-    IBV_WC_EX_WITH_DLID_PATH_BITS;
+    IBV_WC_EX_WITH_DLID_PATH_BITS | IBV_WC_EX_WITH_TM_INFO;
 
 ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel,
                   int comp_vector) noexcept;

@@ -102,6 +102,13 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   ex.rss_caps.rx_hash_fields_mask = hostif::kRssFields;
   ex.rss_caps.rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ;
   ex.max_wq_type_rq = kMaxQp;
+  // Tag matching on RC (verbs-mapping.md §19): one SGE per tag; list operations are carried out
+  // before ibv_post_srq_ops returns.
+  ex.tm_caps.flags = IBV_TM_CAP_RC;
+  ex.tm_caps.max_num_tags = hostif::kMaxTmTags;
+  ex.tm_caps.max_ops = hostif::kMaxTmOps;
+  ex.tm_caps.max_sge = 1;
+  ex.tm_caps.max_rndv_hdr_size = hostif::kMaxRndvHdr;
   return ex;
 }
 

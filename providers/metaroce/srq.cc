@@ -21,9 +21,10 @@ namespace metaroce::provider {
 
 namespace {
 
-// A basic SRQ (xrcd null), or one of an XRC domain completing into cq.
-ibv_srq* make_srq(ibv_pd* ibpd, void* srq_context, ibv_srq_attr& a, Xrcd* xrcd,
-                  Cq* cq) noexcept {
+// A basic SRQ (xrcd null, max_tags 0), one of an XRC domain completing into cq, or a
+// tag-matching one of max_tags tags completing into cq.
+ibv_srq* make_srq(ibv_pd* ibpd, void* srq_context, ibv_srq_attr& a, Xrcd* xrcd, Cq* cq,
+                  uint32_t max_tags = 0) noexcept {
   if (a.max_wr < 1 || a.max_wr > hostif::kMaxSrqWr || a.max_sge < 1 || a.max_sge > hostif::kMaxSge) {
     errno = EINVAL;
     return nullptr;
@@ -51,6 +52,16 @@ ibv_srq* make_srq(ibv_pd* ibpd, void* srq_context, ibv_srq_attr& a, Xrcd* xrcd,
     err = create_mapped(ibpd->context, hostif::Op::kCreateXrcSrq, req, {},
                         hostif::Op::kDestroySrq, &hostif::CreateSrqResp::id, hostif::valid_srq,
                         &body, &seg);
+  } else if (max_tags) {
+    hostif::CreateTmSrqReq req;
+    req.pd = pd->id;
+    req.max_wr = a.max_wr;
+    req.max_sge = a.max_sge;
+    req.max_tags = max_tags;
+    req.cq = cq->id;
+    req.handle = handle;
+    err = create_mapped(ibpd->context, hostif::Op::kCreateTmSrq, req, {}, hostif::Op::kDestroySrq,
+                        &hostif::CreateSrqResp::id, hostif::valid_srq, &body, &seg);
   } else {
     hostif::CreateSrqReq req;
     req.pd = pd->id;
@@ -71,7 +82,7 @@ ibv_srq* make_srq(ibv_pd* ibpd, void* srq_context, ibv_srq_attr& a, Xrcd* xrcd,
   srq->pd = pd;
   srq->max_wr = a.max_wr;
   srq->max_sge = a.max_sge;
-  srq->type = xrcd ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+  srq->type = xrcd ? IBV_SRQT_XRC : max_tags ? IBV_SRQT_TM : IBV_SRQT_BASIC;
   srq->xrcd = xrcd;
   srq->cq = cq;
   pthread_spin_init(&srq->post_lock, PTHREAD_PROCESS_PRIVATE);
@@ -87,10 +98,8 @@ ibv_srq* make_srq(ibv_pd* ibpd, void* srq_context, ibv_srq_attr& a, Xrcd* xrcd,
   // srq_limit is ignored at creation (verbs): the limit is armed only by ibv_modify_srq.
   a.srq_limit = 0;
   pd->users.fetch_add(1, std::memory_order_relaxed);
-  if (xrcd) {
-    xrcd->users.fetch_add(1, std::memory_order_relaxed);
-    cq->users.fetch_add(1, std::memory_order_relaxed);
-  }
+  if (xrcd) xrcd->users.fetch_add(1, std::memory_order_relaxed);
+  if (cq) cq->users.fetch_add(1, std::memory_order_relaxed);
   track(ibpd->context, srq);
   return &srq->srq;
 }
@@ -130,9 +139,19 @@ ibv_srq* create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr) noexcep
       return make_srq(attr->pd, attr->srq_context, attr->attr, to_xrcd(attr->xrcd),
                       to_cq(attr->cq));
     }
-    case IBV_SRQT_TM:
-      errno = EOPNOTSUPP;  // tag matching is not offered (no IBV_DEVICE ... tm_caps)
-      return nullptr;
+    case IBV_SRQT_TM: {
+      // A TM SRQ completes into its own CQ and holds up to max_num_tags tags (§19).
+      const uint32_t need = IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM;
+      if ((attr->comp_mask & need) != need || !attr->cq || attr->cq->context != context ||
+          (attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || attr->tm_cap.max_num_tags < 1 ||
+          attr->tm_cap.max_num_tags > hostif::kMaxTmTags || attr->tm_cap.max_ops < 1 ||
+          attr->tm_cap.max_ops > hostif::kMaxTmOps) {
+        errno = EINVAL;
+        return nullptr;
+      }
+      return make_srq(attr->pd, attr->srq_context, attr->attr, nullptr, to_cq(attr->cq),
+                      attr->tm_cap.max_num_tags);
+    }
   }
   errno = EINVAL;
   return nullptr;
@@ -172,10 +191,8 @@ int destroy_srq(ibv_srq* ibsrq) noexcept {
   if (err && !engine_gone(err)) return err;
   untrack(ibsrq->context, srq);
   srq->pd->users.fetch_sub(1, std::memory_order_release);
-  if (srq->xrcd) {
-    srq->xrcd->users.fetch_sub(1, std::memory_order_release);
-    srq->cq->users.fetch_sub(1, std::memory_order_release);
-  }
+  if (srq->xrcd) srq->xrcd->users.fetch_sub(1, std::memory_order_release);
+  if (srq->cq) srq->cq->users.fetch_sub(1, std::memory_order_release);
   munmap(srq->ring, srq->ring_bytes);
   pthread_spin_destroy(&srq->post_lock);
   pthread_cond_destroy(&ibsrq->cond);
@@ -204,8 +221,65 @@ int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcep
   return err;
 }
 
+int post_srq_ops(ibv_srq* ibsrq, ibv_ops_wr* wr, ibv_ops_wr** bad_wr) noexcept {
+  Srq* srq = to_srq(ibsrq);
+  int err = 0;
+  if (srq->type != IBV_SRQT_TM) {
+    *bad_wr = wr;
+    return EINVAL;  // list operations exist only on a tag-matching SRQ
+  }
+  // Each operation is carried out by the engine before the next is sent: the list is the NIC's,
+  // so its answer (a tag's handle) is final when this returns.
+  for (; wr; wr = wr->next) {
+    hostif::SrqTagOpReq req;
+    req.srq = srq->id;
+    req.wr_id = wr->wr_id;
+    req.signaled = (wr->flags & IBV_OPS_SIGNALED) ? 1 : 0;
+    req.unexpected_cnt = wr->tm.unexpected_cnt;
+    switch (wr->opcode) {
+      case IBV_WR_TAG_ADD:
+        req.op = hostif::TagOp::kAdd;
+        if (wr->tm.add.num_sge < 0 || wr->tm.add.num_sge > 1 ||
+            (wr->tm.add.num_sge == 1 && !wr->tm.add.sg_list)) {
+          err = EINVAL;
+          break;
+        }
+        req.num_sge = static_cast<uint32_t>(wr->tm.add.num_sge);
+        if (req.num_sge)
+          req.sge = {wr->tm.add.sg_list[0].addr, wr->tm.add.sg_list[0].length,
+                     wr->tm.add.sg_list[0].lkey};
+        req.recv_wr_id = wr->tm.add.recv_wr_id;
+        req.tag = wr->tm.add.tag;
+        req.mask = wr->tm.add.mask;
+        break;
+      case IBV_WR_TAG_DEL:
+        req.op = hostif::TagOp::kDel;
+        req.handle = wr->tm.handle;
+        break;
+      case IBV_WR_TAG_SYNC:
+        req.op = hostif::TagOp::kSync;
+        break;
+      default:
+        err = EINVAL;
+        break;
+    }
+    if (err) break;
+    hostif::Message resp;
+    err = engine_call(ibsrq->context, hostif::Op::kSrqTagOp, req, &resp);
+    if (err) break;
+    auto body = resp.as<hostif::SrqTagOpResp>();
+    if (!body) {
+      err = EPROTO;
+      break;
+    }
+    if (wr->opcode == IBV_WR_TAG_ADD) wr->tm.handle = body->handle;
+  }
+  if (err) *bad_wr = wr;
+  return err;
+}
+
 void flush_orphan(Srq* srq, const std::vector<Qp*>& qps) noexcept {
-  Cq* cq = srq->cq;  // an XRC SRQ's own
+  Cq* cq = srq->cq;  // an XRC or TM SRQ's own
   for (Qp* qp : qps)
     if (!cq && qp->srq == srq) cq = qp->recv_cq;
   hostif::SrqHeader* h = srq->ring;

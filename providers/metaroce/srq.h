@@ -31,9 +31,9 @@ struct Srq {
   uint32_t max_sge;
   std::atomic<uint32_t> users;  // QPs attached: destroy_srq answers EBUSY meanwhile
   pthread_spinlock_t post_lock; // one poster at a time
-  ibv_srq_type type;            // IBV_SRQT_BASIC or IBV_SRQT_XRC
-  Xrcd* xrcd;                   // XRC: its domain, and the CQ its receives complete into
-  Cq* cq;
+  ibv_srq_type type;            // IBV_SRQT_BASIC, IBV_SRQT_XRC or IBV_SRQT_TM
+  Xrcd* xrcd;                   // XRC: its domain
+  Cq* cq;                       // XRC, TM: the CQ its receives complete into
 };
 static_assert(std::is_standard_layout_v<Srq>);
 
@@ -56,6 +56,8 @@ int modify_srq(ibv_srq* srq, ibv_srq_attr* attr, int attr_mask) noexcept;
 int query_srq(ibv_srq* srq, ibv_srq_attr* attr) noexcept;
 int destroy_srq(ibv_srq* srq) noexcept;
 int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept;
+// ibv_post_srq_ops on a tag-matching SRQ (verbs-mapping.md §19): TAG_ADD, TAG_DEL, TAG_SYNC.
+int post_srq_ops(ibv_srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad_wr) noexcept;
 
 ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) noexcept;
 int destroy_ah(ibv_ah* ah) noexcept;

@@ -181,7 +181,7 @@ struct ContextOps {
   int (*poll_cq)(ibv_cq* cq, int num_entries, ibv_wc* wc);
   int (*post_recv)(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
   int (*post_send)(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
-  UnusedOp post_srq_ops;
+  int (*post_srq_ops)(ibv_srq* srq, ibv_ops_wr* op, ibv_ops_wr** bad_op);
   int (*post_srq_recv)(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
   int (*query_device_ex)(ibv_context* context, const ibv_query_device_ex_input* input,
                          ibv_device_attr_ex* attr, size_t attr_size);

@@ -118,6 +118,16 @@ class TestSrq {
     hostif::init_srq(ring_.mem, max_wr, max_sge);
     err = nic.create_xrc_srq(o, pd, xrcd, cq, header(), reinterpret_cast<uintptr_t>(this), &id);
   }
+  // A tag-matching SRQ of max_tags tags, completing into cq (verbs-mapping.md §19).
+  struct Tm {
+    uint32_t cq = 0, max_tags = 0;
+  };
+  TestSrq(Nic& nic, Owner* o, uint32_t pd, Tm tm, uint32_t max_wr, uint32_t max_sge)
+      : nic_(nic), owner_(o), ring_(hostif::srq_layout(max_wr, max_sge).bytes) {
+    hostif::init_srq(ring_.mem, max_wr, max_sge);
+    err = nic.create_tm_srq(o, pd, tm.cq, tm.max_tags, header(), reinterpret_cast<uintptr_t>(this),
+                            &id);
+  }
   hostif::SrqHeader* header() { return reinterpret_cast<hostif::SrqHeader*>(ring_.mem); }
   int post_recv(const RecvWqe& r) { return hostif::srq_post(header(), r.wr_id, r.sge, r.num_sge); }
   void set_limit(uint32_t l) { header()->limit.store(l); }
