@@ -20,7 +20,7 @@
 #include "metaroce_ib_abi.h"
 
 #define MRIB_VERSION "0.1.0" /* the project's version; also the firmware version reported */
-#define MRIB_GID_TABLE_LEN 64
+#define MRIB_GID_TABLE_LEN 16 /* as kernel-free devices (nic::kGidTableLen) */
 #define MRIB_MAX_MSG_SZ 0x80000000u
 #define MRIB_FIRST_QPN 0x10u
 #define MRIB_MAX_QPN 0xffffffu
