@@ -127,10 +127,11 @@ int alloc_pd(ibv_context* context, ibv_pd* pd) noexcept {
 
 int dealloc_pd(ibv_pd* pd) noexcept { return ibv_cmd_dealloc_pd(pd); }
 
-int reg_mr(ibv_pd* pd, void* addr, size_t length, int access, abi::VerbsMr* mr) noexcept {
+int reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int access,
+           abi::VerbsMr* mr) noexcept {
   Cmd<cmd_size<ib_uverbs_reg_mr>> cmd;
   Resp<sizeof(ib_uverbs_reg_mr_resp), NoDriver> resp;
-  return ibv_cmd_reg_mr(pd, addr, length, reinterpret_cast<uintptr_t>(addr), access, mr, &cmd,
+  return ibv_cmd_reg_mr(pd, addr, length, hca_va, access, mr, &cmd,
                         cmd.size(), &resp, resp.size());
 }
 

@@ -36,7 +36,8 @@ int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr) noex
 int alloc_pd(ibv_context* context, ibv_pd* pd) noexcept;  // sets pd->handle
 int dealloc_pd(ibv_pd* pd) noexcept;
 // Pins the pages; fills the region's handle, lkey and rkey (the engine takes these keys).
-int reg_mr(ibv_pd* pd, void* addr, size_t length, int access, abi::VerbsMr* mr) noexcept;
+int reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int access,
+           abi::VerbsMr* mr) noexcept;
 int dereg_mr(abi::VerbsMr* mr) noexcept;
 // *id: the module's number of the CQ, which the engine raises its events on.
 int create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel, int comp_vector,
