@@ -61,7 +61,8 @@ BINS="ib_write_bw ib_write_lat ib_send_bw ib_read_bw ibv_devices ibv_devinfo ibv
       ibv_ud_pingpong ibv_srq_pingpong rdma ip python3"
 LIBS="/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so"
 for b in $BINS; do
-  p=$(command -v "$b")
+  # Debian's own programs, whatever this shell's PATH prefers (pyenv shims, /usr/local).
+  p=$(PATH=/usr/sbin:/usr/bin:/sbin:/bin command -v "$b")
   cp -L "$p" "$R/usr/local/bin/$b"
   LIBS="$LIBS $p"
 done
@@ -91,7 +92,7 @@ done
 mkdir -p "$R/opt/rdma-tests"
 cp -r /usr/share/doc/rdma-core/tests "$R/opt/rdma-tests/"
 gunzip -f "$R"/opt/rdma-tests/tests/*.gz
-python3 -m compileall -q "$R/opt/rdma-tests/tests" >/dev/null || true
+/usr/bin/python3 -m compileall -q "$R/opt/rdma-tests/tests" >/dev/null || true
 
 for f in $LIBS; do
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3} /^\t\/lib/{print $1}'  || true

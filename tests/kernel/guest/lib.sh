@@ -12,13 +12,13 @@ result() {
 }
 # check NAME CMD...: runs CMD (output to /tmp/NAME.log, shown on failure) and records it.
 check() {
-  name=$1; shift
-  if "$@" > "/tmp/$name.log" 2>&1; then
-    result "$name" PASS
+  local check_name=$1 rc; shift
+  if "$@" > "/tmp/$check_name.log" 2>&1; then
+    result "$check_name" PASS
   else
     rc=$?
-    sed 's/^/  | /' "/tmp/$name.log" | tail -40
-    result "$name" FAIL "exit $rc"
+    sed 's/^/  | /' "/tmp/$check_name.log" | tail -40
+    result "$check_name" FAIL "exit $rc"
   fi
 }
 
