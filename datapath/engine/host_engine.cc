@@ -40,6 +40,7 @@ using transport::Time;
 namespace {
 
 constexpr Time kMinNap = std::chrono::microseconds(5);
+constexpr size_t kMaxWaitLinks = 16;  // links whose receive descriptors one nap waits on
 constexpr Time kPublishEvery = std::chrono::milliseconds(100);  // `metaroce stat` refresh
 // Connections the transport looks at for idleness at each publication: 2,560 a second, so a
 // host that talked to 8,192 peers once forgets them within ~3 s of their conn_idle.
@@ -512,13 +513,27 @@ void HostEngine::idle_wait(Time t, Time idle_for) {
   const Time nap = queues ? opt_.max_nap : opt_.max_nap_unused;
   Time sleep = std::min(nap, deadline > t ? deadline - t : Time::zero());
   if (sleep <= Time::zero()) return;
-  int rx_fd = -1;
-  if (active_.size() == 1) rx_fd = active_[0]->layer->rx_wait_fd();
+  // Every link whose port can wake us (UDP sockets, in-process links) is waited on together with
+  // the doorbell, so two such links in one engine sleep as one does: a ping-pong between them
+  // (two kernel devices over a veth pair) is woken by its packet, not at the end of a nap.
+  pollfd fds[1 + kMaxWaitLinks];
+  nfds_t nfds = 1;
+  fds[0] = {doorbell_fd_, POLLIN, 0};
+  bool all_wake = active_.size() <= kMaxWaitLinks;
+  for (Link* l : active_) {
+    const int fd = nfds <= kMaxWaitLinks ? l->layer->rx_wait_fd() : -1;
+    if (fd < 0) {
+      all_wake = false;
+      continue;
+    }
+    fds[nfds++] = {fd, POLLIN, 0};
+  }
   // Without a receive descriptor, arriving frames are noticed only when awake. Nap in
   // proportion to how long the link has been idle: a ping-pong keeps the naps short (its next
   // packet is near), a quiet link ends up polled once per `nap`.
-  if (rx_fd < 0) sleep = std::min(sleep, std::clamp(idle_for / 2, kMinNap, nap));
-  if (rx_fd >= 0) active_[0]->layer->rx_arm();
+  if (!all_wake) sleep = std::min(sleep, std::clamp(idle_for / 2, kMinNap, nap));
+  for (Link* l : active_)
+    if (l->layer->rx_wait_fd() >= 0) l->layer->rx_arm();
   status_page_->sleeping.store(1);
   // Pairs with the fence drivers put between publishing a WQE and reading `sleeping`: either
   // they see us asleep and ring, or we see their work here.
@@ -526,13 +541,13 @@ void HostEngine::idle_wait(Time t, Time idle_for) {
   bool work = commands_pending();
   for (Link* l : active_) work = work || l->nic->has_new_work();
   if (!work) {
-    pollfd fds[2] = {{doorbell_fd_, POLLIN, 0}, {rx_fd, POLLIN, 0}};
     timespec ts{static_cast<time_t>(sleep.count() / 1000000000),
                 static_cast<long>(sleep.count() % 1000000000)};
-    ppoll(fds, rx_fd >= 0 ? 2 : 1, &ts, nullptr);
+    ppoll(fds, nfds, &ts, nullptr);
   }
   status_page_->sleeping.store(0);
-  if (rx_fd >= 0) active_[0]->layer->rx_disarm();
+  for (Link* l : active_)
+    if (l->layer->rx_wait_fd() >= 0) l->layer->rx_disarm();
   uint64_t drain;
   [[maybe_unused]] ssize_t r = read(doorbell_fd_, &drain, sizeof(drain));
 }
