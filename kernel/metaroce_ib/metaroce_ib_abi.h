@@ -120,7 +120,7 @@ struct mrib_mr_map {
 
 /* MRIB_IOC_CHECK: is object `id` of kind `kind` the one `pid` created on this device? 0, or
  * ENOENT (no such object) / EPERM (another process's). For a QP, `id` is its number and
- * `qp_type` comes back (IB_QPT_RC 2, IB_QPT_UD 4). */
+ * `qp_type` comes back (IB_QPT_RC 2, IB_QPT_UC 3, IB_QPT_UD 4). */
 enum mrib_kind {
 	MRIB_KIND_CQ = 1,
 	MRIB_KIND_QP = 2,

@@ -388,7 +388,8 @@ int mrib_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init, struct ib_u
 
 	if (!udata)
 		return -EOPNOTSUPP;
-	if ((init->qp_type != IB_QPT_RC && init->qp_type != IB_QPT_UD) || init->create_flags)
+	if ((init->qp_type != IB_QPT_RC && init->qp_type != IB_QPT_UC &&
+	     init->qp_type != IB_QPT_UD) || init->create_flags)
 		return -EOPNOTSUPP;
 	if (init->cap.max_send_wr > MRIB_CAP_MAX_QP_WR || init->cap.max_recv_wr > MRIB_CAP_MAX_QP_WR ||
 	    init->cap.max_send_sge > MRIB_CAP_MAX_SGE || init->cap.max_recv_sge > MRIB_CAP_MAX_SGE ||

@@ -56,9 +56,10 @@ mkdir -p "$R/lib/modules/$K/extra"
 cp "$module" "$R/lib/modules/$K/extra/"
 depmod -b "$R" "$K"
 
-# Programs and every library they load.
+# Programs and every library they load; KG_EXTRA_BINS adds more (chrt, taskset, ... for
+# experiments in the guest).
 BINS="ib_write_bw ib_write_lat ib_send_bw ib_read_bw ibv_devices ibv_devinfo ibv_rc_pingpong
-      ibv_ud_pingpong ibv_srq_pingpong rdma ip python3"
+      ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong rdma ip python3 ${KG_EXTRA_BINS:-}"
 LIBS="/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so"
 for b in $BINS; do
   # Debian's own programs, whatever this shell's PATH prefers (pyenv shims, /usr/local).

@@ -35,6 +35,9 @@ pair() {
 }
 check rc_pingpong_events pair pp ibv_rc_pingpong -d mr0 -g "$X0" -e -s 4096 -n 500 -- \
   ibv_rc_pingpong -d mr1 -g "$X1" -e -s 4096 -n 500 198.18.0.1
+# UC: the kernel's QP of that type, the engine's unreliable-connected service.
+check uc_pingpong pair uc ibv_uc_pingpong -d mr0 -g "$X0" -s 4096 -n 200 -- \
+  ibv_uc_pingpong -d mr1 -g "$X1" -s 4096 -n 200 198.18.0.1
 check ib_write_bw pair bw ib_write_bw -d mr0 -x "$X0" -s 65536 -D 3 -F -p 18600 -- \
   ib_write_bw -d mr1 -x "$X1" -s 65536 -D 3 -F -p 18600 198.18.0.1
 grep -E '^ *65536 ' /tmp/bw.cli
