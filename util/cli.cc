@@ -1773,9 +1773,15 @@ std::string format_gid(const uint8_t gid[16]) {
 
 std::vector<std::pair<std::string, std::string>> verbs_environment(const Context& ctx) {
   std::vector<std::pair<std::string, std::string>> settings;
-  // With the kernel module, devices and completion channels are the kernel's: nothing to
-  // redirect (docs/design.md, "The kernel module").
-  if (!ctx.kernel_module) settings.emplace_back("SYSFS_PATH", ctx.sysfs());
+  // With the kernel module, kernel devices and their completion channels are the kernel's:
+  // nothing to redirect (docs/design.md, "The kernel module"). A kernel-free link (memif, several
+  // planes) exists only in the generated tree, so where one is recorded the redirect stays, and
+  // hides the kernel's devices from that program (libibverbs reads a single sysfs root).
+  bool redirect = !ctx.kernel_module;
+  if (!redirect) {
+    for (const nic::LinkConfig& c : load_store(Paths(ctx)).links) redirect |= c.kernel.empty();
+  }
+  if (redirect) settings.emplace_back("SYSFS_PATH", ctx.sysfs());
   // A binary run from the build tree points libibverbs at the provider built next to it; an
   // installed one relies on /etc/libibverbs.d.
   std::string preload = ctx.preload_path;
@@ -1793,7 +1799,7 @@ std::vector<std::pair<std::string, std::string>> verbs_environment(const Context
   // can answer it). Put first in LD_PRELOAD, what the caller had kept after it; left out where
   // the library is not installed, since a missing preload makes every program complain.
   std::error_code ec;
-  if (!ctx.kernel_module && !preload.empty() && fs::is_regular_file(preload, ec)) {
+  if (redirect && !preload.empty() && fs::is_regular_file(preload, ec)) {
     std::string value = preload;
     const char* inherited = std::getenv("LD_PRELOAD");
     std::string rest = inherited ? inherited : "";
