@@ -35,6 +35,7 @@
 #ifdef METAROCE_HAVE_DPDK
 #include "datapath/fabric/fabric_runner.h"
 #endif
+#include "kernel/metaroce_ib/metaroce_ib_abi.h"
 
 #ifdef METAROCE_HAVE_DPDK
 #define ALLOW_EXPERIMENTAL_API 1  // rte_devargs_reset is still experimental in 22.11
@@ -712,6 +713,20 @@ Outcome create_link(nic::LinkConfig c, const Context& ctx) {
   for (const auto& other : store.links)
     if (other.ip == c.ip)
       return fail("address " + nic::format_ipv4(c.ip) + " is already used by link " + other.name);
+
+  // A kernel device (the engine creates and attaches it): the record alone, no uverbs entry.
+  if (ctx.kernel_module && c.planes == 1) c.kernel = kernel_interface_of(c.devargs);
+  if (!c.kernel.empty()) {
+    if (!ctx.is_root) return fail("permission denied: kernel devices need root (run as root)");
+    std::error_code ec;
+    fs::create_directories(p.link_dir(c.name), ec);
+    if (ec) return fail(describe("cannot create " + p.link_dir(c.name), ec.value()));
+    if (!c.save(p.record(c.name), &err)) {
+      fs::remove_all(p.link_dir(c.name), ec);
+      return fail(err);
+    }
+    return ok();
+  }
   auto n = pick_uverbs(ctx, p);
   if (!n) return fail("no free uverbs number below " + std::to_string(kMaxUverbs));
   c.uverbs = "uverbs" + std::to_string(*n);
@@ -894,6 +909,7 @@ Outcome link_show(const std::vector<std::string>& args, const Context& ctx) {
         << ", \"paths\": " << l.paths << ", \"planes\": " << l.planes
         << ", \"udp_port\": " << l.udp_port << ", \"rx_capacity_mbps\": " << l.rx_capacity_mbps
         << ", \"node_guid\": " << json_string(format_guid(l.node_guid))
+        << ", \"kernel\": " << json_string(l.kernel)
         << ", \"devargs\": " << json_string(l.devargs) << "}";
     }
     o << (shown.empty() ? "]\n" : "\n]\n");
@@ -901,7 +917,7 @@ Outcome link_show(const std::vector<std::string>& args, const Context& ctx) {
     std::vector<std::vector<std::string>> rows = {
         {"NAME", "UVERBS", "ADDRESS", "MTU", "PATHS", "UDP", "DEVARGS"}};
     for (const auto& l : shown)
-      rows.push_back({l.name, l.uverbs, nic::format_ipv4(l.ip) + "/" + std::to_string(l.prefix),
+      rows.push_back({l.name, l.kernel.empty() ? l.uverbs : "(kernel)", nic::format_ipv4(l.ip) + "/" + std::to_string(l.prefix),
                       std::to_string(l.mtu), std::to_string(l.paths), std::to_string(l.udp_port),
                       l.devargs});
     std::vector<size_t> width(rows[0].size(), 0);
@@ -1756,7 +1772,16 @@ std::string format_gid(const uint8_t gid[16]) {
 }
 
 std::vector<std::pair<std::string, std::string>> verbs_environment(const Context& ctx) {
-  std::vector<std::pair<std::string, std::string>> settings = {{"SYSFS_PATH", ctx.sysfs()}};
+  std::vector<std::pair<std::string, std::string>> settings;
+  // With the kernel module, kernel devices and their completion channels are the kernel's:
+  // nothing to redirect (docs/design.md, "The kernel module"). A kernel-free link (memif, several
+  // planes) exists only in the generated tree, so where one is recorded the redirect stays, and
+  // hides the kernel's devices from that program (libibverbs reads a single sysfs root).
+  bool redirect = !ctx.kernel_module;
+  if (!redirect) {
+    for (const nic::LinkConfig& c : load_store(Paths(ctx)).links) redirect |= c.kernel.empty();
+  }
+  if (redirect) settings.emplace_back("SYSFS_PATH", ctx.sysfs());
   // A binary run from the build tree points libibverbs at the provider built next to it; an
   // installed one relies on /etc/libibverbs.d.
   std::string preload = ctx.preload_path;
@@ -1774,7 +1799,7 @@ std::vector<std::pair<std::string, std::string>> verbs_environment(const Context
   // can answer it). Put first in LD_PRELOAD, what the caller had kept after it; left out where
   // the library is not installed, since a missing preload makes every program complain.
   std::error_code ec;
-  if (!preload.empty() && fs::is_regular_file(preload, ec)) {
+  if (redirect && !preload.empty() && fs::is_regular_file(preload, ec)) {
     std::string value = preload;
     const char* inherited = std::getenv("LD_PRELOAD");
     std::string rest = inherited ? inherited : "";
@@ -1801,6 +1826,7 @@ Context process_context() {
   ctx.build_root = METAROCE_BUILD_ROOT;
   ctx.preload_path = METAROCE_PRELOAD_PATH;
   ctx.engine_program = METAROCE_ENGINE_PATH;
+  ctx.kernel_module = ::access(MRIB_DEV_NODE, F_OK) == 0;
   // Run from the build tree: the engine built next to it.
   if (!ctx.build_root.empty() && !ctx.exe_dir.empty()) {
     fs::path root = fs::weakly_canonical(ctx.build_root, ec);

@@ -41,6 +41,9 @@ struct Context {
   // The engine to start when none serves the run dir (metaroced). Empty: links are records
   // only and no engine is asked (the unit tests of the command).
   std::string engine_program;
+  // The metaroce_ib module is loaded: a single-plane link over a kernel interface becomes a
+  // kernel device (no sysfs tree entry, no device node, no SYSFS_PATH or preload needed).
+  bool kernel_module = false;
   std::ostream* out = nullptr;
   std::ostream* err = nullptr;
 
@@ -56,7 +59,8 @@ int run(const std::vector<std::string>& args, const Context& ctx);
 // Pieces exposed for tests and for the provider's tools.
 
 // The variables that make libibverbs find the links of ctx, in the order `metaroce env` prints
-// them: SYSFS_PATH always, RDMAV_DRIVERS only for a binary running from its build tree.
+// them: SYSFS_PATH (unless the kernel module is loaded: its devices are the kernel's, and the
+// tree would hide them), RDMAV_DRIVERS only for a binary running from its build tree.
 std::vector<std::pair<std::string, std::string>> verbs_environment(const Context& ctx);
 
 // "1.2.3.4/24" -> (ip, prefix); nullopt and *err when malformed or not a usable unicast address.

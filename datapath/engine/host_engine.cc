@@ -24,10 +24,12 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 
 #include "datapath/io/dpdk_port.h"
 #include "datapath/io/udp_port.h"
 #include "datapath/wire/mrh.h"
+#include "kernel/metaroce_ib/metaroce_ib_abi.h"
 
 namespace metaroce::engine {
 
@@ -38,11 +40,40 @@ using transport::Time;
 namespace {
 
 constexpr Time kMinNap = std::chrono::microseconds(5);
+constexpr size_t kMaxWaitLinks = 16;  // links whose receive descriptors one nap waits on
 constexpr Time kPublishEvery = std::chrono::milliseconds(100);  // `metaroce stat` refresh
 // Connections the transport looks at for idleness at each publication: 2,560 a second, so a
 // host that talked to 8,192 peers once forgets them within ~3 s of their conn_idle.
 constexpr size_t kIdleSweep = 256;
 constexpr uint32_t kStatusBytes = 4096;
+
+// The kernel's number (enum ib_qp_type) of a QP type: a kernel context's QP must be the same.
+// 0: a type the module does not offer.
+uint32_t kernel_qp_type(hostif::QpType t) {
+  switch (t) {
+    case hostif::QpType::kRc: return 2;  // IB_QPT_RC
+    case hostif::QpType::kUc: return 3;  // IB_QPT_UC
+    case hostif::QpType::kUd: return 4;  // IB_QPT_UD
+    default: return 0;
+  }
+}
+
+// Objects only the engine numbers (XRC domains, their SRQs and QP handles, raw packet QPs' flows,
+// RSS): not offered to a kernel context. The module has no such objects, and a number the
+// engine chose could be one the kernel hands out next (docs/spec/kernel.md §1).
+bool kernel_only_refused(hostif::Op op) {
+  switch (op) {
+    case hostif::Op::kCreateIndTable:
+    case hostif::Op::kCreateRssQp:
+    case hostif::Op::kCreateFlow:
+    case hostif::Op::kOpenQp:
+    case hostif::Op::kOpenXrcd:
+    case hostif::Op::kCreateXrcSrq:
+      return true;
+    default:
+      return false;
+  }
+}
 
 [[gnu::format(printf, 1, 2)]] void log(const char* fmt, ...) {
   char line[512];
@@ -99,6 +130,29 @@ std::vector<std::unique_ptr<io::Port>> open_ports(const nic::LinkConfig& cfg, bo
 
 std::string record_path(const std::string& rundir, const std::string& name) {
   return rundir + "/sys/class/infiniband/" + name + "/" + nic::kConfigFile;
+}
+
+// The run dir's lock, which `metaroce link add|del` hold while they change records.
+class RecordLock {
+ public:
+  explicit RecordLock(const std::string& rundir)
+      : fd_(open((rundir + "/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    if (fd_ >= 0) flock(fd_, LOCK_EX);
+  }
+  ~RecordLock() {
+    if (fd_ >= 0) close(fd_);
+  }
+  RecordLock(const RecordLock&) = delete;
+  RecordLock& operator=(const RecordLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+void remove_record(const std::string& rundir, const std::string& name) {
+  RecordLock lock(rundir);
+  std::error_code ec;
+  std::filesystem::remove_all(rundir + "/sys/class/infiniband/" + name, ec);
 }
 
 Message reply_to(const Message& req, int status) {
@@ -201,6 +255,15 @@ bool HostEngine::start(std::string* why) {
     }
   }
 
+  if (opt_.serve_kernel_devices && kernel_module_loaded()) {
+    // Devices already waiting for an engine are announced at once (handled in control_main).
+    kernel_listener_ = open_kernel_listener();
+    if (kernel_listener_ >= 0)
+      watch(kernel_listener_, EPOLLIN);
+    else
+      log("cannot listen for kernel devices: %s", std::strerror(errno));
+  }
+
   datapath_running_.store(true);
   datapath_ = std::thread([this] { datapath_main(); });
   control_ = std::thread([this] { control_main(); });
@@ -236,9 +299,9 @@ void HostEngine::stop() {
     if (started_ && run_dir_intact()) unlink(socket_path_.c_str());
     close(listen_fd_);
   }
-  for (int fd : {epoll_fd_, control_wake_fd_, doorbell_fd_})
+  for (int fd : {epoll_fd_, control_wake_fd_, doorbell_fd_, kernel_listener_})
     if (fd >= 0) close(fd);
-  listen_fd_ = epoll_fd_ = control_wake_fd_ = doorbell_fd_ = -1;
+  listen_fd_ = epoll_fd_ = control_wake_fd_ = doorbell_fd_ = kernel_listener_ = -1;
   if (lock_fd_ >= 0) close(lock_fd_);  // drops the lock
   lock_fd_ = -1;
 }
@@ -274,15 +337,62 @@ int HostEngine::open_link(const std::string& name, std::string* why) {
   if (!cfg) return ENOENT;
   auto link = make_link(*cfg, why);
   if (!link) return ENODEV;
+  if (!cfg->kernel.empty()) {
+    // Kernel-backed: the port goes ACTIVE once the link can carry traffic.
+    link->kdev = KernelDevice::attach(name, cfg->kernel, true, opt_.rundir,
+                                      link->nic->active_mtu(), why);
+    if (!link->kdev) return ENODEV;
+    kernel_fds_[link->kdev->fd()] = name;
+    watch(link->kdev->fd(), 0);  // EPOLLHUP: the kernel device went away
+  }
   Link* raw = link.get();
   links_[name] = std::move(link);
   on_datapath([&] { active_.push_back(raw); });
-  log("link %s open (%s, %zu plane%s)", name.c_str(), nic::format_ipv4(cfg->ip).c_str(),
-      raw->layer->planes(), raw->layer->planes() == 1 ? "" : "s");
+  log("link %s open (%s, %zu plane%s%s%s)", name.c_str(), nic::format_ipv4(cfg->ip).c_str(),
+      raw->layer->planes(), raw->layer->planes() == 1 ? "" : "s",
+      raw->kdev ? ", kernel device over " : "", raw->kdev ? cfg->kernel.c_str() : "");
   return 0;
 }
 
-int HostEngine::close_link(const std::string& name) {
+void HostEngine::adopt(const KernelNotice& n) {
+  if (links_.count(n.name)) return;  // a link of ours (its own attach announced nothing)
+  std::string why;
+  auto cfg = kernel_link_record(n.name, n.netdev, &why);
+  if (cfg) {
+    RecordLock lock(opt_.rundir);
+    std::error_code ec;
+    const std::string dir = opt_.rundir + "/sys/class/infiniband/" + n.name;
+    if (std::filesystem::exists(dir, ec)) {
+      why = "a link named " + n.name + " is already recorded";
+      cfg.reset();
+    } else {
+      std::filesystem::create_directories(dir, ec);
+      if (ec || !cfg->save(record_path(opt_.rundir, n.name), &why)) {
+        if (ec) why = ec.message();
+        cfg.reset();
+      }
+    }
+  }
+  if (!cfg) {
+    log("kernel device %s (over %s) not served: %s", n.name.c_str(), n.netdev.c_str(), why.c_str());
+    return;
+  }
+  if (open_link(n.name, &why) != 0) {
+    log("kernel device %s (over %s) not served: %s", n.name.c_str(), n.netdev.c_str(), why.c_str());
+    remove_record(opt_.rundir, n.name);
+  }
+}
+
+void HostEngine::kernel_device_gone(int fd) {
+  auto it = kernel_fds_.find(fd);
+  if (it == kernel_fds_.end()) return;
+  const std::string name = it->second;
+  log("kernel device %s went away (rdma link delete, or its interface)", name.c_str());
+  close_link(name);
+  remove_record(opt_.rundir, name);
+}
+
+int HostEngine::close_link(const std::string& name, bool remove_kernel) {
   auto it = links_.find(name);
   if (it == links_.end()) return ENOENT;
   Link* link = it->second.get();
@@ -292,6 +402,14 @@ int HostEngine::close_link(const std::string& name) {
     if (s->link() == link) socks.push_back(sock);
   for (int sock : socks) reclaim(sock);
   on_datapath([&] { std::erase(active_, link); });
+  if (link->kdev) {
+    unwatch(link->kdev->fd());
+    kernel_fds_.erase(link->kdev->fd());
+    // Its contexts are disassociated (IB_EVENT_DEVICE_FATAL); otherwise closing the file only
+    // detaches it (port DOWN) and a restarted engine attaches it again.
+    if (remove_kernel && link->kdev->remove() != 0)
+      log("link %s: kernel device not removed: %s", name.c_str(), std::strerror(errno));
+  }
   links_.erase(it);  // goodbye on every plane, then the ports close
   log("link %s closed", name.c_str());
   return 0;
@@ -337,6 +455,8 @@ void HostEngine::port_event(const Link& link) {
   const auto ev = link.nic->port_active() ? hostif::AsyncEvent::kPortActive
                                           : hostif::AsyncEvent::kPortErr;
   log("link %s: port %s", link.cfg.name.c_str(), link.nic->port_active() ? "active" : "down");
+  // A kernel device's port follows its interface: the module raises the port's events itself.
+  if (link.kdev) return;
   std::lock_guard lock(sessions_mu_);
   for (auto& [sock, s] : sessions_)
     if (s->link() == &link) s->async_event(1, ev);
@@ -393,13 +513,27 @@ void HostEngine::idle_wait(Time t, Time idle_for) {
   const Time nap = queues ? opt_.max_nap : opt_.max_nap_unused;
   Time sleep = std::min(nap, deadline > t ? deadline - t : Time::zero());
   if (sleep <= Time::zero()) return;
-  int rx_fd = -1;
-  if (active_.size() == 1) rx_fd = active_[0]->layer->rx_wait_fd();
+  // Every link whose port can wake us (UDP sockets, in-process links) is waited on together with
+  // the doorbell, so two such links in one engine sleep as one does: a ping-pong between them
+  // (two kernel devices over a veth pair) is woken by its packet, not at the end of a nap.
+  pollfd fds[1 + kMaxWaitLinks];
+  nfds_t nfds = 1;
+  fds[0] = {doorbell_fd_, POLLIN, 0};
+  bool all_wake = active_.size() <= kMaxWaitLinks;
+  for (Link* l : active_) {
+    const int fd = nfds <= kMaxWaitLinks ? l->layer->rx_wait_fd() : -1;
+    if (fd < 0) {
+      all_wake = false;
+      continue;
+    }
+    fds[nfds++] = {fd, POLLIN, 0};
+  }
   // Without a receive descriptor, arriving frames are noticed only when awake. Nap in
   // proportion to how long the link has been idle: a ping-pong keeps the naps short (its next
   // packet is near), a quiet link ends up polled once per `nap`.
-  if (rx_fd < 0) sleep = std::min(sleep, std::clamp(idle_for / 2, kMinNap, nap));
-  if (rx_fd >= 0) active_[0]->layer->rx_arm();
+  if (!all_wake) sleep = std::min(sleep, std::clamp(idle_for / 2, kMinNap, nap));
+  for (Link* l : active_)
+    if (l->layer->rx_wait_fd() >= 0) l->layer->rx_arm();
   status_page_->sleeping.store(1);
   // Pairs with the fence drivers put between publishing a WQE and reading `sleeping`: either
   // they see us asleep and ring, or we see their work here.
@@ -407,13 +541,13 @@ void HostEngine::idle_wait(Time t, Time idle_for) {
   bool work = commands_pending();
   for (Link* l : active_) work = work || l->nic->has_new_work();
   if (!work) {
-    pollfd fds[2] = {{doorbell_fd_, POLLIN, 0}, {rx_fd, POLLIN, 0}};
     timespec ts{static_cast<time_t>(sleep.count() / 1000000000),
                 static_cast<long>(sleep.count() % 1000000000)};
-    ppoll(fds, rx_fd >= 0 ? 2 : 1, &ts, nullptr);
+    ppoll(fds, nfds, &ts, nullptr);
   }
   status_page_->sleeping.store(0);
-  if (rx_fd >= 0) active_[0]->layer->rx_disarm();
+  for (Link* l : active_)
+    if (l->layer->rx_wait_fd() >= 0) l->layer->rx_disarm();
   uint64_t drain;
   [[maybe_unused]] ssize_t r = read(doorbell_fd_, &drain, sizeof(drain));
 }
@@ -431,7 +565,7 @@ void HostEngine::unwatch(int fd) { epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullp
 
 void HostEngine::control_main() {
   prctl(PR_SET_NAME, "metaroce-ctl", 0, 0, 0);
-  std::vector<int> dead;
+  std::vector<int> dead, gone_devices;
   while (!stop_.load(std::memory_order_acquire)) {
     epoll_event ev[32];
     const int n = epoll_wait(epoll_fd_, ev, 32, 1000);
@@ -462,6 +596,11 @@ void HostEngine::control_main() {
       } else if (fd == control_wake_fd_) {
         uint64_t drain;
         [[maybe_unused]] ssize_t r = read(control_wake_fd_, &drain, sizeof(drain));
+      } else if (fd == kernel_listener_) {
+        while (auto notice = read_kernel_notice(kernel_listener_))
+          if (notice->added) adopt(*notice);
+      } else if (kernel_fds_.count(fd)) {
+        gone_devices.push_back(fd);
       } else if (auto p = pidfds_.find(fd); p != pidfds_.end()) {
         dead.push_back(p->second);  // the process exited
       } else if (auto s = sessions_.find(fd); s != sessions_.end()) {
@@ -472,6 +611,8 @@ void HostEngine::control_main() {
     }
     for (int sock : dead) reclaim(sock);
     dead.clear();
+    for (int fd : gone_devices) kernel_device_gone(fd);
+    gone_devices.clear();
   }
   // Shutdown: every context, then every link (each says goodbye while the others still run).
   std::vector<int> socks;
@@ -583,7 +724,9 @@ static int take_fd(Message& m, size_t i) {
 
 void HostEngine::hello(Session& s, Message& req, Message* resp) {
   auto body = req.as<hostif::HelloReq>();
-  if (!body || s.link() || req.fds.size() > 1) {
+  const bool kernel = body && (body->flags & hostif::kHelloKernel);
+  if (!body || s.link() || req.fds.size() > (kernel ? 0u : 1u) ||
+      (body->flags & ~hostif::kHelloKernel)) {
     *resp = reply_to(req, EINVAL);
     return;
   }
@@ -597,12 +740,18 @@ void HostEngine::hello(Session& s, Message& req, Message* resp) {
     return;
   }
   Link* link = it->second.get();
+  // A kernel-backed link is opened through its kernel device only: its objects must be kernel
+  // objects (their numbers come from the module), and its events go through the kernel.
+  if (kernel != (link->kdev != nullptr)) {
+    *resp = reply_to(req, kernel ? EINVAL : EPERM);
+    return;
+  }
   const int async_fd = take_fd(req, 0);
   bool attached;
   {
     // The datapath thread reads sessions' links (port events) under this lock.
     std::lock_guard lock(sessions_mu_);
-    attached = s.attach(link, async_fd);
+    attached = s.attach(link, async_fd, link->kdev.get());
   }
   if (!attached) {
     const int e = errno ? errno : ESRCH;
@@ -652,7 +801,7 @@ void HostEngine::admin(Session& s, const Message& req, Message* resp) {
       }
       const std::string name = hostif::get_name(body->link);
       std::string why;
-      int e = req.header.op == Op::kLinkOpen ? open_link(name, &why) : close_link(name);
+      int e = req.header.op == Op::kLinkOpen ? open_link(name, &why) : close_link(name, true);
       r.header.status = e;
       if (e && !why.empty()) {
         hostif::TextResp t;
@@ -771,6 +920,26 @@ void HostEngine::admin(Session& s, const Message& req, Message* resp) {
   *resp = std::move(r);
 }
 
+int HostEngine::reg_kernel_mr(Session& s, const hostif::RegMrReq& b, hostif::RegMrResp* m) {
+  if (b.key == 0) return EINVAL;
+  RegionInfo info;
+  auto map = s.kernel()->map_region(b.key, s.peer_pid(), &info);
+  // Not a region of this process (ENOENT, EPERM) is the same answer as a bad key.
+  if (!map) return errno == ENOENT || errno == EPERM ? EINVAL : errno;
+  // The module registers the owner's addresses as they are (no IOVA of its own, no on-demand
+  // paging): the request must say the same.
+  if (b.iova != b.addr || info.iova != b.addr || info.length != b.length ||
+      (info.access & nic::kMrAccessKnown) != b.access)
+    return EINVAL;
+  nic::Nic& nic = *s.link()->nic;
+  int e = 0;
+  on_datapath([&] {
+    e = nic.reg_mr(&s, b.pd, b.addr, b.length, b.addr, b.access, &m->lkey, &m->rkey, b.key);
+    if (!e) s.mapped()->add(b.key, info.iova, info.length, info.writable, std::move(map));
+  });
+  return e;  // a region the NIC refused is unmapped here
+}
+
 void HostEngine::serve(Session& s, Message& req, Message* resp) {
   nic::Nic& nic = *s.link()->nic;
   Message r = reply_to(req, 0);
@@ -778,6 +947,7 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
     r.header.status = status;
     *resp = std::move(r);
   };
+  if (s.kernel() && kernel_only_refused(req.header.op)) return done(EOPNOTSUPP);
   switch (req.header.op) {
     case Op::kAllocPd: {
       hostif::PdResp p;
@@ -799,15 +969,23 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       if (b->access & ~nic::kMrAccessKnown) return done(EINVAL);
       hostif::RegMrResp m;
       int e = 0;
-      on_datapath([&] {
-        e = nic.reg_mr(&s, b->pd, b->addr, b->length, b->iova, b->access, &m.lkey, &m.rkey);
-      });
+      if (s.kernel()) {
+        e = reg_kernel_mr(s, *b, &m);
+      } else if (b->key) {
+        e = EINVAL;  // keys are the kernel's to choose
+      } else {
+        on_datapath([&] {
+          e = nic.reg_mr(&s, b->pd, b->addr, b->length, b->iova, b->access, &m.lkey, &m.rkey);
+        });
+      }
       if (!e) r.set(m);
       return done(e);
     }
     case Op::kReregMr: {
       auto b = req.as<hostif::ReregMrReq>();
       if (!b) return done(EINVAL);
+      // A kernel context's region is the module's pinned pages: the module has no rereg.
+      if (s.kernel()) return done(EOPNOTSUPP);
       int e = 0;
       on_datapath([&] {
         e = nic.rereg_mr(&s, b->lkey, b->flags, b->pd, b->addr, b->length, b->access);
@@ -824,6 +1002,8 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
     case Op::kAllocMw: {
       auto b = req.as<hostif::AllocMwReq>();
       if (!b || (b->type != 1 && b->type != 2)) return done(EINVAL);
+      // Keys of a kernel context are the module's, which offers no windows (max_mw 0).
+      if (s.kernel()) return done(EOPNOTSUPP);
       hostif::AllocMwResp m;
       int e = 0;
       on_datapath([&] { e = nic.alloc_mw(&s, b->pd, static_cast<uint8_t>(b->type), &m.rkey); });
@@ -841,13 +1021,21 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       auto b = req.as<hostif::IdReq>();
       if (!b) return done(EINVAL);
       int e = 0;
-      on_datapath([&] { e = nic.dereg_mr(&s, b->id); });
+      std::unique_ptr<RegionMapping> unmap;  // a kernel context's pages, unmapped off the datapath
+      on_datapath([&] {
+        e = nic.dereg_mr(&s, b->id);
+        if (!e && s.mapped()) unmap = s.mapped()->remove(b->id);
+      });
       return done(e);
     }
     case Op::kCreateCq: {
       auto b = req.as<hostif::CreateCqReq>();
-      if (!b || b->cqe < 1 || b->cqe > nic::kMaxCqe || req.fds.size() > 1 ||
-          (b->has_channel != 0) != (req.fds.size() == 1))
+      // A kernel context's channel is the kernel's (no descriptor travels); its handle is the
+      // kernel CQ's id, which must be its own.
+      const size_t fds = s.kernel() ? 0 : (b && b->has_channel ? 1 : 0);
+      if (!b || b->cqe < 1 || b->cqe > nic::kMaxCqe || req.fds.size() != fds ||
+          (s.kernel() &&
+           s.kernel()->check(MRIB_KIND_CQ, static_cast<uint32_t>(b->handle), s.peer_pid()) != 0))
         return done(EINVAL);
       const hostif::CqLayout l = hostif::cq_layout(b->cqe);
       Segment seg = Segment::create("metaroce-cq", l.bytes);
@@ -855,11 +1043,11 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       hostif::init_cq(seg.base(), b->cqe);
       hostif::CreateCqResp c;
       int e = 0;
-      const int channel = b->has_channel ? req.fds[0] : -1;
+      const bool channel = b->has_channel != 0;
       on_datapath([&] {
-        e = nic.create_cq(&s, static_cast<hostif::CqHeader*>(seg.base()), b->handle,
-                          channel >= 0, &c.id);
-        if (!e && channel >= 0) s.set_channel(c.id, take_fd(req, 0));
+        e = nic.create_cq(&s, static_cast<hostif::CqHeader*>(seg.base()), b->handle, channel,
+                          &c.id);
+        if (!e && channel) s.set_channel(c.id, take_fd(req, 0));
       });
       if (e) return done(e);
       c.bytes = l.bytes;
@@ -903,7 +1091,9 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
     case Op::kCreateSrq: {
       auto b = req.as<hostif::CreateSrqReq>();
       if (!b || b->max_wr < 1 || b->max_wr > nic::kMaxSrqWr || b->max_sge < 1 ||
-          b->max_sge > nic::kMaxSge)
+          b->max_sge > nic::kMaxSge ||
+          (s.kernel() &&
+           s.kernel()->check(MRIB_KIND_SRQ, static_cast<uint32_t>(b->handle), s.peer_pid()) != 0))
         return done(EINVAL);
       const hostif::SrqLayout l = hostif::srq_layout(b->max_wr, b->max_sge);
       Segment seg = Segment::create("metaroce-srq", l.bytes);
@@ -934,6 +1124,19 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       auto b = req.as<hostif::CreateQpReq>();
       if (!b) return done(EINVAL);
       if (b->type == hostif::QpType::kRaw && !has_net_raw(s.peer_pid())) return done(EPERM);
+      if (s.kernel()) {
+        // The kernel's QP of this process, of the same type; its number names it in events.
+        // Raw packet, XRC and WQ queues exist in the engine only (kernel_only_refused).
+        const uint32_t want_type = kernel_qp_type(b->type);
+        if (want_type == 0) return done(EOPNOTSUPP);
+        uint32_t type = 0;
+        if (!b->qpn || s.kernel()->check(MRIB_KIND_QP, b->qpn, s.peer_pid(), &type) != 0 ||
+            type != want_type)
+          return done(EINVAL);
+        b->handle = b->qpn;
+      } else if (b->qpn) {
+        return done(EINVAL);  // QP numbers are the kernel's to choose
+      }
       hostif::QpCaps caps = b->caps;
       if (caps.max_send_wr > nic::kMaxQpWr || caps.max_recv_wr > nic::kMaxQpWr ||
           caps.max_send_sge > nic::kMaxSge || caps.max_recv_sge > nic::kMaxSge ||

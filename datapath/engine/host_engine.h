@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "datapath/engine/kernel_device.h"
 #include "datapath/engine/session.h"
 #include "datapath/engine/shm.h"
 #include "datapath/hostif/control.h"
@@ -54,6 +55,10 @@ struct EngineOptions {
   bool hugepages = false;
   PortOpener open_ports;          // default: the DPDK device strings of the record
   bool open_recorded_links = true;  // at start, open every link recorded in the run dir
+  // Serve the metaroce_ib devices that `rdma link add` makes (docs/spec/kernel.md §2): each gets
+  // a link record of its own (UDP sockets on its interface) and is attached. One engine per host
+  // does (metaroced: the one of the default run dir).
+  bool serve_kernel_devices = false;
 };
 
 // One open link.
@@ -64,6 +69,7 @@ struct Link {
   std::unique_ptr<nic::TelemetryWriter> telemetry;
   transport::Time next_publish{};
   std::atomic<uint32_t> sessions{0};
+  std::unique_ptr<KernelDevice> kdev;  // kernel-backed links: the attached kernel device
 };
 
 class HostEngine {
@@ -84,7 +90,9 @@ class HostEngine {
 
   // 0 or an errno; *why says what went wrong. Control thread (or before start()).
   int open_link(const std::string& name, std::string* why);
-  int close_link(const std::string& name);
+  // remove_kernel: unregister a kernel-backed link's kernel device too (`metaroce link del`);
+  // otherwise it is only detached (the engine stops, or the device already went away).
+  int close_link(const std::string& name, bool remove_kernel = false);
 
   const std::string& socket_path() const { return socket_path_; }
   size_t session_count() const;
@@ -117,6 +125,12 @@ class HostEngine {
   void watch(int fd, uint32_t events);
   void unwatch(int fd);
   std::unique_ptr<Link> make_link(const nic::LinkConfig& cfg, std::string* why);
+  // A kernel device to serve (`rdma link add`): its record, then the link.
+  void adopt(const KernelNotice& n);
+  // A kernel-backed link's device went away: the link and its record go too.
+  void kernel_device_gone(int fd);
+  // kRegMr / kDeregMr of a kernel context: the region's pages mapped through the module.
+  int reg_kernel_mr(Session& s, const hostif::RegMrReq& b, hostif::RegMrResp* m);
 
   const EngineOptions opt_;
   std::string socket_path_;
@@ -131,6 +145,8 @@ class HostEngine {
 
   // Links: the map is the control thread's; `active_` is the datapath thread's copy.
   std::map<std::string, std::unique_ptr<Link>> links_;
+  std::unordered_map<int, std::string> kernel_fds_;  // attached kernel device fd -> link
+  int kernel_listener_ = -1;                          // notices of devices to serve
   std::vector<Link*> active_;
 
   // Sessions by socket and by pidfd (control thread only).

@@ -25,13 +25,15 @@ using metaroce::engine::SpinPolicy;
 
 constexpr const char* kUsage =
     "Usage: metaroced [--rundir DIR] [--cores LIST] [--spin adaptive|always] [--spin-us N]\n"
-    "                 [--hugepages] [--daemon [--log FILE]]\n"
+    "                 [--hugepages] [--kernel-devices serve|ignore] [--daemon [--log FILE]]\n"
     "\n"
     "The MetaRoCE engine: serves every link recorded in DIR (default $METAROCE_RUNDIR or\n"
     "/run/metaroce) to every process on the host. --cores pins its datapath thread (e.g. 1 or\n"
     "2-3); --spin always never sleeps (lowest latency, a whole core), adaptive (default) spins\n"
-    "--spin-us microseconds (20) after the last work and then naps. --daemon detaches once the\n"
-    "engine serves, logging to FILE (default DIR/engine.log).\n";
+    "--spin-us microseconds (20) after the last work and then naps. --kernel-devices serve\n"
+    "(default for /run/metaroce, where the metaroce_ib module is loaded) serves the devices\n"
+    "`rdma link add NAME type metaroce netdev IF` creates. --daemon detaches once the engine\n"
+    "serves, logging to FILE (default DIR/engine.log).\n";
 
 HostEngine* g_engine = nullptr;
 int g_signal_pipe[2] = {-1, -1};
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   opt.rundir = env && *env ? env : "/run/metaroce";
   bool daemon = false;
   std::string log_file;
+  std::string kernel_devices;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* what) -> std::string {
@@ -132,6 +135,13 @@ int main(int argc, char** argv) {
       opt.spin_before_sleep = std::chrono::microseconds(us);
     } else if (a == "--hugepages") {
       opt.hugepages = true;
+    } else if (a == "--kernel-devices") {
+      kernel_devices = value("--kernel-devices");
+      if (kernel_devices != "serve" && kernel_devices != "ignore") {
+        std::fprintf(stderr, "metaroced: bad --kernel-devices '%s': expected serve or ignore\n",
+                     kernel_devices.c_str());
+        return 2;
+      }
     } else if (a == "--daemon") {
       daemon = true;
     } else if (a == "--log") {
@@ -141,6 +151,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // One engine per host serves `rdma link add`: the system's, unless told otherwise.
+  opt.serve_kernel_devices =
+      kernel_devices.empty() ? opt.rundir == "/run/metaroce" : kernel_devices == "serve";
   if (!log_file.empty() && !daemon) {
     std::fprintf(stderr, "metaroced: --log only goes with --daemon\n");
     return 2;

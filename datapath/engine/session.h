@@ -12,6 +12,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "datapath/engine/kernel_device.h"
+#include "datapath/engine/mapped_memory.h"
 #include "datapath/engine/process_memory.h"
 #include "datapath/engine/shm.h"
 #include "datapath/nic/nic.h"
@@ -34,12 +36,17 @@ class Session final : public nic::Owner {
   int pidfd() const { return pidfd_; }
   Link* link() const { return link_; }
 
-  // kHello accepted: the session now belongs to link, its events go to async_fd (taken).
-  // Opens a pidfd for the process; false (errno set) when it cannot.
-  bool attach(Link* link, int async_fd);
+  // kHello accepted: the session now belongs to link, its events go to async_fd (taken), or
+  // through kdev for a kernel context (docs/spec/kernel.md): then its memory is the regions it
+  // registers, mapped through the module. Opens a pidfd for the process; false (errno set) when
+  // it cannot.
+  bool attach(Link* link, int async_fd, const KernelDevice* kdev = nullptr);
+  const KernelDevice* kernel() const { return kdev_; }
+  // A kernel context's mapped regions (nullptr for a kernel-free one).
+  MappedMemory* mapped() { return mapped_.get(); }
 
   // nic::Owner (called on the datapath thread).
-  nic::Memory& memory() override { return memory_; }
+  nic::Memory& memory() override { return mapped_ ? static_cast<nic::Memory&>(*mapped_) : memory_; }
   void async_event(uint64_t handle, hostif::AsyncEvent ev) override;
   void cq_event(uint32_t cq_id, uint64_t handle) override;
   uint32_t pid() const override { return static_cast<uint32_t>(pid_); }
@@ -51,7 +58,7 @@ class Session final : public nic::Owner {
   // by cq_event on the datapath thread: changed only inside datapath commands).
   void keep_segment(char kind, uint32_t id, Segment seg) { segments_[{kind, id}] = std::move(seg); }
   void drop_segment(char kind, uint32_t id) { segments_.erase({kind, id}); }
-  void set_channel(uint32_t cq_id, int fd);  // takes fd
+  void set_channel(uint32_t cq_id, int fd);  // takes fd; -1 for a kernel context's channel
   void drop_channel(uint32_t cq_id);
 
  private:
@@ -61,7 +68,9 @@ class Session final : public nic::Owner {
   int pidfd_ = -1;
   int async_fd_ = -1;
   Link* link_ = nullptr;
+  const KernelDevice* kdev_ = nullptr;
   ProcessMemory memory_;
+  std::unique_ptr<MappedMemory> mapped_;
   std::map<std::pair<char, uint32_t>, Segment> segments_;
   std::unordered_map<uint32_t, int> channels_;
 };

@@ -89,10 +89,14 @@ static_assert(sizeof(Header) == 16);
 
 inline constexpr size_t kNameLen = 64;
 
-// kHello. Fds: the write end of the context's async event pipe.
+// kHello. Fds: the write end of the context's async event pipe; none with kHelloKernel.
+// kHelloKernel: the context is a kernel device's (docs/spec/kernel.md): its objects are kernel
+// objects too, named in its requests by their kernel numbers (a QP's number, a region's key, a
+// CQ's or SRQ's id as `handle`), and its events are raised through the metaroce_ib module.
+inline constexpr uint32_t kHelloKernel = 1;
 struct HelloReq {
   uint32_t abi = kAbiVersion;
-  uint32_t reserved = 0;
+  uint32_t flags = 0;
   char link[kNameLen] = {};
 };
 // Fds: the doorbell eventfd, the status page (read-only memfd).
@@ -124,6 +128,8 @@ struct RegMrReq {
   uint64_t addr = 0;
   uint64_t length = 0;
   uint64_t iova = 0;    // the address verbs use for byte 0 (ibv_reg_mr_iova2); addr for reg_mr
+  uint32_t key = 0;     // kernel contexts: the kernel region's key, which the NIC then uses
+  uint32_t reserved = 0;
 };
 struct ReregMrReq {
   uint32_t lkey = 0;
@@ -213,6 +219,8 @@ struct CreateQpReq {
   uint32_t sq_sig_all = 0;
   QpCaps caps;
   uint32_t xrcd = 0;
+  uint32_t qpn = 0;     // kernel contexts: the kernel QP's number, which the NIC then uses
+  uint32_t reserved = 0;
   uint64_t handle = 0;  // element of its async events (its ibv_qp's address)
 };
 struct CreateQpResp {

@@ -113,6 +113,8 @@ std::optional<LinkConfig> LinkConfig::load(const std::string& path, std::string*
       ok = parse_uint(val, c.rx_capacity_mbps);
     } else if (key == "uverbs") {
       c.uverbs = val;
+    } else if (key == "kernel") {
+      c.kernel = val;
     } else if (key == "planes") {
       ok = parse_uint(val, c.planes) && c.planes >= 1 && c.planes <= kMaxPlanes;
     }  // unknown keys are ignored so older providers read newer files
@@ -144,6 +146,7 @@ bool LinkConfig::save(const std::string& path, std::string* err) const {
     << "uverbs=" << uverbs << "\n"
     << "planes=" << planes << "\n";
   if (rx_capacity_mbps) o << "rx_capacity_mbps=" << rx_capacity_mbps << "\n";
+  if (!kernel.empty()) o << "kernel=" << kernel << "\n";
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) {

@@ -40,6 +40,10 @@ struct LinkConfig {
   // Inbound capacity the receiver shares among senders with fair-share rate hints
   // (docs/spec/congestion.md §3); 0: no hints.
   uint32_t rx_capacity_mbps = 0;
+  // Kernel-backed (docs/design.md, "The kernel module"): the interface the link's metaroce_ib
+  // device is over; the engine attaches it, and there is no uverbs entry in the tree. Empty for
+  // a kernel-free link.
+  std::string kernel;
   // Not stored: the run dir the record was loaded from (<run dir>/sys/class/infiniband/<name>/),
   // empty when the file lies elsewhere. The NIC publishes its live counters there.
   std::string run_dir;

@@ -2,13 +2,27 @@
 // Memory-region keys and access checks.
 #include "datapath/nic/mr_table.h"
 
+#include <algorithm>
 #include <cerrno>
 
 namespace metaroce::nic {
 
 uint32_t MrTable::add(uint32_t pd, uint64_t iova, uint64_t va, uint64_t length,
-                      unsigned int access, Memory* mem, const Owner* owner) {
+                      unsigned int access, Memory* mem, const Owner* owner, uint32_t want) {
   uint32_t index;
+  if (want) {
+    index = want >> 8;
+    if (index == 0) return 0;
+    while (regions_.size() < index) {  // indices skipped on the way are free for others
+      regions_.emplace_back();
+      free_.push_back(static_cast<uint32_t>(regions_.size()));
+    }
+    if (regions_[index - 1].valid) return 0;
+    std::erase(free_, index);
+    regions_[index - 1] = MemoryRegion{iova, length, access, pd, want, mem, owner, true, va};
+    ++live_;
+    return want;
+  }
   if (!free_.empty()) {
     index = free_.back();
     free_.pop_back();

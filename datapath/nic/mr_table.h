@@ -41,9 +41,11 @@ enum class MrCheck : uint8_t { kOk, kBadKey, kBadPd, kNoAccess, kOutOfBounds };
 class MrTable {
  public:
   // Returns the new key, or 0 when the table is full (2^24 regions). iova: the address verbs
-  // use for byte 0 (local SGEs and remote accesses alike); va: where it lies in mem.
+  // use for byte 0 (local SGEs and remote accesses alike); va: where it lies in mem. With `want`
+  // (a key another authority chose: the kernel module's), the region takes exactly that key, or
+  // 0 when its index is taken.
   uint32_t add(uint32_t pd, uint64_t iova, uint64_t va, uint64_t length, unsigned int access,
-               Memory* mem, const Owner* owner);
+               Memory* mem, const Owner* owner, uint32_t want = 0);
   // The window whose key has key's index, whatever its low byte (a type 2 window's key is the
   // application's to change with every bind); nullptr when there is none.
   MemoryRegion* window_at(uint32_t key, const Owner* owner);

@@ -134,11 +134,11 @@ bool mr_range_ok(uint64_t addr, uint64_t length, uint64_t iova, unsigned access)
 }  // namespace
 
 int Nic::reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova,
-                unsigned int access, uint32_t* lkey, uint32_t* rkey) {
+                unsigned int access, uint32_t* lkey, uint32_t* rkey, uint32_t want) {
   if (!pd_of(o, pd) || (access & ~kMrAccessKnown) || !mr_range_ok(addr, length, iova, access))
     return EINVAL;
-  const uint32_t key = mrs_.add(pd, iova, addr, length, access, &o->memory(), o);
-  if (key == 0) return ENOMEM;
+  const uint32_t key = mrs_.add(pd, iova, addr, length, access, &o->memory(), o, want);
+  if (key == 0) return want ? EBUSY : ENOMEM;
   *lkey = *rkey = key;
   return 0;
 }
@@ -425,10 +425,15 @@ int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* r
       return EINVAL;
   }
   if (qps_.size() >= kMaxQps) return ENOMEM;
-  uint32_t n;
-  do {
-    n = next_qpn_++ & 0xffffff;
-  } while (n < 2 || qps_.count(n));
+  uint32_t n = req.qpn;
+  if (n) {
+    if (n < 2 || n > 0xffffff) return EINVAL;
+    if (qps_.count(n)) return EBUSY;
+  } else {
+    do {
+      n = next_qpn_++ & 0xffffff;
+    } while (n < 2 || qps_.count(n));
+  }
   ring->qpn = n;
   auto qp = std::make_unique<QueuePair>(*this, n, init, ring);
   if (init.send_cq) init.send_cq->users++;

@@ -127,9 +127,11 @@ class Nic final : private transport::Host {
   // --- objects: 0 or an errno (EINVAL: not one of the owner's; EBUSY: still in use) ----------
   int alloc_pd(Owner* o, uint32_t* pd);
   int dealloc_pd(Owner* o, uint32_t pd);
-  // iova: the address verbs use for byte 0 of [addr, addr + length) (ibv_reg_mr_iova2).
+  // iova: the address verbs use for byte 0 of [addr, addr + length) (ibv_reg_mr_iova2). want:
+  // 0, or the key the region must have (a kernel context's: the module chose it); EBUSY when it
+  // is taken.
   int reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova,
-             unsigned int access, uint32_t* lkey, uint32_t* rkey);
+             unsigned int access, uint32_t* lkey, uint32_t* rkey, uint32_t want = 0);
   int reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, unsigned int access,
              uint32_t* lkey, uint32_t* rkey) {
     return reg_mr(o, pd, addr, length, addr, access, lkey, rkey);
@@ -161,8 +163,9 @@ class Nic final : private transport::Host {
   int srq_tag_op(Owner* o, const hostif::SrqTagOpReq& req, uint32_t* handle);
   int destroy_srq(Owner* o, uint32_t id);
   // ring: a segment formatted by hostif::init_qp (qpn 0); the NIC writes the QP number it
-  // chooses into the header and *qpn. An XRC target QP (req.type kXrcTgt) may outlive o while
-  // other contexts hold it open: keep is what keeps ring mapped, and goes with the QP.
+  // chooses into the header and *qpn: req.qpn when set (a kernel context's: the module chose
+  // it; EBUSY when taken). An XRC target QP (req.type kXrcTgt) may outlive o while other
+  // contexts hold it open: keep is what keeps ring mapped, and goes with the QP.
   int create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* ring, uint32_t* qpn,
                 std::shared_ptr<void> keep = {});
   int modify_qp(Owner* o, const hostif::ModifyQpReq& req);

@@ -21,6 +21,7 @@
 #include "providers/metaroce/comp_channel.h"
 #include "providers/metaroce/cq.h"
 #include "providers/metaroce/flow.h"
+#include "providers/metaroce/kernel.h"
 #include "providers/metaroce/pd.h"
 #include "providers/metaroce/qp.h"
 #include "providers/metaroce/srq.h"
@@ -34,16 +35,24 @@ std::string config_path(const char* ibdev_path) {
   return std::string(ibdev_path) + "/" + nic::kConfigFile;
 }
 
-// Name-independent: any link that `metaroce link add` recorded is ours, whatever its name.
-bool match_device(abi::SysfsDev* sysfs) {
+// A link that `metaroce link add` recorded in a sysfs tree (kernel-free).
+bool has_record(const char* ibdev_path) {
   char path[abi::kSysfsPathMax + 32];
-  int n = snprintf(path, sizeof(path), "%s/%s", sysfs->ibdev_path, nic::kConfigFile);
+  int n = snprintf(path, sizeof(path), "%s/%s", ibdev_path, nic::kConfigFile);
   return n > 0 && static_cast<size_t>(n) < sizeof(path) && access(path, R_OK) == 0;
 }
 
-abi::VerbsDevice* alloc_device(abi::SysfsDev* /*sysfs*/) {
+// Name-independent: a recorded link, or a device of the metaroce_ib module, whatever its name.
+// Which of the two it is decides, at run time, whether the device is kernel-backed.
+bool match_device(abi::SysfsDev* sysfs) {
+  return has_record(sysfs->ibdev_path) || kernel::is_kernel_device(sysfs->ibdev_path);
+}
+
+abi::VerbsDevice* alloc_device(abi::SysfsDev* sysfs) {
   auto* dev = new (std::nothrow) Device{};
-  return dev ? &dev->vdev : nullptr;
+  if (!dev) return nullptr;
+  dev->kernel = !has_record(sysfs->ibdev_path);
+  return &dev->vdev;
 }
 
 void uninit_device(abi::VerbsDevice* vdev) { delete reinterpret_cast<Device*>(vdev); }
@@ -167,8 +176,14 @@ int connect_engine(Context* ctx, const ibv_device* ibdev) {
   hostif::HelloReq hello;
   if (!hostif::put_name(hello.link, st.link.name)) return ENAMETOOLONG;
   hostif::Message resp;
-  const int e = engine_call(&ctx->vctx.context, hostif::Op::kHello, hello, &resp,
-                            {st.async_write_fd});
+  int e;
+  if (st.kernel) {
+    // Events go through the kernel (the module), not through a pipe of ours.
+    hello.flags = hostif::kHelloKernel;
+    e = engine_call(&ctx->vctx.context, hostif::Op::kHello, hello, &resp);
+  } else {
+    e = engine_call(&ctx->vctx.context, hostif::Op::kHello, hello, &resp, {st.async_write_fd});
+  }
   auto body = resp.as<hostif::HelloResp>();
   if (e || !body || resp.fds.size() != 2) {
     hostif::close_fds(&resp);
@@ -198,7 +213,9 @@ void engine_lost(ibv_context* context) {
     for (Srq* srq : st.srqs) flush_orphan(srq, st.qps);
     for (Cq* cq : st.cqs) notify_orphan(cq);
   }
-  post_async_event(context, reinterpret_cast<uintptr_t>(context), IBV_EVENT_DEVICE_FATAL);
+  // A kernel-backed context hears it from the module, which saw the engine's file close.
+  if (!st.kernel)
+    post_async_event(context, reinterpret_cast<uintptr_t>(context), IBV_EVENT_DEVICE_FATAL);
 }
 
 void watch_engine(ibv_context* context) {
@@ -215,6 +232,52 @@ void watch_engine(ibv_context* context) {
   }
 }
 
+// Starts the thread that notices the engine going away; 0 or an errno.
+int start_watcher(ContextState& st, ibv_context* context) {
+  if (pipe2(st.watcher_stop, O_CLOEXEC) != 0) return errno;
+  try {
+    st.watcher = std::thread(watch_engine, context);
+  } catch (...) {
+    return EAGAIN;
+  }
+  return 0;
+}
+
+// The kernel-backed half of alloc_context: the kernel's context first (its async descriptor
+// is the kernel's), then the engine the module names, if one serves the device now.
+verbs_context* alloc_kernel_context(Context* ctx, ibv_device* ibdev) {
+  ContextState& st = *ctx->state;
+  st.kernel = true;
+  kernel::EngineInfo info;
+  if (int e = kernel::open_context(&ctx->vctx, &info)) return abandon(ctx, e);
+  ctx->vctx.context.num_comp_vectors = 1;
+  verbs_set_ops(&ctx->vctx, &kContextOps);
+  if (info.pid == 0) {
+    // The device exists but nothing serves it: it can be queried (its port is DOWN), and
+    // everything else answers ENODEV, as with an engine that went away.
+    METAROCE_LOG(&ctx->vctx, abi::kLogInfo, "no MetaRoCE engine serves this device now");
+    st.dead.store(true);
+    return &ctx->vctx;
+  }
+  try {
+    std::string why;
+    const std::string path =
+        info.run_dir + "/sys/class/infiniband/" + info.link + "/" + nic::kConfigFile;
+    auto cfg = nic::LinkConfig::load(path, &why);
+    if (!cfg) {
+      METAROCE_LOG(&ctx->vctx, abi::kLogErr, "cannot read %s: %s", path.c_str(), why.c_str());
+      return abandon(ctx, ENODEV);
+    }
+    st.link = *cfg;
+    st.link.run_dir = info.run_dir;
+  } catch (...) {
+    return abandon(ctx, ENOMEM);
+  }
+  if (int e = connect_engine(ctx, ibdev)) return abandon(ctx, e);
+  if (int e = start_watcher(st, &ctx->vctx.context)) return abandon(ctx, e);
+  return &ctx->vctx;
+}
+
 verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data*/) {
   // Expands what rdma-core's verbs_init_and_alloc_context macro would: the library callocs
   // sizeof(Context) and initialises the verbs_context found at the given offset (0 here).
@@ -225,6 +288,7 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data
   ctx->state = new (std::nothrow) ContextState{};
   if (!ctx->state) return abandon(ctx, ENOMEM);
   ContextState& st = *ctx->state;
+  if (reinterpret_cast<Device*>(ibdev)->kernel) return alloc_kernel_context(ctx, ibdev);
 
   int err = 0;
   try {
@@ -251,15 +315,9 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data
     close(fds[0]);
     return abandon(ctx, err);
   }
-  if (pipe2(st.watcher_stop, O_CLOEXEC) != 0) {
+  if (int e = start_watcher(st, &ctx->vctx.context)) {
     close(fds[0]);
-    return abandon(ctx, errno);
-  }
-  try {
-    st.watcher = std::thread(watch_engine, &ctx->vctx.context);
-  } catch (...) {
-    close(fds[0]);
-    return abandon(ctx, EAGAIN);
+    return abandon(ctx, e);
   }
   ctx->vctx.context.num_comp_vectors = 1;
   // What a kernel would report: the optional access range (relaxed ordering) reaches reg_mr,
@@ -302,8 +360,10 @@ bool is_ours(const ibv_device* device) noexcept {
 bool is_ours(const ibv_context* context) noexcept { return context && is_ours(context->device); }
 
 void post_async_event(ibv_context* context, uint64_t element, ibv_event_type type) noexcept {
+  const int fd = to_context(context)->state->async_write_fd;
+  if (fd < 0) return;  // kernel-backed: the module raises events
   const hostif::AsyncEventDesc desc{element, static_cast<uint32_t>(type), 0};
-  ssize_t n = write(to_context(context)->state->async_write_fd, &desc, sizeof(desc));
+  ssize_t n = write(fd, &desc, sizeof(desc));
   (void)n;  // a full pipe drops the event: the application is not reading them
 }
 
@@ -371,6 +431,7 @@ int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input
                     ibv_device_attr_ex* attr, size_t attr_size) noexcept {
   if (input && input->comp_mask) return EINVAL;
   if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
+  if (state_of(context).kernel) return kernel::query_device(context, input, attr, attr_size);
   const ibv_device_attr_ex full = device_attr(state_of(context).link);
   // Callers built against older headers pass a shorter struct: fill only what they have.
   std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));
@@ -380,6 +441,7 @@ int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input
 int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr) noexcept {
   if (port_num != kPortNum) return EINVAL;
   const ContextState& st = state_of(context);
+  if (st.kernel) return kernel::query_port(context, port_num, attr);
   // ACTIVE while the engine serves the link and the link's port is up (verbs-mapping.md §8);
   // DOWN once the engine is gone.
   bool active = !st.dead.load(std::memory_order_acquire);

@@ -30,10 +30,12 @@ struct Srq;
 
 struct Device {
   abi::VerbsDevice vdev;  // first: libibverbs hands us &vdev.device
+  bool kernel;            // registered by the metaroce_ib module (kernel.h), else a sysfs-tree link
 };
 
 // What a context owns besides the verbs structure (kept apart so Context stays a C layout).
 struct ContextState {
+  bool kernel = false;            // a kernel-backed device: its objects are kernel objects too
   nic::LinkConfig link;           // the link record (addresses, GIDs)
   hostif::HelloResp engine;       // what the engine said of the device
   int sock = -1;                  // control connection to the engine (SOCK_SEQPACKET)
@@ -41,7 +43,7 @@ struct ContextState {
   uint32_t seq = 0;
   int doorbell_fd = -1;           // eventfd: wakes a sleeping engine
   const hostif::StatusPage* status = nullptr;  // read-only
-  int async_write_fd = -1;        // the pipe whose read end is context.async_fd
+  int async_write_fd = -1;        // the pipe whose read end is context.async_fd (kernel-free)
   std::atomic<bool> dead{false};  // the engine went away: queues flushed, nothing reaches it
   std::thread watcher;            // waits for the engine to go away
   int watcher_stop[2] = {-1, -1};

@@ -17,6 +17,7 @@
 #include "providers/metaroce/comp_channel.h"
 #include "providers/metaroce/context.h"
 #include "providers/metaroce/pd.h"
+#include "providers/metaroce/kernel.h"
 
 namespace metaroce::provider {
 namespace {
@@ -43,6 +44,10 @@ struct SpinGuard {
 // The CQ's completion event: one struct ib_uverbs_comp_event_desc naming the CQ, as the
 // kernel would queue it on the channel for ibv_get_cq_event.
 void notify(Cq* cq) {
+  if (cq->kernel_channel) {
+    kernel::raise_cq_event(&cq->vcq.cq);  // the module queues it on the kernel's channel
+    return;
+  }
   const uint64_t handle = reinterpret_cast<uintptr_t>(&cq->vcq.cq);
   // A full socket means the application ignores its events; dropping one cannot lose a
   // wake-up, since an unread event is already waiting.
@@ -61,10 +66,12 @@ Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32
     errno = EINVAL;
     return nullptr;
   }
+  const bool kernel = state_of(context).kernel;
   int event_fd = -1;
   if (channel) {
-    event_fd = comp_channel_event_fd(channel);
-    if (event_fd < 0 || channel->context != context) {
+    // A kernel-backed device's channels are the kernel's own (ibv_create_comp_channel).
+    if (!kernel) event_fd = comp_channel_event_fd(channel);
+    if ((!kernel && event_fd < 0) || channel->context != context) {
       errno = EINVAL;  // a channel of another device
       return nullptr;
     }
@@ -77,8 +84,18 @@ Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32
   }
   hostif::CreateCqReq req;
   req.cqe = cqe;
-  req.has_channel = event_fd >= 0;
+  req.has_channel = event_fd >= 0 || (kernel && channel);
   req.handle = reinterpret_cast<uintptr_t>(&cq->vcq.cq);
+  if (kernel) {
+    uint32_t id = 0;
+    if (int e = kernel::create_cq(context, static_cast<int>(cqe), channel,
+                                  static_cast<int>(comp_vector), &cq->vcq.cq, &id)) {
+      free_resource(cq, from, MRDV_RES_TYPE_CQ);
+      errno = e;
+      return nullptr;
+    }
+    req.handle = id;  // the engine raises the CQ's events on the kernel's CQ of that id
+  }
   hostif::CreateCqResp body;
   void* seg = nullptr;
   const int err =
@@ -88,6 +105,7 @@ Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32
           : create_mapped(context, hostif::Op::kCreateCq, req, {}, hostif::Op::kDestroyCq,
                           &hostif::CreateCqResp::id, hostif::valid_cq, &body, &seg);
   if (err) {
+    if (kernel) kernel::destroy_cq(&cq->vcq.cq);
     free_resource(cq, from, MRDV_RES_TYPE_CQ);
     errno = err;
     return nullptr;
@@ -101,9 +119,10 @@ Cq* new_cq(ibv_context* context, uint32_t cqe, ibv_comp_channel* channel, uint32
   cq->ring_bytes = body.bytes;
   cq->id = body.id;
   cq->event_fd = event_fd;
+  cq->kernel_channel = kernel && channel;
   pthread_spin_init(&cq->poll_lock, PTHREAD_PROCESS_PRIVATE);
   cq->vcq.cq.cqe = static_cast<int>(cq->ring->capacity);
-  cq->vcq.cq.handle = cq->id;
+  if (!kernel) cq->vcq.cq.handle = cq->id;
   track(context, cq);
   return cq;
 }
@@ -234,6 +253,8 @@ int destroy_cq(ibv_cq* ibcq) noexcept {
   hostif::Message resp;
   const int err = engine_call(ibcq->context, hostif::Op::kDestroyCq, hostif::IdReq{cq->id}, &resp);
   if (err && !engine_gone(err)) return err;
+  if (state_of(ibcq->context).kernel)
+    if (int e = kernel::destroy_cq(ibcq)) return e;
   untrack(ibcq->context, cq);
   munmap(cq->ring, cq->ring_bytes);
   if (cq->retired_ring) munmap(cq->retired_ring, cq->retired_bytes);
@@ -301,7 +322,7 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
 int req_notify_cq(ibv_cq* ibcq, int solicited_only) noexcept {
   Cq* cq = to_cq(ibcq);
   // Without a channel there is nobody to tell; arming still succeeds, as on hardware.
-  if (cq->event_fd < 0) return 0;
+  if (cq->event_fd < 0 && !cq->kernel_channel) return 0;
   cq->ring->armed.store(solicited_only ? 2 : 1);
   // Pairs with the engine's fence after publishing: either it sees the CQ armed, or we see its
   // completions here and raise the event ourselves (whoever disarms it raises it).
@@ -316,7 +337,7 @@ void push_orphan(Cq* cq, const hostif::Cqe& cqe) noexcept {
 }
 
 void notify_orphan(Cq* cq) noexcept {
-  if (cq->event_fd < 0) return;
+  if (cq->event_fd < 0 && !cq->kernel_channel) return;
   if (has_completions(cq) && cq->ring->armed.v.exchange(0) != 0) notify(cq);
 }
 

@@ -30,6 +30,7 @@ struct Cq {
   uint32_t id;                    // the engine's
   std::atomic<uint32_t> users;    // QPs using it as send or receive CQ: destroy answers EBUSY
   int event_fd;                   // where completion events go (its channel's), -1 without one
+  bool kernel_channel;            // kernel-backed with a channel: the kernel raises its events
   pthread_spinlock_t poll_lock;   // several threads may poll one CQ
   hostif::Cqe cur;                // ibv_cq_ex: the completion start_poll/next_poll made current
 };

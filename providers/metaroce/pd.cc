@@ -8,6 +8,7 @@
 
 #include "providers/metaroce/context.h"
 #include "providers/metaroce/convert.h"
+#include "providers/metaroce/kernel.h"
 
 namespace metaroce::provider {
 
@@ -17,18 +18,27 @@ ibv_pd* alloc_pd(ibv_context* context) noexcept {
     errno = ENOMEM;
     return nullptr;
   }
+  const bool kernel = state_of(context).kernel;
+  if (kernel) {
+    if (int e = kernel::alloc_pd(context, &pd->pd)) {  // sets the kernel's handle
+      delete pd;
+      errno = e;
+      return nullptr;
+    }
+  }
   hostif::Message resp;
   const int err = engine_call(context, hostif::Op::kAllocPd, nullptr, 0, {}, &resp);
   auto body = resp.as<hostif::PdResp>();
   hostif::close_fds(&resp);
   if (err || !body) {
+    if (kernel) kernel::dealloc_pd(&pd->pd);
     delete pd;
     errno = err ? err : EPROTO;
     return nullptr;
   }
   pd->id = body->pd;
   pd->pd.context = context;
-  pd->pd.handle = pd->id;
+  if (!kernel) pd->pd.handle = pd->id;
   return &pd->pd;
 }
 
@@ -44,6 +54,8 @@ int dealloc_pd(ibv_pd* ibpd) noexcept {
   hostif::Message resp;
   const int err = engine_call(ibpd->context, hostif::Op::kDeallocPd, hostif::IdReq{pd->id}, &resp);
   if (err && !engine_gone(err)) return err;
+  if (state_of(ibpd->context).kernel)
+    if (int e = kernel::dealloc_pd(ibpd)) return e;
   delete pd;
   return 0;
 }
@@ -81,10 +93,22 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
   req.addr = reinterpret_cast<uintptr_t>(addr);
   req.length = length;
   req.iova = hca_va;  // ibv_reg_mr passes addr; ibv_reg_mr_iova2 the address verbs will use
+  const bool kernel = state_of(ibpd->context).kernel;
+  if (kernel) {
+    // The kernel pins the pages and chooses the keys; the engine maps those pages. The module
+    // answers EOPNOTSUPP for an IOVA other than addr and for on-demand paging.
+    if (int e = kernel::reg_mr(ibpd, addr, length, hca_va, access, mr)) {
+      delete mr;
+      errno = e;
+      return nullptr;
+    }
+    req.key = mr->mr.lkey;
+  }
   hostif::Message resp;
   const int err = engine_call(ibpd->context, hostif::Op::kRegMr, req, &resp);
   auto body = resp.as<hostif::RegMrResp>();
   if (err || !body) {
+    if (kernel) kernel::dereg_mr(mr);
     delete mr;
     errno = err ? err : EPROTO;
     return nullptr;
@@ -98,7 +122,7 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
   mr->mr.length = length;
   mr->mr.lkey = body->lkey;
   mr->mr.rkey = body->rkey;
-  mr->mr.handle = body->lkey;
+  if (!kernel) mr->mr.handle = body->lkey;
   return &mr->mr;
 }
 
@@ -265,6 +289,8 @@ int dereg_mr(abi::VerbsMr* mr) noexcept {
   const int err =
       engine_call(mr->mr.context, hostif::Op::kDeregMr, hostif::IdReq{mr->mr.lkey}, &resp);
   if (err && !engine_gone(err)) return err;
+  if (state_of(mr->mr.context).kernel)
+    if (int e = kernel::dereg_mr(mr)) return e;
   to_pd(mr->mr.pd)->users.fetch_sub(1, std::memory_order_release);
   delete mr;
   return 0;

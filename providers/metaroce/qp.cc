@@ -16,6 +16,7 @@
 #include "providers/metaroce/context.h"
 #include "providers/metaroce/convert.h"
 #include "providers/metaroce/device_attr.h"
+#include "providers/metaroce/kernel.h"
 #include "providers/metaroce/qp_transition.h"
 #include "providers/metaroce/srq.h"
 #include "providers/metaroce/xrcd.h"
@@ -90,7 +91,8 @@ void init_qp(Qp* qp, ibv_context* context, void* qp_context, uint32_t qpn, void*
   pthread_mutex_init(&q.mutex, nullptr);
   pthread_cond_init(&q.cond, nullptr);
   q.qp_num = qpn;
-  q.handle = qpn;
+  // A kernel-backed QP's handle is the kernel's, which its create command set.
+  if (!state_of(context).kernel) q.handle = qpn;
   if (qp->xrcd) {
     qp->vqp.comp_mask |= abi::kVerbsQpXrcd;
     qp->vqp.xrcd = &qp->xrcd->vxrcd;
@@ -198,12 +200,29 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a, bool wq = false)
   req.caps.max_recv_sge = cap.max_recv_sge;
   req.caps.max_inline = cap.max_inline_data;
   req.handle = reinterpret_cast<uintptr_t>(&qp->vqp.qp);
+  const bool kernel = state_of(context).kernel;
+  if (kernel) {
+    // The module offers RC, UC and UD queue pairs; XRC and raw packet QPs are the engine's alone.
+    if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD) {
+      free_resource(qp, from, MRDV_RES_TYPE_QP);
+      fail(EOPNOTSUPP);
+      return nullptr;
+    }
+    // The kernel numbers the QP; the engine takes that number.
+    if (int e = kernel::create_qp(a->pd, &qp->vqp.qp, *a, cap)) {
+      free_resource(qp, from, MRDV_RES_TYPE_QP);
+      fail(e);
+      return nullptr;
+    }
+    req.qpn = req.handle = qp->vqp.qp.qp_num;
+  }
   hostif::CreateQpResp body;
   void* seg = nullptr;
   // A target is closed handle by handle (kCloseQp), never destroyed outright.
   const int err = create_mapped(context, hostif::Op::kCreateQp, req, {}, hostif::Op::kDestroyQp,
                                 &hostif::CreateQpResp::qpn, hostif::valid_qp, &body, &seg);
   if (err) {
+    if (kernel) kernel::destroy_qp(&qp->vqp.qp);
     free_resource(qp, from, MRDV_RES_TYPE_QP);
     fail(err);
     return nullptr;
@@ -632,6 +651,8 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
                       : engine_call(ibqp->context, hostif::Op::kDestroyQp,
                                     hostif::IdReq{ibqp->qp_num}, &resp);
   if (err && !engine_gone(err)) return err;
+  if (state_of(ibqp->context).kernel)
+    if (int e = kernel::destroy_qp(ibqp)) return e;
   untrack(ibqp->context, qp);
   if (qp->pd) qp->pd->users.fetch_sub(1, std::memory_order_release);
   if (qp->send_cq) qp->send_cq->users.fetch_sub(1, std::memory_order_release);
@@ -732,7 +753,10 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
       req.state = *to_nic(next);
     }
     hostif::Message resp;
-    err = engine_call(ibqp->context, hostif::Op::kModifyQp, req, &resp);
+    // A kernel-backed QP changes state in the kernel too (which resolves the peer's address on
+    // the interface, as for any RoCE device), then in the engine.
+    if (st.kernel) err = kernel::modify_qp(ibqp, attr, mask);
+    if (!err) err = engine_call(ibqp->context, hostif::Op::kModifyQp, req, &resp);
     if (err) {
       qp->attr = saved;
       qp->remote = saved_remote;

@@ -14,6 +14,7 @@
 #include "providers/metaroce/context.h"
 #include "providers/metaroce/cq.h"
 #include "providers/metaroce/device_attr.h"
+#include "providers/metaroce/kernel.h"
 #include "providers/metaroce/qp.h"
 #include "providers/metaroce/xrcd.h"
 
@@ -38,6 +39,26 @@ ibv_srq* make_srq(ibv_pd* ibpd, void* srq_context, ibv_srq_attr& a, Xrcd* xrcd, 
   srq->mem_from = from;
   Pd* pd = to_pd(ibpd);
   const uint64_t handle = reinterpret_cast<uintptr_t>(&srq->srq);
+  uint64_t engine_handle = handle;
+  const bool kernel = state_of(ibpd->context).kernel;
+  if (kernel) {
+    // XRC domains are the engine's alone: a kernel device offers none.
+    if (xrcd) {
+      free_resource(srq, from, MRDV_RES_TYPE_SRQ);
+      errno = EOPNOTSUPP;
+      return nullptr;
+    }
+    ibv_srq_init_attr ia{};
+    ia.srq_context = srq_context;
+    ia.attr = a;
+    uint32_t id = 0;
+    if (int e = kernel::create_srq(ibpd, &srq->srq, &ia, &id)) {
+      free_resource(srq, from, MRDV_RES_TYPE_SRQ);
+      errno = e;
+      return nullptr;
+    }
+    engine_handle = id;  // its events are raised on the kernel's SRQ of that id
+  }
   hostif::CreateSrqResp body;
   void* seg = nullptr;
   int err;
@@ -67,11 +88,12 @@ ibv_srq* make_srq(ibv_pd* ibpd, void* srq_context, ibv_srq_attr& a, Xrcd* xrcd, 
     req.pd = pd->id;
     req.max_wr = a.max_wr;
     req.max_sge = a.max_sge;
-    req.handle = handle;
+    req.handle = engine_handle;
     err = create_mapped(ibpd->context, hostif::Op::kCreateSrq, req, {}, hostif::Op::kDestroySrq,
                         &hostif::CreateSrqResp::id, hostif::valid_srq, &body, &seg);
   }
   if (err) {
+    if (kernel) kernel::destroy_srq(&srq->srq);
     free_resource(srq, from, MRDV_RES_TYPE_SRQ);
     errno = err;
     return nullptr;
@@ -91,7 +113,7 @@ ibv_srq* make_srq(ibv_pd* ibpd, void* srq_context, ibv_srq_attr& a, Xrcd* xrcd, 
   s.context = ibpd->context;
   s.srq_context = srq_context;
   s.pd = ibpd;
-  s.handle = srq->id;
+  if (!kernel) s.handle = srq->id;
   s.events_completed = 0;
   pthread_mutex_init(&s.mutex, nullptr);
   pthread_cond_init(&s.cond, nullptr);
@@ -189,6 +211,8 @@ int destroy_srq(ibv_srq* ibsrq) noexcept {
   hostif::Message resp;
   const int err = engine_call(ibsrq->context, hostif::Op::kDestroySrq, hostif::IdReq{srq->id}, &resp);
   if (err && !engine_gone(err)) return err;
+  if (state_of(ibsrq->context).kernel)
+    if (int e = kernel::destroy_srq(ibsrq)) return e;
   untrack(ibsrq->context, srq);
   srq->pd->users.fetch_sub(1, std::memory_order_release);
   if (srq->xrcd) srq->xrcd->users.fetch_sub(1, std::memory_order_release);

@@ -5,7 +5,9 @@
 # unmodified ibv_devices and ibv_rc_pingpong through `metaroce exec`, build the direct-verbs
 # example against the installed development package (pkg-config) and run it, purge, and check
 # that no packaged file, link, run dir or /dev node is left; then rpmbuild and compare the RPM
-# layout.
+# layout. metaroce-dkms: its dkms.conf and the module's sources, DKMS building metaroce_ib for the
+# installed kernel headers (tests/kernel's kernel; this host's own kernel loads no modules), and
+# purge taking every build away.
 # Usage: packages.sh BUILD_DIR. Needs root and a throwaway machine (it installs packages).
 # METAROCE_PKG_SOURCE=head builds from `git archive HEAD`; the default copies the working tree
 # (tracked and untracked, not ignored), which on a clean clone is the same thing.
@@ -21,11 +23,13 @@ fi
 [ -n "${METAROCE_PKG_NS:-}" ] && echo "packages: private /dev/infiniband (mount namespace)"
 source "$(dirname "$0")/lib.sh"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-PKGS=(libmetaroce1 metaroce-provider libmetaroce-dev metaroce-tools)
+PKGS=(libmetaroce1 metaroce-provider libmetaroce-dev metaroce-tools metaroce-dkms)
 # The RPM split: the library stays with the provider, as rdma-core's libibverbs package holds
 # libmlx5.so.1; "RPM=DEB[,DEB]" pairs whose files must be the same.
 RPM_LAYOUT=("metaroce-provider=libmetaroce1,metaroce-provider" "metaroce-devel=libmetaroce-dev"
-            "metaroce-tools=metaroce-tools")
+            "metaroce-tools=metaroce-tools" "metaroce-dkms=metaroce-dkms")
+# The kernel whose headers DKMS builds the module against (scripts/install-deps installs them).
+KVER=${KG_KERNEL_VERSION:-6.1.0-57-amd64}
 MULTIARCH=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 WORK=$(mktemp -d /tmp/metaroce-packages.XXXXXX)
 # The installed command, with nothing from the caller's environment that would point it (or the
@@ -47,13 +51,15 @@ pkg_cleanup() {
 }
 trap 'rc=$?; set +e; pkg_cleanup; (exit $rc); cleanup' EXIT
 
-for tool in dpkg-buildpackage dh lintian rpmbuild fakeroot ibv_devices ibv_rc_pingpong cc make \
-            objdump pkg-config; do
+for tool in dpkg-buildpackage dh dh_dkms dkms lintian rpmbuild fakeroot ibv_devices ibv_rc_pingpong \
+            cc make objdump pkg-config modinfo; do
   command -v "$tool" >/dev/null || fail "$tool is missing (scripts/install-deps installs it)"
 done
 for p in "${PKGS[@]}"; do installed "$p" && fail "$p is already installed; this test needs a machine without it"; done
 [ -z "$(ls -A /run/metaroce/sys/class/infiniband 2>/dev/null)" ] ||
   fail "/run/metaroce already holds links; this test needs a machine without any"
+[ -d "/lib/modules/$KVER/build" ] || fail "linux-headers-$KVER is missing (scripts/install-deps installs it)"
+[ -z "$(dkms status -m metaroce 2>/dev/null)" ] || fail "DKMS already knows metaroce: $(dkms status -m metaroce)"
 
 # --- build ------------------------------------------------------------------------------------
 # One snapshot of the source for both builds: dpkg-buildpackage works in a copy of it (and writes
@@ -101,6 +107,32 @@ done
 dpkg-deb -I "$(deb_of libmetaroce1)" symbols >"$WORK/symbols" || fail "libmetaroce1 has no symbols file"
 grep -qx ' mrdv_create_qp@METAROCE_1.0 0.1.0' "$WORK/symbols" || fail "libmetaroce1's symbols lack mrdv_create_qp@METAROCE_1.0"
 
+# metaroce-dkms: every source of kernel/metaroce_ib and a dkms.conf naming this version, in
+# /usr/src/metaroce-VERSION; DKMS's scripts add it on configure and remove every build on removal.
+step "metaroce-dkms: contents"
+dkms_deb=$(deb_of metaroce-dkms)
+upstream=${version%%-*}
+dkms_src=/usr/src/metaroce-$upstream
+[ "$(dpkg-deb -f "$dkms_deb" Architecture)" = all ] || fail "metaroce-dkms is not Architecture: all"
+dpkg-deb -f "$dkms_deb" Depends | grep -qE '(^|, )dkms( |,|$)' || fail "metaroce-dkms does not depend on dkms"
+dpkg-deb -c "$dkms_deb" | awk '{print $6}' | sed -n "s,^\.$dkms_src/\(.\),\1,p" | sort >"$WORK/dkms.files"
+(cd "$WORK/pristine/kernel/metaroce_ib" && ls -A; echo dkms.conf) | sort >"$WORK/dkms.want"
+diff -u "$WORK/dkms.want" "$WORK/dkms.files" ||
+  fail "metaroce-dkms's $dkms_src is not kernel/metaroce_ib plus dkms.conf"
+dpkg-deb --fsys-tarfile "$dkms_deb" | tar -xO ".$dkms_src/dkms.conf" >"$WORK/dkms.conf"
+for line in 'PACKAGE_NAME="metaroce"' "PACKAGE_VERSION=\"$upstream\"" \
+            'BUILT_MODULE_NAME[0]="metaroce_ib"' 'AUTOINSTALL="yes"'; do
+  grep -qxF "$line" "$WORK/dkms.conf" || fail "dkms.conf lacks $line"
+done
+for f in main.c verbs.c engine.c; do
+  dpkg-deb --fsys-tarfile "$dkms_deb" | tar -xO ".$dkms_src/$f" |
+    cmp -s - "$WORK/pristine/kernel/metaroce_ib/$f" || fail "$dkms_src/$f is not the source's"
+done
+grep -q "MRIB_VERSION \"$upstream\"" "$WORK/pristine/kernel/metaroce_ib/metaroce_ib.h" ||
+  fail "the module's MRIB_VERSION is not the package version $upstream"
+dpkg-deb -I "$dkms_deb" postinst | grep -q 'common.postinst' || fail "metaroce-dkms's postinst does not run DKMS"
+dpkg-deb -I "$dkms_deb" prerm | grep -q 'dkms remove -m \$DKMS_NAME' || fail "metaroce-dkms's prerm does not remove the DKMS builds"
+
 # --- RPM -------------------------------------------------------------------------------------
 step "rpmbuild"
 JOBS=${JOBS:-2} timeout 1200 "$WORK/pristine/rpm/build-rpm.sh" "$WORK/rpms" "$WORK/pristine" \
@@ -129,6 +161,28 @@ done
 grep -qx 'driver metaroce' /etc/libibverbs.d/metaroce.driver || fail "metaroce.driver does not name the provider"
 [ "$(readlink -f "$LIB"/libibverbs/libmetaroce-rdmav34.so)" = "$LIB"/libmetaroce.so.1.0.0 ] ||
   fail "the plugin libibverbs loads is not libmetaroce.so.1"
+
+step "metaroce-dkms: DKMS builds metaroce_ib for $KVER"
+dkms status -m metaroce -v "$upstream"
+[ -n "$(dkms status -m metaroce -v "$upstream")" ] || fail "DKMS does not know metaroce/$upstream after install"
+# The configure script built it for the running kernel, or (where that kernel has no headers or
+# modules, as here) for the installed ones; ask for $KVER in any case.
+built=$(dkms status -m metaroce -v "$upstream" -k "$KVER")
+if ! grep -qE ': (built|installed)' <<<"$built"; then
+  dkms build -m metaroce -v "$upstream" -k "$KVER" >"$LOGDIR/dkms-build" 2>&1 ||
+    { tail -n 40 "$LOGDIR/dkms-build"; fail "dkms build for $KVER failed"; }
+fi
+ko=$(find "/var/lib/dkms/metaroce/$upstream/$KVER" -name 'metaroce_ib.ko*' | head -n 1)
+[ -n "$ko" ] || fail "no metaroce_ib.ko under /var/lib/dkms/metaroce/$upstream/$KVER"
+[ "$(modinfo -F vermagic "$ko" | cut -d' ' -f1)" = "$KVER" ] || fail "$ko is not built for $KVER"
+[ "$(modinfo -F version "$ko")" = "$upstream" ] || fail "$ko says version $(modinfo -F version "$ko")"
+modinfo -F alias "$ko" | grep -qx 'rdma-link-metaroce' || fail "$ko does not answer rdma link add ... type metaroce"
+# (find fails on the build folder where DKMS removed it after the build.)
+make_log=$({ find "/var/lib/dkms/metaroce/$upstream/$KVER" /var/lib/dkms/metaroce/"$upstream"/build \
+              -name make.log 2>/dev/null || true; } | head -n 1)
+[ -n "$make_log" ] || fail "DKMS kept no make.log of the build for $KVER"
+grep -E 'warning:|error:' "$make_log" && fail "DKMS built metaroce_ib with warnings ($make_log)"
+echo "dkms: $(basename "$ko") for $KVER, version $upstream"
 
 step "the development files: pkg-config, versioned symbols"
 flags=$(env -u PKG_CONFIG_PATH pkg-config --cflags --libs libmetaroce) || fail "pkg-config libmetaroce failed"
@@ -216,6 +270,10 @@ for node in /dev/infiniband/uverbs*; do
 done
 SYSFS_PATH=/run/metaroce/sys ibv_devices 2>/dev/null | grep -qw 'mr[AB]' && fail "a link is still visible"
 pgrep -f '^/usr/sbin/metaroced ' >/dev/null && fail "the installed metaroced still runs after purge"
+[ -z "$(dkms status -m metaroce 2>/dev/null)" ] || fail "DKMS still knows metaroce after purge: $(dkms status -m metaroce)"
+[ ! -e /var/lib/dkms/metaroce ] || fail "/var/lib/dkms/metaroce is left after purge"
+left_ko=$(find /lib/modules -path '*/updates/dkms/metaroce_ib.ko*' 2>/dev/null)
+[ -z "$left_ko" ] || fail "DKMS builds left after purge: $left_ko"
 echo "deb: installed, used and purged without leftovers"
 
 # --- RPM layout --------------------------------------------------------------------------------
@@ -243,5 +301,12 @@ rpm -qp --requires "$provider_rpm" | grep -qF 'libibverbs.so.1(IBVERBS_PRIVATE_3
   fail "the provider RPM does not require libibverbs' private ABI 34"
 rpm -qp --provides "$provider_rpm" | grep -qF 'libmetaroce.so.1(METAROCE_1.0)(64bit)' ||
   fail "the provider RPM does not provide libmetaroce.so.1(METAROCE_1.0)"
+dkms_rpm=$(ls "$WORK"/rpms/metaroce-dkms-[0-9]*.noarch.rpm | head -n 1)
+[ -n "$dkms_rpm" ] || fail "the metaroce-dkms RPM is not noarch"
+rpm -qp --requires "$dkms_rpm" | grep -qx 'dkms' || fail "the metaroce-dkms RPM does not require dkms"
+rpm -qp --scripts "$dkms_rpm" >"$WORK/dkms-rpm.scripts"
+grep -q "dkms add -m metaroce -v $upstream" "$WORK/dkms-rpm.scripts" &&
+  grep -q "dkms remove -m metaroce -v $upstream --all" "$WORK/dkms-rpm.scripts" ||
+  { cat "$WORK/dkms-rpm.scripts"; fail "the metaroce-dkms RPM's scripts do not add and remove it with DKMS"; }
 echo "rpm: same layout as the .debs"
 echo "PASS packages"

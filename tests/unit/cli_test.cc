@@ -903,6 +903,24 @@ TEST_F(CliApplyTest, ExecRunsTheProgramWithTheDiscoverySettings) {
   EXPECT_EQ(verbs_environment(ctx_).size(), 2u);
 }
 
+// With metaroce_ib loaded, kernel devices need no redirect, but a kernel-free link (memif) is
+// only in the generated tree: its programs still get it.
+TEST_F(CliApplyTest, WithTheKernelModuleOnlyKernelFreeLinksAreRedirected) {
+  ctx_.kernel_module = true;
+  fs::create_directories(ctx_.build_root + "/providers/metaroce/preload");
+  std::ofstream(ctx_.build_root + "/providers/metaroce/preload/libmetaroce-preload.so") << "x";
+  ctx_.exe_dir = ctx_.build_root + "/util";
+  auto names = [&] {
+    std::set<std::string> n;
+    for (const auto& [k, v] : verbs_environment(ctx_)) n.insert(k);
+    return n;
+  };
+  EXPECT_EQ(names(), (std::set<std::string>{"RDMAV_DRIVERS"})) << "no link: nothing to redirect";
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  ASSERT_EQ(add("mr0", "198.18.0.1/24"), kExitOk) << err_.str();
+  EXPECT_EQ(names(), (std::set<std::string>{"SYSFS_PATH", "RDMAV_DRIVERS", "LD_PRELOAD"}));
+}
+
 TEST_F(CliApplyTest, ExecReportsAMissingProgramLikeAShell) {
   EXPECT_EQ(run({"exec", "--", "metaroce-no-such-program"}), kExitNotFound);
   expect_one_error_line();

@@ -1526,6 +1526,60 @@ TEST_F(NicWindowTest, ReadsAfterABindAreAnsweredIntoTheirOwnBuffers) {
   EXPECT_EQ(std::memcmp(a_.buf.data() + 2000, b_.buf.data() + 65536 + 32, 32), 0);
 }
 
+// A kernel-backed device's objects carry the numbers the module chose: the NIC takes exactly
+// those, refuses one already taken, and traffic names them.
+TEST_F(NicTest, NumbersAKernelChoseAreTakenAsGivenAndCarryTraffic) {
+  Nic& n = nic(b_);
+  uint32_t lkey = 0, rkey = 0;
+  const uint64_t addr = reinterpret_cast<uint64_t>(b_.buf.data());
+  const uint32_t want = (77u << 8) | 5;
+  ASSERT_EQ(n.reg_mr(&b_.owner, b_.pd, addr, 4096, addr, kAllAccess, &lkey, &rkey, want), 0);
+  EXPECT_EQ(lkey, want);
+  EXPECT_EQ(rkey, want);
+  EXPECT_EQ(n.reg_mr(&b_.owner, b_.pd, addr, 4096, addr, kAllAccess, &lkey, &rkey,
+                     (77u << 8) | 6), EBUSY) << "index 77 is taken, whatever the generation";
+
+  TestQp q(n, &b_.owner, b_.pd, *b_.cq, *b_.cq, caps(8), hostif::QpType::kRc, nullptr, 0x123456);
+  ASSERT_EQ(q.err, 0);
+  EXPECT_EQ(q.qpn(), 0x123456u);
+  TestQp dup(n, &b_.owner, b_.pd, *b_.cq, *b_.cq, caps(8), hostif::QpType::kRc, nullptr, 0x123456);
+  EXPECT_EQ(dup.err, EBUSY);
+  TestQp reserved(n, &b_.owner, b_.pd, *b_.cq, *b_.cq, caps(8), hostif::QpType::kRc, nullptr, 1);
+  EXPECT_EQ(reserved.err, EINVAL) << "QPs 0 and 1 are never a connected QP's";
+  TestQp wide(n, &b_.owner, b_.pd, *b_.cq, *b_.cq, caps(8), hostif::QpType::kRc, nullptr,
+              1u << 24);
+  EXPECT_EQ(wide.err, EINVAL) << "QP numbers have 24 bits";
+
+  // a_'s QP reconnected to the chosen number; a WRITE through the chosen key lands.
+  a_.qp->set_state(QpState::kReset);
+  connect_to(a_, q.qpn(), kIpB);
+  bring_up(q, kIpA, a_.qp->qpn());
+  for (size_t i = 0; i < 256; ++i) a_.buf[i] = static_cast<uint8_t>(i ^ 0x5a);
+  ASSERT_EQ(a_.qp->post_send(wqe(9, WqeOp::kWrite, sge(a_, 0, 256), addr + 100, want)), 0);
+  auto c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(a_.buf.data(), b_.buf.data() + 100, 256), 0);
+}
+
+TEST(MrTableTest, AWantedKeyTakesItsIndexAndLeavesTheSkippedOnesToOthers) {
+  MrTable t;
+  DirectMemory mem;
+  EXPECT_EQ(t.add(1, 0, 0, 100, 0, &mem, nullptr, 0x07), 0u) << "index 0 names no region";
+  ASSERT_EQ(t.add(1, 0, 0, 100, 0, &mem, nullptr, (5u << 8) | 9), (5u << 8) | 9);
+  EXPECT_NE(t.find((5u << 8) | 9), nullptr);
+  EXPECT_EQ(t.add(1, 0, 0, 100, 0, &mem, nullptr, (5u << 8) | 10), 0u) << "index 5 is taken";
+  // Indices 1-4, skipped on the way to 5, go to regions numbered by the table; then 6.
+  std::vector<uint32_t> idx;
+  for (int i = 0; i < 5; ++i) idx.push_back(t.add(1, 0, 0, 100, 0, &mem, nullptr) >> 8);
+  std::sort(idx.begin(), idx.end());
+  EXPECT_EQ(idx, (std::vector<uint32_t>{1, 2, 3, 4, 6}));
+  // Freed, the index can be wanted again (the kernel's next generation of it).
+  ASSERT_TRUE(t.remove((5u << 8) | 9));
+  EXPECT_EQ(t.add(1, 0, 0, 100, 0, &mem, nullptr, (5u << 8) | 10), (5u << 8) | 10);
+  EXPECT_EQ(t.find((5u << 8) | 9), nullptr);
+}
+
 TEST(MrTableTest, ChecksKeyPdAccessAndBounds) {
   MrTable t;
   DirectMemory mem;
