@@ -277,7 +277,7 @@ void EngineImpl::set_plane_up(Time now, uint8_t plane, bool up) {
   planes_up_ ^= 1u << plane;
   for (Connection* c : conn_list_) {
     touch(*c);  // up: its failed paths there are probed again from the next poll_tx
-    if (up || !(planes_up_ & c->plane_mask)) continue;  // its last plane: as a dead link (§4.7)
+    if (up || !(planes_up_ & path_planes(*c))) continue;  // its last plane: as a dead link (§4.7)
     for (uint16_t p = 0; p < c->tx.size(); ++p) {
       if (c->tx[p].plane == plane && c->tx[p].state == PathState::kActive) {
         fail_path(now, *c, p, false);

@@ -304,10 +304,24 @@ class EngineImpl final : public Engine {
   // Paths, planes and pacing of a connection as profile says (paths already checked).
   void apply_profile(Time now, Connection& c, uint16_t paths, uint32_t mask, bool hints);
   bool plane_up(uint8_t plane) const { return (planes_up_ >> plane) & 1; }
-  // A plane that is down carries nothing of a lane while another plane of the lane is up; with
-  // every plane of its mask down, the lane sends as on a dead link (retries decide).
+  // A plane that is down carries nothing of a lane while another plane that one of the lane's
+  // paths uses is up; with every such plane down, the lane sends as on a dead link (retries
+  // decide). Planes of its mask that no path uses do not count: nothing could go there, and a
+  // lane with every path out of service would hang (congestion.md §4.7).
   bool usable_plane(const Connection& c, uint8_t plane) const {
-    return plane_up(plane) || !(planes_up_ & c.plane_mask);
+    return plane_up(plane) || !(planes_up_ & path_planes(c));
+  }
+  // The planes of a lane's paths in use: its mask, or with fewer paths than planes in the mask,
+  // the first paths_used planes of it (path p is on the (p mod n)-th plane of the mask).
+  static uint32_t path_planes(const Connection& c) {
+    if (c.paths_used >= c.mask_planes) return c.plane_mask;
+    uint32_t planes = 0;
+    uint32_t rest = c.plane_mask;
+    for (uint16_t p = 0; p < c.paths_used; ++p) {
+      planes |= rest & -rest;  // lowest plane left
+      rest &= rest - 1;
+    }
+    return planes;
   }
   void reap_closed();
   void forget(Connection& c);
