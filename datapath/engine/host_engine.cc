@@ -948,6 +948,23 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
     *resp = std::move(r);
   };
   if (s.kernel() && kernel_only_refused(req.header.op)) return done(EOPNOTSUPP);
+  // Every kind of SRQ: its ring in a shared segment, made by `create` on the datapath.
+  auto new_srq = [&](uint32_t max_wr, uint32_t max_sge, auto create) {
+    const hostif::SrqLayout l = hostif::srq_layout(max_wr, max_sge);
+    Segment seg = Segment::create("metaroce-srq", l.bytes);
+    if (!seg.ok()) return done(ENOMEM);
+    hostif::init_srq(seg.base(), max_wr, max_sge);
+    hostif::CreateSrqResp c;
+    int e = 0;
+    on_datapath([&] { e = create(static_cast<hostif::SrqHeader*>(seg.base()), &c.id); });
+    if (e) return done(e);
+    c.bytes = l.bytes;
+    r.set(c);
+    r.fds.push_back(dup(seg.share(false)));
+    seg.close_fd();
+    s.keep_segment('s', c.id, std::move(seg));
+    return done(0);
+  };
   switch (req.header.op) {
     case Op::kAllocPd: {
       hostif::PdResp p;
@@ -1095,22 +1112,9 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
           (s.kernel() &&
            s.kernel()->check(MRIB_KIND_SRQ, static_cast<uint32_t>(b->handle), s.peer_pid()) != 0))
         return done(EINVAL);
-      const hostif::SrqLayout l = hostif::srq_layout(b->max_wr, b->max_sge);
-      Segment seg = Segment::create("metaroce-srq", l.bytes);
-      if (!seg.ok()) return done(ENOMEM);
-      hostif::init_srq(seg.base(), b->max_wr, b->max_sge);
-      hostif::CreateSrqResp c;
-      int e = 0;
-      on_datapath([&] {
-        e = nic.create_srq(&s, b->pd, static_cast<hostif::SrqHeader*>(seg.base()), b->handle, &c.id);
+      return new_srq(b->max_wr, b->max_sge, [&](hostif::SrqHeader* h, uint32_t* id) {
+        return nic.create_srq(&s, b->pd, h, b->handle, id);
       });
-      if (e) return done(e);
-      c.bytes = l.bytes;
-      r.set(c);
-      r.fds.push_back(dup(seg.share(false)));
-      seg.close_fd();
-      s.keep_segment('s', c.id, std::move(seg));
-      return done(0);
     }
     case Op::kDestroySrq: {
       auto b = req.as<hostif::IdReq>();
@@ -1295,46 +1299,18 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       if (!b || b->max_wr < 1 || b->max_wr > nic::kMaxSrqWr || b->max_sge < 1 ||
           b->max_sge > nic::kMaxSge)
         return done(EINVAL);
-      const hostif::SrqLayout l = hostif::srq_layout(b->max_wr, b->max_sge);
-      Segment seg = Segment::create("metaroce-srq", l.bytes);
-      if (!seg.ok()) return done(ENOMEM);
-      hostif::init_srq(seg.base(), b->max_wr, b->max_sge);
-      hostif::CreateSrqResp c;
-      int e = 0;
-      on_datapath([&] {
-        e = nic.create_xrc_srq(&s, b->pd, b->xrcd, b->cq,
-                               static_cast<hostif::SrqHeader*>(seg.base()), b->handle, &c.id);
+      return new_srq(b->max_wr, b->max_sge, [&](hostif::SrqHeader* h, uint32_t* id) {
+        return nic.create_xrc_srq(&s, b->pd, b->xrcd, b->cq, h, b->handle, id);
       });
-      if (e) return done(e);
-      c.bytes = l.bytes;
-      r.set(c);
-      r.fds.push_back(dup(seg.share(false)));
-      seg.close_fd();
-      s.keep_segment('s', c.id, std::move(seg));
-      return done(0);
     }
     case Op::kCreateTmSrq: {
       auto b = req.as<hostif::CreateTmSrqReq>();
       if (!b || b->max_wr < 1 || b->max_wr > nic::kMaxSrqWr || b->max_sge < 1 ||
           b->max_sge > nic::kMaxSge || b->max_tags < 1 || b->max_tags > hostif::kMaxTmTags)
         return done(EINVAL);
-      const hostif::SrqLayout l = hostif::srq_layout(b->max_wr, b->max_sge);
-      Segment seg = Segment::create("metaroce-srq", l.bytes);
-      if (!seg.ok()) return done(ENOMEM);
-      hostif::init_srq(seg.base(), b->max_wr, b->max_sge);
-      hostif::CreateSrqResp c;
-      int e = 0;
-      on_datapath([&] {
-        e = nic.create_tm_srq(&s, b->pd, b->cq, b->max_tags,
-                              static_cast<hostif::SrqHeader*>(seg.base()), b->handle, &c.id);
+      return new_srq(b->max_wr, b->max_sge, [&](hostif::SrqHeader* h, uint32_t* id) {
+        return nic.create_tm_srq(&s, b->pd, b->cq, b->max_tags, h, b->handle, id);
       });
-      if (e) return done(e);
-      c.bytes = l.bytes;
-      r.set(c);
-      r.fds.push_back(dup(seg.share(false)));
-      seg.close_fd();
-      s.keep_segment('s', c.id, std::move(seg));
-      return done(0);
     }
     case Op::kSrqTagOp: {
       auto b = req.as<hostif::SrqTagOpReq>();
