@@ -120,6 +120,7 @@ void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link
   put("paths_failed", e.paths_failed);
   put("paths_suspected", e.paths_suspected);
   put("paths_recovered", e.paths_recovered);
+  put("paths_reinstated", e.paths_reinstated);
   put("failover_resends", e.failover_resends);
   put("pacing_waits", e.pacing_waits);
   put("share_pushes", e.share_pushes);

@@ -233,6 +233,7 @@ struct EngineStats {
   uint64_t paths_failed = 0, paths_recovered = 0, probes_sent = 0;
   uint64_t failover_resends = 0;   // packets moved from a failed path to another
   uint64_t paths_suspected = 0;    // of paths_failed: by a timeout or a silent tail probe
+  uint64_t paths_reinstated = 0;   // back in service unproven: the lane had none (§4.7)
   uint64_t failover_duplicates = 0;  // receiver: copies whose original had arrived
   uint64_t rnr_naks_sent = 0, rnr_naks_received = 0;
   uint64_t pacing_waits = 0;       // times a packet waited for the rate hint's tokens

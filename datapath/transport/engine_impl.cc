@@ -277,14 +277,36 @@ void EngineImpl::set_plane_up(Time now, uint8_t plane, bool up) {
   planes_up_ ^= 1u << plane;
   for (Connection* c : conn_list_) {
     touch(*c);  // up: its failed paths there are probed again from the next poll_tx
-    if (up || !(planes_up_ & path_planes(*c))) continue;  // its last plane: as a dead link (§4.7)
+    // Down: its paths there, unless that was the lane's last plane (then as a dead link, §4.7).
+    // Up after every plane was down: the paths that stayed in service on the others.
     for (uint16_t p = 0; p < c->tx.size(); ++p) {
-      if (c->tx[p].plane == plane && c->tx[p].state == PathState::kActive) {
+      if (c->tx[p].state == PathState::kActive && !usable_plane(*c, c->tx[p].plane)) {
         fail_path(now, *c, p, false);
       }
     }
+    keep_in_service(now, *c);
   }
   settle();
+}
+
+// A lane keeps a path in service on a usable plane (congestion.md §4.7). Planes going down can
+// leave every path of a lane failed or probing, and probing alone may never end: a receiver
+// drops the probes of a direction it has not seen (wire.md §2.5), and only data makes one. So
+// the usable path out of service longest goes back in service unproven, as the last path of a
+// dead link stays: its packets leave with timers running, and the QP's retries decide.
+void EngineImpl::keep_in_service(Time now, Connection& c) {
+  uint16_t pick = kNoPath;
+  for (uint16_t p = 0; p < c.paths_used; ++p) {
+    const TxPath& tp = c.tx[p];
+    if (!usable_plane(c, tp.plane)) continue;
+    if (tp.state == PathState::kActive) return;
+    if (pick == kNoPath || tp.last_progress_ns < c.tx[pick].last_progress_ns) pick = p;
+  }
+  if (pick == kNoPath) return;
+  reinstate(now, c, pick);
+  c.tx[pick].srtt_ns = 0;  // a route nothing has measured: the initial RTO until a sample
+  c.tx[pick].rttvar_ns = 0;
+  ++stats_.paths_reinstated;
 }
 
 // Makes the connection if its first message has not yet: a QP with a peer may ask first.
@@ -1939,14 +1961,19 @@ bool EngineImpl::out_of_retries(const Connection& c, const TxDesc& d, Time now) 
 }
 
 void EngineImpl::path_recovered(Time now, Connection& c, uint16_t path, int64_t sample) {
-  TxPath& tp = c.tx[path];
-  tp.state = PathState::kActive;
-  tp.alpha = kAlphaOne;  // a new route: its marks are to be learnt again
-  --c.failed_paths;
+  reinstate(now, c, path);
   ++stats_.paths_recovered;
-  // A new route: its own RTT, a fresh window.
+  TxPath& tp = c.tx[path];
   tp.srtt_ns = static_cast<uint32_t>(std::max<int64_t>(sample, 1));
   tp.rttvar_ns = static_cast<uint32_t>(sample / 2);
+}
+
+// Back in service on a new route: its marks to be learnt again, a fresh window.
+void EngineImpl::reinstate(Time now, Connection& c, uint16_t path) {
+  TxPath& tp = c.tx[path];
+  tp.state = PathState::kActive;
+  tp.alpha = kAlphaOne;
+  --c.failed_paths;
   tp.backoff = 0;
   tp.cwnd = cfg_.path_window_init * kWinUnit;
   tp.last_md_ns = INT64_MIN / 2;

@@ -398,6 +398,8 @@ class EngineImpl final : public Engine {
   bool out_of_retries(const Connection& c, const TxDesc& d, Time now) const;
   uint16_t overflow_path(const Connection& c) const;
   void path_recovered(Time now, Connection& c, uint16_t path, int64_t sample);
+  void reinstate(Time now, Connection& c, uint16_t path);
+  void keep_in_service(Time now, Connection& c);
   void tail_probe(Time now, Connection& c);
   // Resends the packets overdue on their path while a packet sent after them was delivered
   // (congestion.md §5.1); arms rack_deadline for the next that may become so.

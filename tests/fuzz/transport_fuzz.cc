@@ -236,18 +236,6 @@ void submit(World& w, FuzzedDataProvider& in) {
   w.e[from]->submit(d);
 }
 
-// The one hang known and still open (transport_test's
-// Planes.DISABLED_ALaneWithEveryPathOutOfServiceBeforeItsFirstAckDoesNotHang): a lane of `from`
-// with no path in service whose probes the peer drops, never having seen the direction.
-bool known_no_path_hang(const World& w, int from) {
-  if (w.e[1 - from]->stats().drop_unknown_conn == 0) return false;
-  for (uint32_t lane = 0; lane < 2; ++lane) {
-    const ConnStats c = conn_stats(*w.e[from], kIp[1 - from], lane);
-    if (c.exists && c.paths_active == 0 && c.in_flight > 0) return true;
-  }
-  return false;
-}
-
 // Everything delivered in order, no faults, timers fired, until both engines are idle. False
 // when they are not idle after 30 s of that.
 bool settle(World& w, WireSink* sinks) {
@@ -378,14 +366,7 @@ void run(FuzzedDataProvider& in) {
     poll_all(w, sinks);
   }
 
-  if (!settle(w, sinks)) {
-    if (known_no_path_hang(w, 0) || known_no_path_hang(w, 1)) return;
-    // OPEN (docs/security.md): after a corrupted or forged packet the engines may also fail to
-    // settle; tests/fuzz/open/ keeps such an input. Liveness is required of clean runs only
-    // until that is understood.
-    if (w.tainted) return;
-    fail("engines did not settle with faults off");
-  }
+  if (!settle(w, sinks)) fail("engines did not settle with faults off");
   for (const auto& [cookie, m] : w.msgs) {
     check(m.state != Message::kPending, "message neither acked nor failed after settling");
   }

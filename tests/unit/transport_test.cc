@@ -2885,13 +2885,13 @@ TEST(Planes, ALaneWithNoPathOnAPlaneThatIsUpSendsAsOnADeadLinkInsteadOfHanging) 
   EXPECT_EQ(g.node[0].host.failed[0].second, Syndrome::kRetryExceeded);
 }
 
-// OPEN, found by tests/fuzz/transport_fuzz (docs/security.md): every path of a lane is out of
-// service (those of one plane because it was down, then probed unanswered; the others because
-// their plane went down) before the receiver saw any data of the direction. The messages wait on
-// the failover queue for an active path, the probes go to a receiver that drops probes of
-// unknown directions (wire.md §2.5), and no timer runs for a packet that is not in flight: the
-// message is neither sent nor failed, for ever. Enable once the transport resolves it.
-TEST(Planes, DISABLED_ALaneWithEveryPathOutOfServiceBeforeItsFirstAckDoesNotHang) {
+// Found by tests/fuzz/transport_fuzz: every path of a lane out of service (those of one plane
+// because it was down, then probed unanswered; the others because their plane went down) before
+// the receiver saw any data of the direction. The messages waited for an active path, the probes
+// went to a receiver that drops probes of unknown directions (wire.md §2.5), and no timer ran for
+// a packet not in flight: the message was neither sent nor failed, for ever. Now the lane's
+// longest-failed usable path goes back in service unproven (congestion.md §4.7).
+TEST(Planes, ALaneWithEveryPathOutOfServiceBeforeItsFirstAckDoesNotHang) {
   Fabric f;  // 4 paths on 2 planes
   f.node[0].e->set_plane_up(f.now, 1, false);
   f.submit(0, 1, 0, 2 * kMtu);
@@ -2900,9 +2900,40 @@ TEST(Planes, DISABLED_ALaneWithEveryPathOutOfServiceBeforeItsFirstAckDoesNotHang
   f.node[0].e->set_plane_up(f.now, 1, true);   // its paths are probed: unknown direction
   f.node[0].e->set_plane_up(f.now, 0, false);  // what was in flight moves to plane 1's paths
   f.run(10s);
-  EXPECT_EQ(f.node[0].host.acked.size() + f.node[0].host.failed.size(), 1u);
+  EXPECT_EQ(f.node[0].host.acked.size(), 1u);
+  EXPECT_TRUE(f.node[0].host.failed.empty());
   EXPECT_TRUE(f.node[0].e->idle());
-  EXPECT_EQ(f.node[1].e->stats().drop_unknown_conn, 0u);
+  EXPECT_EQ(f.node[0].e->stats().paths_reinstated, 1u);
+
+  // The same with plane 1 dead for good: its retries decide, and the message fails.
+  Fabric g;
+  g.node[0].e->set_plane_up(g.now, 1, false);
+  g.submit(0, 1, 0, 2 * kMtu);
+  QueueSink lost_too(100);
+  ASSERT_EQ(g.node[0].e->poll_tx(g.now, lost_too), 2u);
+  g.fate = [](const Sent& s) { return s.plane == 1 && s.from == 0 ? Fate::kDrop : Fate::kDeliver; };
+  g.node[0].e->set_plane_up(g.now, 1, true);
+  g.node[0].e->set_plane_up(g.now, 0, false);
+  g.run(60s);
+  ASSERT_EQ(g.node[0].host.failed.size(), 1u);
+  EXPECT_EQ(g.node[0].host.failed[0].second, Syndrome::kRetryExceeded);
+}
+
+// Every plane down, then one back: the paths left in service on the planes still down (as on a
+// dead link) leave it, their packets move to the plane that came back.
+TEST(Planes, APlaneBackAfterEveryPlaneWasDownTakesTheTraffic) {
+  Fabric f;  // 4 paths on 2 planes
+  f.node[0].e->set_plane_up(f.now, 0, false);
+  f.node[0].e->set_plane_up(f.now, 1, false);
+  f.submit(0, 1, 0, 8 * kMtu);
+  f.fate = [](const Sent& s) { return s.plane == 0 ? Fate::kDrop : Fate::kDeliver; };
+  QueueSink lost(100);
+  f.node[0].e->poll_tx(f.now, lost);
+  f.node[0].e->set_plane_up(f.now, 1, true);
+  f.run(10s);
+  EXPECT_EQ(f.node[0].host.acked.size(), 1u);
+  EXPECT_TRUE(f.node[0].host.failed.empty());
+  EXPECT_TRUE(f.node[0].e->idle());
 }
 
 TEST(Lanes, AClosedLaneIsForgottenOnceIdleAndComesBackWhenUsed) {
