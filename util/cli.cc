@@ -128,6 +128,7 @@ constexpr const char* kLinkHelp =
 
 constexpr const char* kEngineHelp =
     "Usage: metaroce engine start [--cores LIST] [--spin adaptive|always] [--spin-us N]\n"
+    "                             [--stall-us N]\n"
     "       metaroce engine stop\n"
     "       metaroce engine status [--json]\n"
     "\n"
@@ -1499,7 +1500,7 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
         *ctx.out << kEngineHelp;
         return ok();
       }
-      if (a != "--cores" && a != "--spin" && a != "--spin-us")
+      if (a != "--cores" && a != "--spin" && a != "--spin-us" && a != "--stall-us")
         return usage("engine start: unknown option '" + a + "'");
       if (i + 1 >= rest.size()) return usage("engine start: option " + a + " needs a value");
       extra.push_back(a);

@@ -26,6 +26,7 @@
 #include <ctime>
 #include <filesystem>
 
+#include "datapath/engine/stall_guard.h"
 #include "datapath/io/dpdk_port.h"
 #include "datapath/io/udp_port.h"
 #include "datapath/wire/mrh.h"
@@ -473,17 +474,23 @@ void HostEngine::datapath_main() {
       log("cannot pin the datapath thread to the given cores");
   }
   Time last_work = now();
+  StallGuard stalls(opt_.stall, last_work);
   for (;;) {
     if (commands_pending()) run_commands();
     if (stop_.load(std::memory_order_acquire) && active_.empty()) break;
     const Time t = now();
+    // After a stall of its own, what arrived meanwhile (the ACKs a timer would give up waiting
+    // for; on two links of this engine, the peer's packets not yet even answered) is read
+    // before any timer fires.
+    const bool timers = stalls.begin(t);
     bool work = false;
     for (Link* l : active_) {
-      work |= l->layer->poll(t);
+      work |= l->layer->poll(t, timers);
       if (l->nic->take_port_change()) port_event(*l);
       if (t >= l->next_publish) {
         l->next_publish = t + kPublishEvery;
-        nic::publish_telemetry(*l->telemetry, *l->nic, *l->layer, l->sessions.load());
+        nic::publish_telemetry(*l->telemetry, *l->nic, *l->layer, l->sessions.load(),
+                               stalls.stalls());
         l->layer->flush_capture();  // a capture of a quiet link does not lag behind it
         l->nic->transport().sweep_idle(t, kIdleSweep);  // congestion.md §4.6
       }
@@ -492,18 +499,21 @@ void HostEngine::datapath_main() {
       last_work = t;
       continue;
     }
+    stalls.quiet();
     if (opt_.spin == SpinPolicy::kAlways || t - last_work < opt_.spin_before_sleep) {
       __builtin_ia32_pause();
       continue;
     }
-    idle_wait(t, t - last_work);
+    const Time meant = idle_wait(t, t - last_work);
+    stalls.napped(meant, now());
   }
   datapath_running_.store(false, std::memory_order_release);
   // Commands queued meanwhile run inline from now on; any already queued run here.
   run_commands();
 }
 
-void HostEngine::idle_wait(Time t, Time idle_for) {
+// Returns when it meant to wake: t + the nap it took (t if none).
+Time HostEngine::idle_wait(Time t, Time idle_for) {
   Time deadline = Time::max();
   bool queues = false;
   for (Link* l : active_) {
@@ -512,7 +522,7 @@ void HostEngine::idle_wait(Time t, Time idle_for) {
   }
   const Time nap = queues ? opt_.max_nap : opt_.max_nap_unused;
   Time sleep = std::min(nap, deadline > t ? deadline - t : Time::zero());
-  if (sleep <= Time::zero()) return;
+  if (sleep <= Time::zero()) return t;
   // Every link whose port can wake us (UDP sockets, in-process links) is waited on together with
   // the doorbell, so two such links in one engine sleep as one does: a ping-pong between them
   // (two kernel devices over a veth pair) is woken by its packet, not at the end of a nap.
@@ -550,6 +560,7 @@ void HostEngine::idle_wait(Time t, Time idle_for) {
     if (l->layer->rx_wait_fd() >= 0) l->layer->rx_disarm();
   uint64_t drain;
   [[maybe_unused]] ssize_t r = read(doorbell_fd_, &drain, sizeof(drain));
+  return work ? t : t + sleep;
 }
 
 // --- control thread --------------------------------------------------------------------------

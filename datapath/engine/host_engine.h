@@ -48,6 +48,9 @@ struct EngineOptions {
   std::vector<int> cores;         // CPUs of the datapath thread; empty: wherever it runs
   SpinPolicy spin = SpinPolicy::kAdaptive;
   transport::Time spin_before_sleep = std::chrono::microseconds(20);
+  // A pass later than this after the previous one is a stall of the engine's own (descheduled,
+  // a long command, a paused VM): timers wait while it catches up (datapath_main). 0: never.
+  transport::Time stall = std::chrono::microseconds(250);
   // Longest nap while a link has queue pairs (frames are only seen when awake: memif has no
   // receive interrupt in DPDK 22.11), and while none has any.
   transport::Time max_nap = std::chrono::milliseconds(1);
@@ -100,7 +103,7 @@ class HostEngine {
  private:
   // Datapath thread.
   void datapath_main();
-  void idle_wait(transport::Time now, transport::Time idle_for);
+  transport::Time idle_wait(transport::Time now, transport::Time idle_for);
   bool commands_pending() const { return cmd_pending_.load(std::memory_order_acquire); }
   void run_commands();
   // Runs fn on the datapath thread and waits for it (inline when that thread is not running).

@@ -1035,7 +1035,7 @@ void Nic::end_rx(Time now) {
   scratch_used_ = 0;
 }
 
-bool Nic::poll_tx(Time now, FrameSink& sink) {
+bool Nic::poll_tx(Time now, FrameSink& sink, bool timers) {
   now_ = now;
   bool work = false;
   for (size_t i = 0; i < qp_list_.size(); ++i) {
@@ -1043,7 +1043,7 @@ bool Nic::poll_tx(Time now, FrameSink& sink) {
     work |= qp->drain();
     qp->check_responses(now);
   }
-  if (engine_->next_deadline() <= now) engine_->on_timer(now);
+  if (timers && engine_->next_deadline() <= now) engine_->on_timer(now);
   if (engine_->poll_tx(now, sink) > 0) work = true;
   // Payloads are read into the buffers before they leave; a buffer whose read failed does not.
   reads_.flush(true, [this](uint32_t origin, uint8_t* local, Memory* m) {
