@@ -13,6 +13,7 @@
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -320,8 +321,11 @@ std::unique_ptr<Link> HostEngine::make_link(const nic::LinkConfig& cfg, std::str
   }
   auto link = std::make_unique<Link>();
   link->cfg = cfg;
-  const uint64_t seed = (uint64_t{cfg.ip} << 32) ^ static_cast<uint64_t>(getpid()) ^
-                        static_cast<uint64_t>(now().count());
+  // Entropy, ports: unpredictable too (conn ids and tokens come from getrandom themselves).
+  uint64_t seed = 0;
+  if (getrandom(&seed, sizeof(seed), 0) != static_cast<ssize_t>(sizeof(seed)))
+    seed = (uint64_t{cfg.ip} << 32) ^ static_cast<uint64_t>(getpid()) ^
+           static_cast<uint64_t>(now().count());
   link->nic = std::make_unique<nic::Nic>(nic::nic_config(cfg, seed));
   link->layer = std::make_unique<nic::LinkLayer>(*link->nic, std::move(ports));
   link->telemetry = std::make_unique<nic::TelemetryWriter>(opt_.rundir, cfg.name,

@@ -65,6 +65,7 @@ NicConfig nic_config(const LinkConfig& link, uint64_t seed) {
   e.conn_window_init = e.conn_window_max;
   e.rx_capacity_mbps = link.rx_capacity_mbps;
   e.seed = seed;
+  e.secret_ids = true;
   return c;
 }
 
