@@ -119,6 +119,9 @@ class HostEngine {
   // The answer to one request of s (NIC operations run on the datapath thread). An operation
   // that keeps a descriptor of the request sets its entry to -1; the rest are closed after.
   void serve(Session& s, hostif::Message& req, hostif::Message* resp);
+  // ENOMEM when one more object of `kind` (-1: none) or `ring_bytes` more ring memory would take
+  // the process over its share of the link, or the link over its ring memory; else 0.
+  int room(const Session& s, int kind, size_t ring_bytes) const;
   void admin(Session& s, const hostif::Message& req, hostif::Message* resp);
   void hello(Session& s, hostif::Message& req, hostif::Message* resp);
   // Releases everything a session holds and forgets it.
