@@ -95,7 +95,7 @@ constexpr const char* kMainHelp =
     "  fabric run|set|stat|stop NAME ...   the fabric emulator (see 'metaroce fabric --help')\n"
     "\n"
     "Links live in $METAROCE_RUNDIR (default /run/metaroce); `link add` starts the engine of that\n"
-    "run dir (metaroced) when none runs. Typical use:\n"
+    "run dir (metaroced, or the program $METAROCE_ENGINE names) when none runs. Typical use:\n"
     "  metaroce link add mr0 --dpdk net_memif0,role=server --ip 10.0.0.1/24\n"
     "  metaroce exec -- ib_write_bw -d mr0       (or: eval \"$(metaroce env)\"; ib_write_bw ...)\n";
 
@@ -1829,20 +1829,27 @@ std::vector<std::pair<std::string, std::string>> verbs_environment(const Context
     }
   }
   // Completion channels: libmetaroce-preload.so interposes ibv_create_comp_channel (no kernel
-  // can answer it). Put first in LD_PRELOAD, what the caller had kept after it; left out where
-  // the library is not installed, since a missing preload makes every program complain.
+  // can answer it). Put first in LD_PRELOAD, what the caller had kept after it (a sanitizer's
+  // runtime before it: it must come first of all); left out where the library is not
+  // installed, since a missing preload makes every program complain.
   std::error_code ec;
   if (redirect && !preload.empty() && fs::is_regular_file(preload, ec)) {
-    std::string value = preload;
+    std::string runtimes, value = preload;
     const char* inherited = std::getenv("LD_PRELOAD");
     std::string rest = inherited ? inherited : "";
     for (size_t at = 0; at < rest.size();) {
       const size_t end = std::min(rest.find_first_of(" :", at), rest.size());
       const std::string item = rest.substr(at, end - at);
-      if (!item.empty() && item != preload) value += " " + item;
+      const std::string file = fs::path(item).filename().string();
+      if (file.rfind("libasan", 0) == 0 || file.rfind("libtsan", 0) == 0 ||
+          file.rfind("libclang_rt.", 0) == 0) {
+        runtimes += item + " ";
+      } else if (!item.empty() && item != preload) {
+        value += " " + item;
+      }
       at = end + 1;
     }
-    settings.emplace_back("LD_PRELOAD", value);
+    settings.emplace_back("LD_PRELOAD", runtimes + value);
   }
   return settings;
 }
@@ -1868,6 +1875,8 @@ Context process_context() {
     if (!ec && !rel.empty() && *rel.begin() != "..")
       ctx.engine_program = (root / "datapath/engine/metaroced").string();
   }
+  // Another engine program (a sanitized build of it: docs/security.md).
+  if (const char* e = std::getenv("METAROCE_ENGINE"); e && *e) ctx.engine_program = e;
   ctx.out = &std::cout;
   ctx.err = &std::cerr;
   return ctx;

@@ -266,11 +266,13 @@ bool HostEngine::start(std::string* why) {
       log("cannot listen for kernel devices: %s", std::strerror(errno));
   }
 
+  // Counted before the control thread runs: from then on it alone changes links_ (TSan).
+  const size_t links = links_.size();
   datapath_running_.store(true);
   datapath_ = std::thread([this] { datapath_main(); });
   control_ = std::thread([this] { control_main(); });
   started_ = true;
-  log("serving %s (%zu links, spin %s)", opt_.rundir.c_str(), links_.size(),
+  log("serving %s (%zu links, spin %s)", opt_.rundir.c_str(), links,
       opt_.spin == SpinPolicy::kAlways ? "always" : "adaptive");
   return true;
 }

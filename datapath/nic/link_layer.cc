@@ -352,7 +352,8 @@ void LinkLayer::resolve(Time t) {
     }
     arp_asked_.try_emplace(ip);
   }
-  if (t - routes_checked_ >= kRouteRefresh) {
+  // (Time::min() first: t - min overflows, and the refresh never ran until UBSan said so.)
+  if (routes_checked_ == Time::min() || t - routes_checked_ >= kRouteRefresh) {
     routes_checked_ = t;
     for (uint32_t ip : peers_)
       if (route(ip)) arp_asked_.try_emplace(ip);

@@ -954,6 +954,24 @@ TEST_F(CliApplyTest, WithTheKernelModuleOnlyKernelFreeLinksAreRedirected) {
   EXPECT_EQ(names(), (std::set<std::string>{"SYSFS_PATH", "RDMAV_DRIVERS", "LD_PRELOAD"}));
 }
 
+// A sanitizer's runtime the caller preloads stays first (ASan refuses to start otherwise): the
+// sanitized integration suite runs the system's programs so (docs/security.md).
+TEST_F(CliApplyTest, ASanitizerRuntimeStaysFirstInLdPreload) {
+  ctx_.kernel_module = true;
+  const std::string ours = ctx_.build_root + "/providers/metaroce/preload/libmetaroce-preload.so";
+  fs::create_directories(ctx_.build_root + "/providers/metaroce/preload");
+  std::ofstream(ours) << "x";
+  ctx_.exe_dir = ctx_.build_root + "/util";
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  ASSERT_EQ(add("mr0", "198.18.0.1/24"), kExitOk) << err_.str();
+  ::setenv("LD_PRELOAD", "/usr/lib/x/libfoo.so:/usr/lib/gcc/12/libasan.so", 1);
+  std::string value;
+  for (const auto& [k, v] : verbs_environment(ctx_))
+    if (k == "LD_PRELOAD") value = v;
+  ::unsetenv("LD_PRELOAD");
+  EXPECT_EQ(value, "/usr/lib/gcc/12/libasan.so " + ours + " /usr/lib/x/libfoo.so");
+}
+
 TEST_F(CliApplyTest, ExecReportsAMissingProgramLikeAShell) {
   EXPECT_EQ(run({"exec", "--", "metaroce-no-such-program"}), kExitNotFound);
   expect_one_error_line();
