@@ -13,6 +13,9 @@ METAROCE_RUNDIR=$(mktemp -d "/tmp/metaroce-$TEST_NAME.XXXXXX")
 LOGDIR="$METAROCE_RUNDIR/logs"
 mkdir -p "$LOGDIR"
 PIDS=()
+# A sanitized build's runtime (tests/integration/meson.build preloads it): what a program run
+# without `metaroce env`'s LD_PRELOAD must still have.
+SAN_PRELOAD=${LD_PRELOAD:-}
 
 cleanup() {
   local rc=$?
@@ -27,7 +30,13 @@ cleanup() {
   done
   "$METAROCE" engine stop >/dev/null 2>&1 || true
   if [ "$rc" -ne 0 ] && [ -f "$METAROCE_RUNDIR/engine.log" ]; then
-    echo "== engine log"; tail -n 40 "$METAROCE_RUNDIR/engine.log"
+    echo "== engine log"
+    # A sanitizer's report whole (it starts the trouble), else the end.
+    if grep -q 'Sanitizer' "$METAROCE_RUNDIR/engine.log"; then
+      sed -n '/\(WARNING\|ERROR\): .*Sanitizer\|runtime error/,$p' "$METAROCE_RUNDIR/engine.log" | head -n 120
+    else
+      tail -n 40 "$METAROCE_RUNDIR/engine.log"
+    fi
   fi
   rm -rf "$METAROCE_RUNDIR"
   exit "$rc"

@@ -12,7 +12,7 @@ case "${LD_PRELOAD:-}" in
   *) fail "metaroce env did not put libmetaroce-preload.so in LD_PRELOAD" ;;
 esac
 set +e
-LD_PRELOAD= timeout 20 ibv_rc_pingpong -g 0 -d mrA -p 18639 -n 10 -e >"$LOGDIR/no_preload" 2>&1
+LD_PRELOAD=$SAN_PRELOAD timeout 20 ibv_rc_pingpong -g 0 -d mrA -p 18639 -n 10 -e >"$LOGDIR/no_preload" 2>&1
 rc=$?
 set -e
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "without the preload: exit $rc, expected a clean failure"
