@@ -230,7 +230,8 @@ done
 # is refreshed every 100 ms: wait (30 s at most) for the counts to come back; the verdict below
 # reports any that did not.
 COUNTED='("contexts", "pds", "mrs", "cqs", "srqs", "qps", "telemetry_qps", "telemetry_contexts", "connections", "fds", "threads")'
-for _ in $(seq 100); do
+settle=$(( $(date +%s) + 30 ))
+while :; do
   AFTER_A=$(resources "$RA" sA)
   AFTER_B=$(resources "$RB" sB)
   "$PY" -c '
@@ -238,6 +239,7 @@ import json, sys
 b, a = [json.loads(x) for x in sys.argv[2:4]], [json.loads(x) for x in sys.argv[4:6]]
 sys.exit(0 if all(a[i][k] == b[i][k] for i in (0, 1) for k in '"$COUNTED"') else 1)' \
     - "$BASE_A" "$BASE_B" "$AFTER_A" "$AFTER_B" && break
+  [ "$(date +%s)" -lt "$settle" ] || break
   sleep 0.3
 done
 

@@ -109,6 +109,7 @@ Options opt;
 struct Totals {
   uint64_t bytes_write = 0, bytes_read = 0, bytes_send = 0, bytes_srq = 0, bytes_ud = 0;
   uint64_t msgs = 0, sessions = 0, sessions_lost = 0, ud_lost = 0, failures = 0;
+  uint64_t credits_waited = 0;  // credits that found their send queue full (see Credits)
 } tot;
 
 #define FAILED(...)                                                   \
@@ -130,11 +131,12 @@ void print_totals(const char* label) {
   std::printf("%s {\"kind\": \"%s\", \"role\": \"%s\", \"pid\": %d, \"bytes_write\": %" PRIu64
               ", \"bytes_read\": %" PRIu64 ", \"bytes_send\": %" PRIu64 ", \"bytes_srq\": %" PRIu64
               ", \"bytes_ud\": %" PRIu64 ", \"msgs\": %" PRIu64 ", \"sessions\": %" PRIu64
-              ", \"sessions_lost\": %" PRIu64 ", \"ud_lost\": %" PRIu64 ", \"failures\": %" PRIu64
-              "}\n",
+              ", \"sessions_lost\": %" PRIu64 ", \"ud_lost\": %" PRIu64
+              ", \"credits_waited\": %" PRIu64 ", \"failures\": %" PRIu64 "}\n",
               label, opt.kind.c_str(), opt.server ? "server" : "client", getpid(),
               tot.bytes_write, tot.bytes_read, tot.bytes_send, tot.bytes_srq, tot.bytes_ud,
-              tot.msgs, tot.sessions, tot.sessions_lost, tot.ud_lost, tot.failures);
+              tot.msgs, tot.sessions, tot.sessions_lost, tot.ud_lost, tot.credits_waited,
+              tot.failures);
   std::fflush(stdout);
 }
 
@@ -367,7 +369,10 @@ void post_send(ibv_qp* qp, ibv_wr_opcode op, uint64_t wr_id, ibv_sge* sge, int n
     wr.wr.rdma.remote_addr = raddr;
     wr.wr.rdma.rkey = rkey;
   }
-  if (ibv_post_send(qp, &wr, &bad)) die("ibv_post_send");
+  if (const int rc = ibv_post_send(qp, &wr, &bad)) {
+    errno = rc;
+    die("ibv_post_send");
+  }
 }
 
 void post_recv(Session& s, ibv_qp* qp, uint64_t wr_id, uint8_t* p, uint32_t len) {
@@ -386,6 +391,31 @@ void post_recv(Session& s, ibv_qp* qp, uint64_t wr_id, uint8_t* p, uint32_t len)
 ibv_sge sge_of(Session& s, uint8_t* p, uint32_t len) {
   return ibv_sge{reinterpret_cast<uint64_t>(p), len, s.mr->lkey};
 }
+
+// A server's credits (zero-length SEND_WITH_IMM), never more on a QP than its send queue holds.
+// A send completes when the peer's acknowledgement arrives, which a flap can hold back while the
+// peer's own data keeps coming in (an early version posted regardless, and one 60-second soak
+// ended in a failed ibv_post_send), so a credit waits here for room.
+constexpr int kSendQueue = 64;
+struct Credits {
+  std::deque<uint32_t> waiting[kMaxQps];
+  int out[kMaxQps] = {};
+  void send(Session& s, int q, uint32_t imm) {
+    if (out[q] >= kSendQueue) ++tot.credits_waited;
+    waiting[q].push_back(imm);
+    flush(s, q);
+  }
+  // A send completion on QP q.
+  void completed(Session& s, int q) {
+    --out[q];
+    flush(s, q);
+  }
+  void flush(Session& s, int q) {
+    for (; !waiting[q].empty() && out[q] < kSendQueue; ++out[q], waiting[q].pop_front())
+      post_send(s.qp[q], IBV_WR_SEND_WITH_IMM, 1000 + static_cast<uint64_t>(q), nullptr, 0, 0,
+                0, waiting[q].front());
+  }
+};
 
 // --- one session's event loop -------------------------------------------------------------------
 
@@ -482,6 +512,7 @@ End rc_server(Session& s, int sock, const Hello& peer) {
   auto wtarget = [&](int k) { return s.buf + k * kRcSlotBytes; };
   auto starget = [&](int k) { return s.buf + k * kRcSlotBytes + kMaxWrite; };
   uint64_t next = 0;
+  Credits credits;
   End end;
   for (;;) {
     ibv_wc wc[16];
@@ -489,7 +520,10 @@ End rc_server(Session& s, int sock, const Hello& peer) {
     if (n < 0) die("ibv_poll_cq");
     for (int i = 0; i < n; ++i) {
       if (wc[i].status != IBV_WC_SUCCESS) return completion_error(sock, wc[i], "rc server WR");
-      if (wc[i].opcode != IBV_WC_RECV) continue;  // its credit SENDs
+      if (wc[i].opcode != IBV_WC_RECV) {  // a credit SEND
+        credits.completed(s, 0);
+        continue;
+      }
       const uint64_t it = ntohl(wc[i].imm_data);
       const int k = static_cast<int>(wc[i].wr_id);
       const uint32_t lw = size_of(peer.session, kTagWrite, it, kMaxWrite);
@@ -515,8 +549,7 @@ End rc_server(Session& s, int sock, const Hello& peer) {
         tot.bytes_write += lw;
       ++tot.msgs;
       post_recv(s, s.qp[0], k, starget(k), kMaxSend);
-      post_send(s.qp[0], IBV_WR_SEND_WITH_IMM, 1000 + k, nullptr, 0, 0, 0,
-                static_cast<uint32_t>(next));
+      credits.send(s, 0, static_cast<uint32_t>(next));
       ++next;
     }
     if (control(sock, &end)) return end;
@@ -620,6 +653,7 @@ void srq_prepare(Session& s) {
 
 End srq_server(Session& s, int sock, const Hello& peer) {
   uint64_t next[kSrqQps] = {};
+  Credits credits;
   End end;
   for (;;) {
     ibv_wc wc[16];
@@ -627,10 +661,13 @@ End srq_server(Session& s, int sock, const Hello& peer) {
     if (n < 0) die("ibv_poll_cq");
     for (int i = 0; i < n; ++i) {
       if (wc[i].status != IBV_WC_SUCCESS) return completion_error(sock, wc[i], "srq server WR");
-      if (wc[i].opcode != IBV_WC_RECV) continue;
       int q = -1;
       for (int j = 0; j < kSrqQps; ++j)
         if (s.qp[j]->qp_num == wc[i].qp_num) q = j;
+      if (wc[i].opcode != IBV_WC_RECV) {  // a credit SEND
+        if (q >= 0) credits.completed(s, q);
+        continue;
+      }
       const uint32_t imm = ntohl(wc[i].imm_data);
       const int b = static_cast<int>(wc[i].wr_id);
       if (q < 0 || static_cast<int>(imm >> 24) != q || (imm & 0xffffff) != (next[q] & 0xffffff)) {
@@ -650,8 +687,7 @@ End srq_server(Session& s, int sock, const Hello& peer) {
         tot.bytes_srq += len;
       ++tot.msgs;
       post_recv(s, nullptr, b, s.buf + b * kMaxSrqSend, kMaxSrqSend);
-      post_send(s.qp[q], IBV_WR_SEND_WITH_IMM, 1000, nullptr, 0, 0, 0,
-                static_cast<uint32_t>(next[q]));
+      credits.send(s, q, static_cast<uint32_t>(next[q]));
       ++next[q];
     }
     if (control(sock, &end)) return end;
@@ -903,7 +939,7 @@ End run_session(int sock) {
   }
   s.nqp = opt.kind == "srq" ? kSrqQps : 1;
   const ibv_qp_type type = opt.kind == "ud" ? IBV_QPT_UD : IBV_QPT_RC;
-  for (int q = 0; q < s.nqp; ++q) s.qp[q] = make_qp(s, type, 64, kUdRecvs);
+  for (int q = 0; q < s.nqp; ++q) s.qp[q] = make_qp(s, type, kSendQueue, kUdRecvs);
   Hello mine, peer;
   mine.kind = kind_code();
   mine.nqp = static_cast<uint32_t>(s.nqp);
