@@ -317,7 +317,8 @@ engine = {h: {k: after[h]["counters"].get(k, 0) - base[h]["counters"].get(k, 0)
           for h in ("A", "B")}
 summary = {"seconds": int(duration), "bytes_checked": checked,
            "bytes_checked_total": sum(checked.values()), "messages_checked": tot.get("msgs", 0),
-           "ud_lost": tot.get("ud_lost", 0), "sessions": tot.get("sessions", 0),
+           "ud_lost": tot.get("ud_lost", 0), "credits_waited": tot.get("credits_waited", 0),
+           "sessions": tot.get("sessions", 0),
            "sessions_cut": tot.get("sessions_lost", 0), "kills": kills,
            "fabric_faults": faults, "flaps": flaps, "engine_counters": engine,
            "resources_before": {h: {k: v for k, v in base[h].items() if k != "counters"} for h in base},
@@ -328,7 +329,8 @@ mib = lambda b: f"{b / 2**20:.1f} MiB"
 print(f"soak: {duration} s, {tot.get('sessions', 0)} sessions, {tot.get('msgs', 0)} messages checked")
 print("  bytes checked: " + ", ".join(f"{k} {mib(v)}" for k, v in checked.items()) +
       f" (total {mib(sum(checked.values()))})")
-print(f"  UD datagrams lost: {tot.get('ud_lost', 0)}")
+print(f"  UD datagrams lost: {tot.get('ud_lost', 0)}; credits that waited for send-queue room: "
+      f"{tot.get('credits_waited', 0)}")
 print("  fabric: " + ", ".join(f"{k} {v}" for k, v in faults.items()))
 print("  flaps: " + ", ".join(f"{k} {v}" for k, v in flaps.items()) +
       f"; kills {kills}, sessions cut {tot.get('sessions_lost', 0)}")

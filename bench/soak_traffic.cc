@@ -698,15 +698,16 @@ End srq_server(Session& s, int sock, const Hello& peer) {
 
 End srq_client(Session& s, int sock, uint64_t session) {
   auto src = [&](int q, int k) { return s.buf + (q * kSrqWindow + k) * kMaxSrqSend; };
+  // A credit may come back before the SEND it answers completes (its acknowledgement held up
+  // on a path that failed), so the send queue's room is counted apart from the window.
   uint64_t next[kSrqQps] = {}, credit[kSrqQps] = {};
-  int sends_out = 0;
+  int sq_out[kSrqQps] = {};
   End end;
   for (;;) {
     const bool stopping = past_until();
-    int outstanding = sends_out;
+    int outstanding = 0;
     for (int q = 0; q < kSrqQps; ++q) {
-      outstanding += static_cast<int>(next[q] - credit[q]);
-      while (!stopping && next[q] - credit[q] < kSrqWindow) {
+      while (!stopping && next[q] - credit[q] < kSrqWindow && sq_out[q] < kSendQueue) {
         const int k = static_cast<int>(next[q] % kSrqWindow);
         const uint64_t n_msg = (uint64_t{static_cast<uint32_t>(q)} << 40) | next[q];
         const uint32_t len = size_of(session, kTagSrq, n_msg, kMaxSrqSend);
@@ -715,9 +716,9 @@ End srq_client(Session& s, int sock, uint64_t session) {
         post_send(s.qp[q], IBV_WR_SEND_WITH_IMM, q, &sge, 1, 0, 0,
                   (static_cast<uint32_t>(q) << 24) | (next[q] & 0xffffff));
         ++next[q];
-        ++sends_out;
-        ++outstanding;
+        ++sq_out[q];
       }
+      outstanding += sq_out[q] + static_cast<int>(next[q] - credit[q]);
     }
     if (stopping && outstanding == 0) return finish(sock);
     ibv_wc wc[16];
@@ -725,18 +726,21 @@ End srq_client(Session& s, int sock, uint64_t session) {
     if (n < 0) die("ibv_poll_cq");
     for (int i = 0; i < n; ++i) {
       if (wc[i].status != IBV_WC_SUCCESS) return completion_error(sock, wc[i], "srq client WR");
+      int q = -1;
+      for (int j = 0; j < kSrqQps; ++j)
+        if (s.qp[j]->qp_num == wc[i].qp_num) q = j;
+      if (q < 0) {
+        FAILED("srq: a completion of QP %u, not one of this session's", wc[i].qp_num);
+        continue;
+      }
       if (wc[i].opcode == IBV_WC_RECV) {
-        int q = -1;
-        for (int j = 0; j < kSrqQps; ++j)
-          if (s.qp[j]->qp_num == wc[i].qp_num) q = j;
-        if (q < 0 || ntohl(wc[i].imm_data) != (credit[q] & 0xffffffffu))
-          FAILED("srq: credit %u on QP index %d out of order", ntohl(wc[i].imm_data), q);
-        if (q >= 0) {
-          ++credit[q];
-          post_recv(s, s.qp[q], 100, nullptr, 0);
-        }
+        if (ntohl(wc[i].imm_data) != (credit[q] & 0xffffffffu))
+          FAILED("srq: credit %u on QP index %d where %" PRIu64 " was due",
+                 ntohl(wc[i].imm_data), q, credit[q]);
+        ++credit[q];
+        post_recv(s, s.qp[q], 100, nullptr, 0);
       } else {
-        --sends_out;
+        --sq_out[q];
       }
     }
     if (control(sock, &end)) return end;
