@@ -7,7 +7,8 @@
 # traffic process (each in turn) is killed with SIGKILL mid-transfer and restarted.
 #
 #   bench/soak.sh BUILD_DIR [--seconds S] [--loss P] [--duplicate P] [--reorder P]
-#                 [--kill-every S] [--fault-every S] [--seed N] [--keep DIR]
+#                 [--kill-every S] [--victims NAME,...] [--fault-every S] [--no-flaps]
+#                 [--seed N] [--keep DIR]
 #
 # S defaults to 600. At the end every traffic process must have finished by itself (a hang is
 # bounded and fails), nothing must have been corrupted, every fault must have struck (frames
@@ -21,8 +22,13 @@ set -euo pipefail
 BUILD=$(cd "${1:?usage: $0 BUILD_DIR [--seconds S] ...}" && pwd)
 shift
 DURATION=600 LOSS=0.01 DUP=0.01 REORDER=0.02 KILL_EVERY=30 FAULT_EVERY=4 SEED=$$ KEEP=""
+# Each traffic process in turn (--victims narrows it down, to chase a failure).
+VICTIMS=(rc-client srq-server ud-client rc-server srq-client ud-server)
+FLAPS=1
 while [ $# -gt 0 ]; do
   case $1 in
+    --no-flaps) FLAPS=0; shift; continue ;;
+    --victims) IFS=, read -r -a VICTIMS <<<"$2" ;;
     --seconds) DURATION=$2 ;;
     --loss) LOSS=$2 ;;
     --duplicate) DUP=$2 ;;
@@ -78,7 +84,11 @@ cleanup() {
     on "$RA" fabric stop "$FAB" >/dev/null 2>&1 || kill "$FABRIC_PID" 2>/dev/null
     wait "$FABRIC_PID" 2>/dev/null
   fi
-  if [ -n "$KEEP" ]; then mkdir -p "$KEEP" && cp -r "$LOG"/. "$KEEP"/; fi
+  if [ -n "$KEEP" ]; then
+    mkdir -p "$KEEP" && cp -r "$LOG"/. "$KEEP"/
+    cp "$RA/engine.log" "$KEEP/engine-A.log" 2>/dev/null
+    cp "$RB/engine.log" "$KEEP/engine-B.log" 2>/dev/null
+  fi
   rm -rf "$ROOT"
   exit "$rc"
 }
@@ -113,7 +123,6 @@ resources() {
 import json, sys
 status, stat, proc = sys.stdin.read().split("@@")
 status, stat = json.loads(status), json.loads(stat)
-stat = stat[0] if isinstance(stat, list) else stat
 counters = stat["counters"]
 pid, fds, threads, maps, rss = map(int, proc.split())
 objs = {k: sum(c[k] for c in status["contexts"]) for k in ("pds", "mrs", "cqs", "srqs", "qps")}
@@ -165,6 +174,7 @@ for spec in "${PROCS[@]}"; do read -r n _ <<<"$spec"; [[ $n == *-client ]] && st
 fault_loop() {
   local i=0 p c
   while [ "$(date +%s)" -lt $((UNTIL - 5)) ]; do
+    printf '%4d s: ' $(( $(date +%s) - UNTIL + DURATION ))
     p=$((RANDOM % 2))
     case $((i % 3)) in
       0) c=$((RANDOM % 4))
@@ -183,11 +193,14 @@ fault_loop() {
     sleep "$FAULT_EVERY"
   done
 }
-fault_loop >"$LOG/faults.log" 2>&1 &
-FAULT_PID=$!
+if [ "$FLAPS" = 1 ]; then
+  fault_loop >"$LOG/faults.log" 2>&1 &
+  FAULT_PID=$!
+else
+  : >"$LOG/faults.log"
+fi
 
 # --- kills: each traffic process in turn, SIGKILL mid-run, restarted at once -------------------
-VICTIMS=(rc-client srq-server ud-client rc-server srq-client ud-server)
 KILLS=0
 next_kill=$(( $(date +%s) + KILL_EVERY / 2 )) next_sample=$(( $(date +%s) + 30 ))
 while [ "$(date +%s)" -lt "$UNTIL" ]; do
@@ -212,7 +225,7 @@ while [ "$(date +%s)" -lt "$UNTIL" ]; do
   fi
   sleep 1
 done
-wait "$FAULT_PID" 2>/dev/null || true
+[ -n "$FAULT_PID" ] && { wait "$FAULT_PID" 2>/dev/null || true; }
 FAULT_PID=""
 
 # --- the end: every process finishes by itself (bounded), then the engines hold nothing --------
@@ -289,6 +302,7 @@ links = fab["links"]
 faults = {k: sum(l[k] for l in links) for k in ("drop_loss", "duplicated", "reordered", "drop_down")}
 flaps = {"link": 0, "fabric_plane": 0, "device_plane": 0}
 for line in open(os.path.join(log, "faults.log")):
+    line = line.split(": ", 1)[-1]
     if line.startswith("link-flap"): flaps["link"] += 1
     elif line.startswith("plane-flap fabric"): flaps["fabric_plane"] += 1
     elif line.startswith("plane-flap device"): flaps["device_plane"] += 1

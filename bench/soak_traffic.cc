@@ -423,19 +423,15 @@ struct Credits {
 enum class End { kFinished, kPeerGone, kError };
 
 // A completion in error: the peer's death explains it (its TCP connection closes, as the kernel
-// does for a killed process), anything else is a failure. Asks the peer; an answer means it lives.
+// does for a killed process), anything else is a failure. Asks the peer; any message from it
+// (its answer, its own question, a FIN sent meanwhile) means it lives.
 End completion_error(int sock, const ibv_wc& wc, const char* what) {
-  Msg q;
-  q.type = kErrQuery;
-  if (write_full(sock, &q, sizeof(q))) {
-    Msg m;
-    while (read_full(sock, &m, sizeof(m))) {
-      if (m.type == kErrAnswer || m.type == kErrQuery) {
-        FAILED("%s completed with %s (vendor_err %u, wr_id %" PRIu64 ") while the peer lives",
-               what, ibv_wc_status_str(wc.status), wc.vendor_err, wc.wr_id);
-        return End::kError;
-      }
-    }
+  Msg m;
+  m.type = kErrQuery;
+  if (write_full(sock, &m, sizeof(m)) && read_full(sock, &m, sizeof(m))) {
+    FAILED("%s completed with %s (vendor_err %u, wr_id %" PRIu64 ") while the peer lives", what,
+           ibv_wc_status_str(wc.status), wc.vendor_err, wc.wr_id);
+    return End::kError;
   }
   return End::kPeerGone;
 }
@@ -476,13 +472,20 @@ void idle_pause() {
 
 bool past_until() { return !opt.server && time(nullptr) >= opt.until; }
 
-// The client's FIN, once its traffic has drained; the server's FINACK ends the session.
+// The client's FIN, once its traffic has drained; the server's FINACK ends the session. A
+// server that meanwhile asks about an error completion gets its answer (it counts the failure).
 End finish(int sock) {
   Msg m;
   m.type = kFin;
   if (!write_full(sock, &m, sizeof(m))) return End::kPeerGone;
-  while (read_full(sock, &m, sizeof(m)))
+  while (read_full(sock, &m, sizeof(m))) {
     if (m.type == kFinAck) return End::kFinished;
+    if (m.type == kErrQuery) {
+      m.type = kErrAnswer;
+      write_full(sock, &m, sizeof(m));
+      return End::kError;
+    }
+  }
   return End::kPeerGone;
 }
 
