@@ -16,7 +16,9 @@
 # engines must hold what they held before the soak: no context (session), PD, MR, CQ, SRQ or QP,
 # the same open descriptors and threads, no QP in their telemetry. Prints a summary (bytes
 # checked per kind, faults, counters; JSON in DIR/summary.json with --keep) and exits 1 on any
-# failure. tests: the `soak` test of the integration suite runs it for 60 s.
+# failure. --victims, --no-flaps and zero fault rates are for chasing a failure: the verdict
+# then fails on the faults that never struck. The `soak` test of the integration suite runs
+# it for 60 s (2 kills: the RC client, the SRQ server; ~10 flaps).
 set -euo pipefail
 
 BUILD=$(cd "${1:?usage: $0 BUILD_DIR [--seconds S] ...}" && pwd)
