@@ -28,6 +28,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "datapath/fabric/fabric_control.h"
 #include "datapath/io/dpdk_port.h"
@@ -122,12 +123,19 @@ constexpr const char* kLinkHelp =
     "                  interfaces, else 9000; af_xdp: at most 3442)\n"
     "  --paths N       paths (UDP source ports) per connection, 1..256 (default 8 per plane)\n"
     "  --udp-port P    UDP destination port, 1..65535 (default 4793)\n"
+    "  --limit qp=N,cq=N,srq=N,pd=N,mr=N,ring-mib=N   what the device holds at most (any subset;\n"
+    "                  defaults 16384 QPs, CQs and SRQs, 65536 PDs, 2^20 regions and windows,\n"
+    "                  a quarter of the host's memory for rings)\n"
+    "  --process-limit ...   what one process may hold of it, as --limit (default: the device's\n"
+    "                  limits, an eighth of the host's memory for rings); ibv_query_device\n"
+    "                  reports these\n"
     "  --rx-capacity MBPS  inbound capacity the receiver shares among its senders with\n"
     "                  fair-share rate hints (default: none, senders rely on ECN alone)\n"
     "  --json          `show` prints a JSON array\n";
 
 constexpr const char* kEngineHelp =
     "Usage: metaroce engine start [--cores LIST] [--spin adaptive|always] [--spin-us N]\n"
+    "                             [--stall-us N]\n"
     "       metaroce engine stop\n"
     "       metaroce engine status [--json]\n"
     "\n"
@@ -564,7 +572,8 @@ std::optional<nic::LinkConfig> parse_link_add(const std::vector<std::string>& ar
         inline_value = true;
       }
       if (key != "--dpdk" && key != "--udp" && key != "--fabric" && key != "--ip" &&
-          key != "--mtu" && key != "--paths" && key != "--udp-port" && key != "--rx-capacity")
+          key != "--mtu" && key != "--paths" && key != "--udp-port" && key != "--rx-capacity" &&
+          key != "--limit" && key != "--process-limit")
         return usage("link add: unknown option '" + key + "'");
       if (!inline_value) {
         if (i + 1 >= args.size()) return usage("link add: option " + key + " needs a value");
@@ -617,6 +626,28 @@ std::optional<nic::LinkConfig> parse_link_add(const std::vector<std::string>& ar
       !parse_number(opt["--rx-capacity"], uint32_t{1}, kMaxRxCapacityMbps, &c.rx_capacity_mbps))
     return fail("bad --rx-capacity '" + opt["--rx-capacity"] + "': expected 1.." +
                 std::to_string(kMaxRxCapacityMbps) + " (Mbit/s)");
+  if (opt.count("--limit")) {
+    auto l = nic::parse_limits(opt["--limit"], nic::Limits{}, &err);
+    if (!l) return fail("link add: --limit: " + err);
+    c.limits = *l;
+  }
+  // A process's share: what is not given is the device's (ring memory: its own default).
+  nic::Limits share = c.limits;
+  share.ring_mib = 0;
+  c.process_limits = share;
+  if (opt.count("--process-limit")) {
+    auto l = nic::parse_limits(opt["--process-limit"], share, &err);
+    if (!l) return fail("link add: --process-limit: " + err);
+    const nic::Limits& d = c.limits;
+    for (auto [mine, dev, what] : {std::tuple{l->qp, d.qp, "qp"}, {l->cq, d.cq, "cq"},
+                                   {l->srq, d.srq, "srq"}, {l->pd, d.pd, "pd"}, {l->mr, d.mr, "mr"},
+                                   {l->ring_mib, d.ring_mib ? d.ring_mib : UINT32_MAX, "ring-mib"}}) {
+      if (mine > dev)
+        return fail("link add: --process-limit " + std::string(what) + "=" + std::to_string(mine) +
+                    " is above the device's " + std::to_string(dev));
+    }
+    c.process_limits = *l;
+  }
   if (opt.count("--dpdk")) {
     if (dpdk.size() > nic::kMaxPlanes)
       return fail("link add: at most " + std::to_string(nic::kMaxPlanes) +
@@ -911,6 +942,8 @@ Outcome link_show(const std::vector<std::string>& args, const Context& ctx) {
         << ", \"udp_port\": " << l.udp_port << ", \"rx_capacity_mbps\": " << l.rx_capacity_mbps
         << ", \"node_guid\": " << json_string(format_guid(l.node_guid))
         << ", \"kernel\": " << json_string(l.kernel)
+        << ", \"limits\": " << json_string(nic::format_limits(l.limits))
+        << ", \"process_limits\": " << json_string(nic::format_limits(l.process_limits))
         << ", \"devargs\": " << json_string(l.devargs) << "}";
     }
     o << (shown.empty() ? "]\n" : "\n]\n");
@@ -1502,7 +1535,7 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
         *ctx.out << kEngineHelp;
         return ok();
       }
-      if (a != "--cores" && a != "--spin" && a != "--spin-us")
+      if (a != "--cores" && a != "--spin" && a != "--spin-us" && a != "--stall-us")
         return usage("engine start: unknown option '" + a + "'");
       if (i + 1 >= rest.size()) return usage("engine start: option " + a + " needs a value");
       extra.push_back(a);

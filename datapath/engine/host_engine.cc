@@ -13,6 +13,7 @@
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -26,6 +27,7 @@
 #include <ctime>
 #include <filesystem>
 
+#include "datapath/engine/stall_guard.h"
 #include "datapath/io/dpdk_port.h"
 #include "datapath/io/udp_port.h"
 #include "datapath/wire/mrh.h"
@@ -319,8 +321,11 @@ std::unique_ptr<Link> HostEngine::make_link(const nic::LinkConfig& cfg, std::str
   }
   auto link = std::make_unique<Link>();
   link->cfg = cfg;
-  const uint64_t seed = (uint64_t{cfg.ip} << 32) ^ static_cast<uint64_t>(getpid()) ^
-                        static_cast<uint64_t>(now().count());
+  // Entropy, ports: unpredictable too (conn ids and tokens come from getrandom themselves).
+  uint64_t seed = 0;
+  if (getrandom(&seed, sizeof(seed), 0) != static_cast<ssize_t>(sizeof(seed)))
+    seed = (uint64_t{cfg.ip} << 32) ^ static_cast<uint64_t>(getpid()) ^
+           static_cast<uint64_t>(now().count());
   link->nic = std::make_unique<nic::Nic>(nic::nic_config(cfg, seed));
   link->layer = std::make_unique<nic::LinkLayer>(*link->nic, std::move(ports));
   link->telemetry = std::make_unique<nic::TelemetryWriter>(opt_.rundir, cfg.name,
@@ -473,17 +478,23 @@ void HostEngine::datapath_main() {
       log("cannot pin the datapath thread to the given cores");
   }
   Time last_work = now();
+  StallGuard stalls(opt_.stall, last_work);
   for (;;) {
     if (commands_pending()) run_commands();
     if (stop_.load(std::memory_order_acquire) && active_.empty()) break;
     const Time t = now();
+    // After a stall of its own, what arrived meanwhile (the ACKs a timer would give up waiting
+    // for; on two links of this engine, the peer's packets not yet even answered) is read
+    // before any timer fires.
+    const bool timers = stalls.begin(t);
     bool work = false;
     for (Link* l : active_) {
-      work |= l->layer->poll(t);
+      work |= l->layer->poll(t, timers);
       if (l->nic->take_port_change()) port_event(*l);
       if (t >= l->next_publish) {
         l->next_publish = t + kPublishEvery;
-        nic::publish_telemetry(*l->telemetry, *l->nic, *l->layer, l->sessions.load());
+        nic::publish_telemetry(*l->telemetry, *l->nic, *l->layer, l->sessions.load(),
+                               stalls.stalls());
         l->layer->flush_capture();  // a capture of a quiet link does not lag behind it
         l->nic->transport().sweep_idle(t, kIdleSweep);  // congestion.md §4.6
       }
@@ -492,18 +503,21 @@ void HostEngine::datapath_main() {
       last_work = t;
       continue;
     }
+    stalls.quiet();
     if (opt_.spin == SpinPolicy::kAlways || t - last_work < opt_.spin_before_sleep) {
       __builtin_ia32_pause();
       continue;
     }
-    idle_wait(t, t - last_work);
+    const Time meant = idle_wait(t, t - last_work);
+    stalls.napped(meant, now());
   }
   datapath_running_.store(false, std::memory_order_release);
   // Commands queued meanwhile run inline from now on; any already queued run here.
   run_commands();
 }
 
-void HostEngine::idle_wait(Time t, Time idle_for) {
+// Returns when it meant to wake: t + the nap it took (t if none).
+Time HostEngine::idle_wait(Time t, Time idle_for) {
   Time deadline = Time::max();
   bool queues = false;
   for (Link* l : active_) {
@@ -512,7 +526,7 @@ void HostEngine::idle_wait(Time t, Time idle_for) {
   }
   const Time nap = queues ? opt_.max_nap : opt_.max_nap_unused;
   Time sleep = std::min(nap, deadline > t ? deadline - t : Time::zero());
-  if (sleep <= Time::zero()) return;
+  if (sleep <= Time::zero()) return t;
   // Every link whose port can wake us (UDP sockets, in-process links) is waited on together with
   // the doorbell, so two such links in one engine sleep as one does: a ping-pong between them
   // (two kernel devices over a veth pair) is woken by its packet, not at the end of a nap.
@@ -550,6 +564,7 @@ void HostEngine::idle_wait(Time t, Time idle_for) {
     if (l->layer->rx_wait_fd() >= 0) l->layer->rx_disarm();
   uint64_t drain;
   [[maybe_unused]] ssize_t r = read(doorbell_fd_, &drain, sizeof(drain));
+  return work ? t : t + sleep;
 }
 
 // --- control thread --------------------------------------------------------------------------
@@ -940,17 +955,83 @@ int HostEngine::reg_kernel_mr(Session& s, const hostif::RegMrReq& b, hostif::Reg
   return e;  // a region the NIC refused is unmapped here
 }
 
+namespace {
+
+// The object an operation makes (+1) or destroys (-1), for the per-process limits.
+std::pair<int, int> counted(Op op) {
+  switch (op) {
+    case Op::kCreateQp: case Op::kCreateRssQp: return {Session::kQp, 1};
+    case Op::kDestroyQp: return {Session::kQp, -1};
+    case Op::kCreateCq: return {Session::kCq, 1};
+    case Op::kDestroyCq: return {Session::kCq, -1};
+    case Op::kCreateSrq: case Op::kCreateXrcSrq: case Op::kCreateTmSrq: return {Session::kSrq, 1};
+    case Op::kDestroySrq: return {Session::kSrq, -1};
+    case Op::kAllocPd: return {Session::kPd, 1};
+    case Op::kDeallocPd: return {Session::kPd, -1};
+    case Op::kRegMr: case Op::kAllocMw: return {Session::kMr, 1};
+    case Op::kDeregMr: case Op::kDeallocMw: return {Session::kMr, -1};
+    default: return {-1, 0};
+  }
+}
+
+uint32_t limit_of(const nic::Limits& l, int kind) {
+  switch (kind) {
+    case Session::kQp: return l.qp;
+    case Session::kCq: return l.cq;
+    case Session::kSrq: return l.srq;
+    case Session::kPd: return l.pd;
+    default: return l.mr;
+  }
+}
+
+// A ring memory limit in bytes: mib, or by default the given fraction of the host's memory.
+size_t ring_cap(uint32_t mib, unsigned fraction) {
+  if (mib) return size_t{mib} << 20;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) / fraction
+                               : size_t{1} << 30;
+}
+
+}  // namespace
+
+int HostEngine::room(const Session& s, int kind, size_t ring_bytes) const {
+  const nic::LinkConfig& cfg = s.link()->nic->config();
+  uint64_t held = 0, mine = 0, link = 0;
+  for (const auto& [sock, x] : sessions_) {
+    if (x->link() != s.link()) continue;
+    link += x->ring_bytes();
+    if (x->peer_pid() != s.peer_pid()) continue;
+    mine += x->ring_bytes();
+    if (kind >= 0) held += x->held[static_cast<size_t>(kind)];
+  }
+  if (kind >= 0 && held >= limit_of(cfg.process_limits, kind)) return ENOMEM;
+  if (ring_bytes && (link + ring_bytes > ring_cap(cfg.limits.ring_mib, 4) ||
+                     mine + ring_bytes > ring_cap(cfg.process_limits.ring_mib, 8)))
+    return ENOMEM;
+  return 0;
+}
+
 void HostEngine::serve(Session& s, Message& req, Message* resp) {
   nic::Nic& nic = *s.link()->nic;
   Message r = reply_to(req, 0);
+  const auto [kind, delta] = counted(req.header.op);
   auto done = [&](int status) {
     r.header.status = status;
     *resp = std::move(r);
+    if (status == 0 && delta) {
+      uint32_t& n = s.held[static_cast<size_t>(kind)];
+      n = delta > 0 ? n + 1 : (n ? n - 1 : 0);
+    }
   };
   if (s.kernel() && kernel_only_refused(req.header.op)) return done(EOPNOTSUPP);
+  // Limits (verbs-mapping.md §20): the process's share here, the link's in the NIC.
+  if (delta > 0) {
+    if (const int e = room(s, kind, 0)) return done(e);
+  }
   // Every kind of SRQ: its ring in a shared segment, made by `create` on the datapath.
   auto new_srq = [&](uint32_t max_wr, uint32_t max_sge, auto create) {
     const hostif::SrqLayout l = hostif::srq_layout(max_wr, max_sge);
+    if (const int e = room(s, -1, l.bytes)) return done(e);
     Segment seg = Segment::create("metaroce-srq", l.bytes);
     if (!seg.ok()) return done(ENOMEM);
     hostif::init_srq(seg.base(), max_wr, max_sge);
@@ -1055,6 +1136,7 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
            s.kernel()->check(MRIB_KIND_CQ, static_cast<uint32_t>(b->handle), s.peer_pid()) != 0))
         return done(EINVAL);
       const hostif::CqLayout l = hostif::cq_layout(b->cqe);
+      if (const int e = room(s, -1, l.bytes)) return done(e);
       Segment seg = Segment::create("metaroce-cq", l.bytes);
       if (!seg.ok()) return done(ENOMEM);
       hostif::init_cq(seg.base(), b->cqe);
@@ -1078,6 +1160,7 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       auto b = req.as<hostif::ResizeCqReq>();
       if (!b || b->cqe < 1 || b->cqe > nic::kMaxCqe) return done(EINVAL);
       const hostif::CqLayout l = hostif::cq_layout(b->cqe);
+      if (const int e = room(s, -1, l.bytes)) return done(e);
       Segment seg = Segment::create("metaroce-cq", l.bytes);
       if (!seg.ok()) return done(ENOMEM);
       hostif::init_cq(seg.base(), b->cqe);
@@ -1151,6 +1234,7 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       caps.max_send_wr = std::max(caps.max_send_wr, 1u);
       caps.max_recv_wr = std::max(caps.max_recv_wr, 1u);
       const hostif::QpLayout l = hostif::qp_layout(caps);
+      if (const int e = room(s, -1, l.bytes)) return done(e);
       Segment seg = Segment::create("metaroce-qp", l.bytes);
       if (!seg.ok()) return done(ENOMEM);
       hostif::init_qp(seg.base(), 0, b->type, caps);
@@ -1206,6 +1290,7 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       // No queues of its own (its table's WQs receive): a ring for its state.
       const hostif::QpCaps caps;
       const hostif::QpLayout l = hostif::qp_layout(caps);
+      if (const int e = room(s, -1, l.bytes)) return done(e);
       Segment seg = Segment::create("metaroce-qp", l.bytes);
       if (!seg.ok()) return done(ENOMEM);
       hostif::init_qp(seg.base(), 0, hostif::QpType::kRss, caps);

@@ -48,6 +48,9 @@ struct EngineOptions {
   std::vector<int> cores;         // CPUs of the datapath thread; empty: wherever it runs
   SpinPolicy spin = SpinPolicy::kAdaptive;
   transport::Time spin_before_sleep = std::chrono::microseconds(20);
+  // A pass later than this after the previous one is a stall of the engine's own (descheduled,
+  // a long command, a paused VM): timers wait while it catches up (datapath_main). 0: never.
+  transport::Time stall = std::chrono::microseconds(250);
   // Longest nap while a link has queue pairs (frames are only seen when awake: memif has no
   // receive interrupt in DPDK 22.11), and while none has any.
   transport::Time max_nap = std::chrono::milliseconds(1);
@@ -100,7 +103,7 @@ class HostEngine {
  private:
   // Datapath thread.
   void datapath_main();
-  void idle_wait(transport::Time now, transport::Time idle_for);
+  transport::Time idle_wait(transport::Time now, transport::Time idle_for);
   bool commands_pending() const { return cmd_pending_.load(std::memory_order_acquire); }
   void run_commands();
   // Runs fn on the datapath thread and waits for it (inline when that thread is not running).
@@ -116,6 +119,9 @@ class HostEngine {
   // The answer to one request of s (NIC operations run on the datapath thread). An operation
   // that keeps a descriptor of the request sets its entry to -1; the rest are closed after.
   void serve(Session& s, hostif::Message& req, hostif::Message* resp);
+  // ENOMEM when one more object of `kind` (-1: none) or `ring_bytes` more ring memory would take
+  // the process over its share of the link, or the link over its ring memory; else 0.
+  int room(const Session& s, int kind, size_t ring_bytes) const;
   void admin(Session& s, const hostif::Message& req, hostif::Message* resp);
   void hello(Session& s, hostif::Message& req, hostif::Message* resp);
   // Releases everything a session holds and forgets it.

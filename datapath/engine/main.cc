@@ -25,12 +25,15 @@ using metaroce::engine::SpinPolicy;
 
 constexpr const char* kUsage =
     "Usage: metaroced [--rundir DIR] [--cores LIST] [--spin adaptive|always] [--spin-us N]\n"
-    "                 [--hugepages] [--kernel-devices serve|ignore] [--daemon [--log FILE]]\n"
+    "                 [--stall-us N] [--hugepages] [--kernel-devices serve|ignore]\n"
+    "                 [--daemon [--log FILE]]\n"
     "\n"
     "The MetaRoCE engine: serves every link recorded in DIR (default $METAROCE_RUNDIR or\n"
     "/run/metaroce) to every process on the host. --cores pins its datapath thread (e.g. 1 or\n"
     "2-3); --spin always never sleeps (lowest latency, a whole core), adaptive (default) spins\n"
-    "--spin-us microseconds (20) after the last work and then naps. --kernel-devices serve\n"
+    "--spin-us microseconds (20) after the last work and then naps. After a pass that came\n"
+    "more than --stall-us microseconds (250; 0: never) after the one before, the transport's\n"
+    "timers wait until what arrived meanwhile is read. --kernel-devices serve\n"
     "(default for /run/metaroce, where the metaroce_ib module is loaded) serves the devices\n"
     "`rdma link add NAME type metaroce netdev IF` creates. --daemon detaches once the engine\n"
     "serves, logging to FILE (default DIR/engine.log).\n";
@@ -133,6 +136,15 @@ int main(int argc, char** argv) {
         return 2;
       }
       opt.spin_before_sleep = std::chrono::microseconds(us);
+    } else if (a == "--stall-us") {
+      const std::string v = value("--stall-us");
+      char* e = nullptr;
+      const long us = std::strtol(v.c_str(), &e, 10);
+      if (e == v.c_str() || *e || us < 0 || us > 1000000) {
+        std::fprintf(stderr, "metaroced: bad --stall-us '%s': expected 0..1000000\n", v.c_str());
+        return 2;
+      }
+      opt.stall = std::chrono::microseconds(us);
     } else if (a == "--hugepages") {
       opt.hugepages = true;
     } else if (a == "--kernel-devices") {

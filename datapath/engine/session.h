@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -56,8 +57,22 @@ class Session final : public nic::Owner {
 
   // Bookkeeping of the control thread: segments by object, channel fds by CQ (the latter read
   // by cq_event on the datapath thread: changed only inside datapath commands).
-  void keep_segment(char kind, uint32_t id, Segment seg) { segments_[{kind, id}] = std::move(seg); }
-  void drop_segment(char kind, uint32_t id) { segments_.erase({kind, id}); }
+  void keep_segment(char kind, uint32_t id, Segment seg) {
+    Segment& slot = segments_[{kind, id}];
+    ring_bytes_ = ring_bytes_ + seg.size() - slot.size();  // a resized CQ's ring replaces its old
+    slot = std::move(seg);
+  }
+  void drop_segment(char kind, uint32_t id) {
+    auto it = segments_.find({kind, id});
+    if (it == segments_.end()) return;
+    ring_bytes_ -= it->second.size();
+    segments_.erase(it);
+  }
+  // What it holds, for the per-process limits (nic::LinkConfig::process_limits, kept by the
+  // control thread): objects by kind, and the bytes of its rings.
+  enum Kind : uint8_t { kQp, kCq, kSrq, kPd, kMr, kKinds };
+  std::array<uint32_t, kKinds> held{};
+  size_t ring_bytes() const { return ring_bytes_; }
   void set_channel(uint32_t cq_id, int fd);  // takes fd; -1 for a kernel context's channel
   void drop_channel(uint32_t cq_id);
 
@@ -72,6 +87,7 @@ class Session final : public nic::Owner {
   ProcessMemory memory_;
   std::unique_ptr<MappedMemory> mapped_;
   std::map<std::pair<char, uint32_t>, Segment> segments_;
+  size_t ring_bytes_ = 0;
   std::unordered_map<uint32_t, int> channels_;
 };
 

@@ -71,6 +71,39 @@ std::optional<uint32_t> gid_to_ipv4(const uint8_t gid[16]) {
          uint32_t{gid[15]};
 }
 
+std::optional<Limits> parse_limits(const std::string& text, const Limits& base, std::string* err) {
+  Limits l = base;
+  size_t i = 0;
+  while (i <= text.size()) {
+    size_t end = text.find(',', i);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(i, end - i);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    uint32_t* field = key == "qp" ? &l.qp : key == "cq" ? &l.cq : key == "srq" ? &l.srq
+                    : key == "pd" ? &l.pd : key == "mr" ? &l.mr : key == "ring-mib" ? &l.ring_mib
+                    : nullptr;
+    uint32_t v = 0;
+    if (!field || eq == std::string::npos || !parse_uint(item.substr(eq + 1), v) || v == 0) {
+      if (err) {
+        *err = "bad limit '" + item + "': expected qp, cq, srq, pd, mr or ring-mib = a positive number";
+      }
+      return std::nullopt;
+    }
+    *field = v;
+    i = end + 1;
+  }
+  return l;
+}
+
+std::string format_limits(const Limits& l) {
+  std::string s = "qp=" + std::to_string(l.qp) + ",cq=" + std::to_string(l.cq) +
+                  ",srq=" + std::to_string(l.srq) + ",pd=" + std::to_string(l.pd) +
+                  ",mr=" + std::to_string(l.mr);
+  if (l.ring_mib) s += ",ring-mib=" + std::to_string(l.ring_mib);
+  return s;
+}
+
 std::optional<LinkConfig> LinkConfig::load(const std::string& path, std::string* err) {
   std::ifstream in(path);
   if (!in) {
@@ -117,6 +150,10 @@ std::optional<LinkConfig> LinkConfig::load(const std::string& path, std::string*
       c.kernel = val;
     } else if (key == "planes") {
       ok = parse_uint(val, c.planes) && c.planes >= 1 && c.planes <= kMaxPlanes;
+    } else if (key == "limits" || key == "process_limits") {
+      auto l = parse_limits(val, Limits{}, nullptr);
+      ok = l.has_value();
+      if (ok) (key == "limits" ? c.limits : c.process_limits) = *l;
     }  // unknown keys are ignored so older providers read newer files
     if (!ok) return fail("bad value for " + key + ": '" + val + "'");
   }
@@ -147,6 +184,8 @@ bool LinkConfig::save(const std::string& path, std::string* err) const {
     << "planes=" << planes << "\n";
   if (rx_capacity_mbps) o << "rx_capacity_mbps=" << rx_capacity_mbps << "\n";
   if (!kernel.empty()) o << "kernel=" << kernel << "\n";
+  if (!(limits == Limits{})) o << "limits=" << format_limits(limits) << "\n";
+  if (!(process_limits == Limits{})) o << "process_limits=" << format_limits(process_limits) << "\n";
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) {

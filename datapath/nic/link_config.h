@@ -7,6 +7,8 @@
 #include <optional>
 #include <string>
 
+#include "datapath/hostif/queues.h"
+
 namespace metaroce::nic {
 
 inline constexpr uint16_t kDefaultUdpPort = 4793;  // docs/spec/ §2: configurable
@@ -18,6 +20,21 @@ inline constexpr const char* kConfigFile = "metaroce.conf";  // inside class/inf
 
 inline constexpr uint16_t kMaxPlanes = 16;
 inline constexpr char kPlaneSeparator = ';';  // between the device strings of a multiplane link
+
+// What a device holds at most (docs/spec/verbs-mapping.md §20). Objects are counted per kind;
+// `mr` counts memory regions and windows together (one key space); `ring_mib` is the shared
+// memory of QP, CQ and SRQ rings, 0 for the default: a quarter of the host's memory for the
+// device, an eighth for one process.
+struct Limits {
+  uint32_t qp = hostif::kMaxQps, cq = hostif::kMaxCqs, srq = hostif::kMaxSrqs, pd = hostif::kMaxPds;
+  uint32_t mr = 1u << 20;
+  uint32_t ring_mib = 0;
+  bool operator==(const Limits&) const = default;
+};
+// "qp=N,cq=N,srq=N,pd=N,mr=N,ring-mib=N" (any subset, over `base`) as `link add --limit` and
+// `--process-limit` take it; nullopt and a one-line reason in *err when malformed.
+std::optional<Limits> parse_limits(const std::string& text, const Limits& base, std::string* err);
+std::string format_limits(const Limits& l);
 
 // Multiplane links (`metaroce link add --fabric NAME:ENDPOINT`): `planes=P` and `devargs` holds P
 // DPDK device strings joined by ';', plane 0 first; the NIC opens one port per plane and plane p
@@ -44,6 +61,8 @@ struct LinkConfig {
   // device is over; the engine attaches it, and there is no uverbs entry in the tree. Empty for
   // a kernel-free link.
   std::string kernel;
+  Limits limits;          // the whole device (every process together)
+  Limits process_limits;  // what one process may hold of it (ibv_query_device reports this)
   // Not stored: the run dir the record was loaded from (<run dir>/sys/class/infiniband/<name>/),
   // empty when the file lies elsewhere. The NIC publishes its live counters there.
   std::string run_dir;

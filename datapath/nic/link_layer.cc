@@ -434,7 +434,7 @@ void LinkLayer::check_planes(Time t) {
   }
 }
 
-bool LinkLayer::poll(Time t) {
+bool LinkLayer::poll(Time t, bool timers) {
   bool work = false;
   check_planes(t);
   for (size_t i = 0; i < planes_.size(); ++i) {
@@ -477,7 +477,7 @@ bool LinkLayer::poll(Time t) {
   loop_batch_.clear();
   raw_loop_batch_.clear();
   resolve(t);
-  if (nic_.poll_tx(t, *sink_)) work = true;
+  if (nic_.poll_tx(t, *sink_, timers)) work = true;
   send_raw(nic_.take_raw_frames());
   return work;
 }

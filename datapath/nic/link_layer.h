@@ -37,8 +37,9 @@ class LinkLayer {
   LinkLayer(const LinkLayer&) = delete;
   LinkLayer& operator=(const LinkLayer&) = delete;
 
-  // One pass: receive and place, then transmit. Returns true if it found work.
-  bool poll(transport::Time now);
+  // One pass: receive and place, then transmit (timers too, unless held). Returns true if it
+  // found work.
+  bool poll(transport::Time now, bool timers = true);
   size_t planes() const { return planes_.size(); }
   const LinkCounters& counters() const { return counters_; }
   Nic& nic() { return nic_; }

@@ -65,6 +65,7 @@ NicConfig nic_config(const LinkConfig& link, uint64_t seed) {
   e.conn_window_init = e.conn_window_max;
   e.rx_capacity_mbps = link.rx_capacity_mbps;
   e.seed = seed;
+  e.secret_ids = true;
   return c;
 }
 
@@ -103,7 +104,7 @@ const QueuePair* Nic::find_qp(uint32_t qpn) const {
 }
 
 int Nic::alloc_pd(Owner* o, uint32_t* pd) {
-  if (pds_.size() >= kMaxPds) return ENOMEM;
+  if (pds_.size() >= cfg_.link.limits.pd) return ENOMEM;
   while (next_pd_ == 0 || pds_.count(next_pd_)) ++next_pd_;
   *pd = next_pd_++;
   pds_[*pd] = o;
@@ -137,6 +138,7 @@ int Nic::reg_mr(Owner* o, uint32_t pd, uint64_t addr, uint64_t length, uint64_t 
                 unsigned int access, uint32_t* lkey, uint32_t* rkey, uint32_t want) {
   if (!pd_of(o, pd) || (access & ~kMrAccessKnown) || !mr_range_ok(addr, length, iova, access))
     return EINVAL;
+  if (mrs_.size() >= cfg_.link.limits.mr) return ENOMEM;
   const uint32_t key = mrs_.add(pd, iova, addr, length, access, &o->memory(), o, want);
   if (key == 0) return want ? EBUSY : ENOMEM;
   *lkey = *rkey = key;
@@ -170,6 +172,7 @@ int Nic::check_mr(Owner* o, uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t 
 
 int Nic::alloc_mw(Owner* o, uint32_t pd, uint8_t type, uint32_t* rkey) {
   if (!pd_of(o, pd)) return EINVAL;
+  if (mrs_.size() >= cfg_.link.limits.mr) return ENOMEM;
   return mrs_.add_window(pd, type, o, rkey);
 }
 
@@ -189,7 +192,7 @@ int Nic::dereg_mr(Owner* o, uint32_t lkey) {
 }
 
 int Nic::create_cq(Owner* o, hostif::CqHeader* ring, uint64_t handle, bool channel, uint32_t* id) {
-  if (cqs_.size() >= kMaxCqs) return ENOMEM;
+  if (cqs_.size() >= cfg_.link.limits.cq) return ENOMEM;
   while (next_cq_ == 0 || cqs_.count(next_cq_)) ++next_cq_;
   *id = next_cq_++;
   cqs_[*id] = std::make_unique<CompletionQueue>(*id, o, ring, handle, channel);
@@ -227,7 +230,7 @@ uint32_t Nic::alloc_srq_id() {
 int Nic::create_srq(Owner* o, uint32_t pd, hostif::SrqHeader* ring, uint64_t handle,
                     uint32_t* id) {
   if (!pd_of(o, pd)) return EINVAL;
-  if (srqs_.size() >= kMaxSrqs) return ENOMEM;
+  if (srqs_.size() >= cfg_.link.limits.srq) return ENOMEM;
   *id = alloc_srq_id();
   srqs_[*id] = std::make_unique<SharedReceiveQueue>(*id, o, pd, ring, handle);
   return 0;
@@ -237,7 +240,7 @@ int Nic::create_tm_srq(Owner* o, uint32_t pd, uint32_t cq_id, uint32_t max_tags,
                        hostif::SrqHeader* ring, uint64_t handle, uint32_t* id) {
   CompletionQueue* cq = cq_of(o, cq_id);
   if (!pd_of(o, pd) || !cq || max_tags < 1 || max_tags > TagMatcher::kMaxTags) return EINVAL;
-  if (srqs_.size() >= kMaxSrqs) return ENOMEM;
+  if (srqs_.size() >= cfg_.link.limits.srq) return ENOMEM;
   *id = alloc_srq_id();
   srqs_[*id] = std::make_unique<SharedReceiveQueue>(*id, o, pd, ring, handle, 0, cq, max_tags);
   cq->users++;
@@ -327,7 +330,7 @@ int Nic::open_xrcd(Owner* o, const XrcdKey* key, bool create, bool exclusive, ui
     }
     if (!create) return EAGAIN;  // no domain of that file yet, and not asked to make one
   }
-  if (xrcds_.size() >= kMaxPds) return ENOMEM;
+  if (xrcds_.size() >= cfg_.link.limits.pd) return ENOMEM;
   while (next_xrcd_ == 0 || xrcds_.count(next_xrcd_)) ++next_xrcd_;
   *xrcd = next_xrcd_++;
   Xrcd& x = xrcds_[*xrcd];
@@ -352,7 +355,7 @@ int Nic::create_xrc_srq(Owner* o, uint32_t pd, uint32_t xrcd, uint32_t cq_id,
                         hostif::SrqHeader* ring, uint64_t handle, uint32_t* id) {
   CompletionQueue* cq = cq_of(o, cq_id);
   if (!pd_of(o, pd) || !xrcd_open_by(o, xrcd) || !cq) return EINVAL;
-  if (srqs_.size() >= kMaxSrqs) return ENOMEM;
+  if (srqs_.size() >= cfg_.link.limits.srq) return ENOMEM;
   *id = alloc_srq_id();
   srqs_[*id] = std::make_unique<SharedReceiveQueue>(*id, o, pd, ring, handle, xrcd, cq);
   cq->users++;
@@ -424,7 +427,7 @@ int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* r
     default:
       return EINVAL;
   }
-  if (qps_.size() >= kMaxQps) return ENOMEM;
+  if (qps_.size() >= cfg_.link.limits.qp) return ENOMEM;
   uint32_t n = req.qpn;
   if (n) {
     if (n < 2 || n > 0xffffff) return EINVAL;
@@ -656,7 +659,7 @@ int Nic::create_ind_table(Owner* o, const hostif::IndTableReq& req, uint32_t* id
     if (!wq || wq->init().type != QpType::kWq || wq->init().owner != o) return EINVAL;
     t.wqns.push_back(req.wqn[i]);
   }
-  if (ind_tables_.size() >= kMaxQps) return ENOMEM;
+  if (ind_tables_.size() >= cfg_.link.limits.qp) return ENOMEM;
   while (next_ind_table_ == 0 || ind_tables_.count(next_ind_table_)) ++next_ind_table_;
   *id = next_ind_table_++;
   ind_tables_[*id] = std::move(t);
@@ -684,7 +687,7 @@ int Nic::create_rss_qp(Owner* o, const hostif::CreateRssQpReq& req, hostif::QpHe
   init.pd = req.pd;
   init.type = QpType::kRss;
   init.handle = req.handle;
-  if (qps_.size() >= kMaxQps) return ENOMEM;
+  if (qps_.size() >= cfg_.link.limits.qp) return ENOMEM;
   uint32_t n;
   do {
     n = next_qpn_++ & 0xffffff;
@@ -1035,7 +1038,7 @@ void Nic::end_rx(Time now) {
   scratch_used_ = 0;
 }
 
-bool Nic::poll_tx(Time now, FrameSink& sink) {
+bool Nic::poll_tx(Time now, FrameSink& sink, bool timers) {
   now_ = now;
   bool work = false;
   for (size_t i = 0; i < qp_list_.size(); ++i) {
@@ -1043,7 +1046,7 @@ bool Nic::poll_tx(Time now, FrameSink& sink) {
     work |= qp->drain();
     qp->check_responses(now);
   }
-  if (engine_->next_deadline() <= now) engine_->on_timer(now);
+  if (timers && engine_->next_deadline() <= now) engine_->on_timer(now);
   if (engine_->poll_tx(now, sink) > 0) work = true;
   // Payloads are read into the buffers before they leave; a buffer whose read failed does not.
   reads_.flush(true, [this](uint32_t origin, uint8_t* local, Memory* m) {

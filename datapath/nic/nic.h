@@ -254,9 +254,9 @@ class Nic final : private transport::Host {
   // After a burst of on_packet: application memory written, completions published, events
   // raised. The packets' bytes must stay valid until this returns.
   void end_rx(transport::Time now);
-  // Doorbells (WQEs posted since the last poll), timers, transmission. Returns true if it did
-  // anything.
-  bool poll_tx(transport::Time now, FrameSink& sink);
+  // Doorbells (WQEs posted since the last poll), timers (unless held: the runner is catching up
+  // after a stall of its own), transmission. Returns true if it did anything.
+  bool poll_tx(transport::Time now, FrameSink& sink, bool timers = true);
   // WQEs posted and not taken yet: a runner about to sleep checks this after announcing it.
   bool has_new_work() const;
   transport::Time next_deadline() const;

@@ -71,7 +71,7 @@ void TelemetryWriter::end_update() {
 namespace metaroce::nic {
 
 void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link,
-                       uint64_t contexts) {
+                       uint64_t contexts, uint64_t stalls) {
   TelemetryBlock* b = w.begin_update();
   if (!b) return;
   uint32_t n = 0;
@@ -124,6 +124,7 @@ void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link
   put("failover_resends", e.failover_resends);
   put("pacing_waits", e.pacing_waits);
   put("share_pushes", e.share_pushes);
+  put("engine_stalls", stalls);
   b->num_counters = n;
   // Connections: one per peer some QP talks to; its QPs are its streams.
   const std::vector<const QueuePair*> qps = nic.qps();

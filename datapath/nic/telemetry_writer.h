@@ -30,8 +30,8 @@ class TelemetryWriter {
 };
 
 // Refreshes the block of a link from its NIC and link layer; contexts: driver contexts open on
-// the link (shown as a counter).
+// the link, stalls: the engine's own (both shown as counters).
 void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link,
-                       uint64_t contexts);
+                       uint64_t contexts, uint64_t stalls);
 
 }  // namespace metaroce::nic

@@ -172,6 +172,11 @@ struct EngineConfig {
   Time rto_max = std::chrono::milliseconds(100);
   uint32_t max_retries = 7;         // RTO expiries of one packet before kRetryExceeded
   uint64_t seed = 1;                // randomness: connection ids, tokens, entropy
+  // Connection ids and tokens from the kernel's random generator (getrandom), not the seeded
+  // one: what an off-path sender must guess to inject (wire.md §3.2). The seeded generator is
+  // predictable from one of its outputs, which every peer sees; off for reproducible runs (unit
+  // tests, the simulator, the fuzzer), on in the NIC.
+  bool secret_ids = false;
   // Congestion control (docs/spec/congestion.md §2-§3). Windows count packets.
   uint32_t path_window_init = 16;   // per path, 1..64
   // Per plane of a connection: each plane is its own network, so each starts at this (about

@@ -5,6 +5,8 @@
 // docs/spec/congestion.md).
 #include "datapath/transport/engine_impl.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <bit>
 
@@ -90,6 +92,13 @@ uint64_t EngineImpl::next_random() {
   return z ^ (z >> 31);
 }
 
+// What names a direction to its receiver (EngineConfig::secret_ids).
+uint64_t EngineImpl::secret_random() {
+  uint64_t v = 0;
+  if (cfg_.secret_ids && getrandom(&v, sizeof(v), 0) == static_cast<ssize_t>(sizeof(v))) return v;
+  return next_random();
+}
+
 uint16_t EngineImpl::random_port() {
   return static_cast<uint16_t>(kEphemeralPortBase + next_random() % (65536u - kEphemeralPortBase));
 }
@@ -109,9 +118,9 @@ EngineImpl::Connection& EngineImpl::conn_for(uint32_t peer_ip, uint32_t lane) {
   c->peer_ip = peer_ip;
   c->lane = lane;
   do {
-    c->conn_id = static_cast<uint32_t>(next_random());
+    c->conn_id = static_cast<uint32_t>(secret_random());
   } while (c->conn_id == 0 || by_id_.count(c->conn_id));
-  c->token = next_random();
+  c->token = secret_random();
   c->plane_mask = all_planes(cfg_.num_planes);
   c->mask_planes = cfg_.num_planes;
   // One window per plane (congestion.md §2.1), each starting at one BDP of its own network.

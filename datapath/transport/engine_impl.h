@@ -293,6 +293,7 @@ class EngineImpl final : public Engine {
   };
   enum class TxKind : uint8_t { kNew, kRetx, kCopy };
 
+  uint64_t secret_random();
   uint64_t next_random();
   uint16_t random_port();
   static uint64_t conn_key(uint32_t peer_ip, uint32_t lane) {

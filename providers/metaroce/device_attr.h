@@ -6,6 +6,7 @@
 #include <endian.h>
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -20,12 +21,6 @@
 
 namespace metaroce::provider {
 
-// The engine's limits per link (all processes together).
-inline constexpr uint32_t kMaxQp = hostif::kMaxQps;
-inline constexpr uint32_t kMaxCq = hostif::kMaxCqs;
-inline constexpr uint32_t kMaxMr = 1u << 20;
-inline constexpr uint32_t kMaxPd = hostif::kMaxPds;
-inline constexpr uint32_t kMaxSrq = hostif::kMaxSrqs;
 inline constexpr uint32_t kMaxAh = 1u << 20;  // an AH is an IPv4 address in host memory
 inline constexpr uint32_t kMaxRdAtom = hostif::kMaxRdAtomic;  // outstanding READ/atomics per QP
 inline constexpr uint32_t kVendorId = 0x4d5243;  // "MRC": no IEEE OUI is registered for us
@@ -41,7 +36,22 @@ constexpr uint64_t node_guid_of(const nic::LinkConfig& cfg) {
   return 0x020000fffe000000ull | (uint64_t{cfg.ip & 0xffffffu}) | (uint64_t{cfg.ip >> 24} << 48);
 }
 
+// What one process may hold: its share of the link, within the link's own limits
+// (verbs-mapping.md §20). The engine refuses the next object with ENOMEM.
+inline nic::Limits process_limits(const nic::LinkConfig& cfg) {
+  const nic::Limits& d = cfg.limits;
+  const nic::Limits& p = cfg.process_limits;
+  nic::Limits l;
+  l.qp = std::min(d.qp, p.qp);
+  l.cq = std::min(d.cq, p.cq);
+  l.srq = std::min(d.srq, p.srq);
+  l.pd = std::min(d.pd, p.pd);
+  l.mr = std::min(d.mr, p.mr);
+  return l;
+}
+
 inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
+  const nic::Limits lim = process_limits(cfg);
   ibv_device_attr_ex ex;
   std::memset(&ex, 0, sizeof(ex));
   ibv_device_attr& a = ex.orig_attr;
@@ -53,7 +63,7 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   a.vendor_id = kVendorId;
   a.vendor_part_id = kVendorPartId;
   a.hw_ver = 1;
-  a.max_qp = kMaxQp;
+  a.max_qp = static_cast<int>(lim.qp);
   a.max_qp_wr = hostif::kMaxQpWr;
   // Honest flags only: RNR NAKs are generated; the GUID above is a system image GUID.
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
@@ -61,14 +71,14 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
                        IBV_DEVICE_MANAGED_FLOW_STEERING;
   a.max_sge = hostif::kMaxSge;
   a.max_sge_rd = hostif::kMaxSge;
-  a.max_cq = kMaxCq;
+  a.max_cq = static_cast<int>(lim.cq);
   a.max_cqe = hostif::kMaxCqe;
-  a.max_mr = kMaxMr;
-  a.max_pd = kMaxPd;
-  a.max_mw = kMaxMr;  // windows and regions share the key space
+  a.max_mr = static_cast<int>(lim.mr);
+  a.max_pd = static_cast<int>(lim.pd);
+  a.max_mw = static_cast<int>(lim.mr);  // windows and regions share the key space
   a.max_qp_rd_atom = kMaxRdAtom;
   a.max_ee_rd_atom = 0;
-  a.max_res_rd_atom = kMaxRdAtom * kMaxQp;
+  a.max_res_rd_atom = static_cast<int>(kMaxRdAtom * lim.qp);
   a.max_qp_init_rd_atom = kMaxRdAtom;
   a.max_ee_init_rd_atom = 0;
   // Responder atomics are atomic among themselves (the engine carries them out one at a time),
@@ -76,7 +86,7 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   a.atomic_cap = IBV_ATOMIC_HCA;
   a.max_pkeys = 1;
   a.max_ah = kMaxAh;
-  a.max_srq = kMaxSrq;
+  a.max_srq = static_cast<int>(lim.srq);
   a.max_srq_wr = hostif::kMaxSrqWr;
   a.max_srq_sge = hostif::kMaxSge;
   a.local_ca_ack_delay = kLocalCaAckDelay;
@@ -97,11 +107,11 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   // RSS over receive WQs (verbs-mapping.md §18): Toeplitz over IP addresses and TCP/UDP ports,
   // from raw packet QPs only. No raw packet offload (VLAN stripping, checksums, FCS) is offered.
   ex.rss_caps.supported_qpts = 1u << IBV_QPT_RAW_PACKET;
-  ex.rss_caps.max_rwq_indirection_tables = kMaxQp;
+  ex.rss_caps.max_rwq_indirection_tables = lim.qp;
   ex.rss_caps.max_rwq_indirection_table_size = 1u << hostif::kMaxIndTableLog;
   ex.rss_caps.rx_hash_fields_mask = hostif::kRssFields;
   ex.rss_caps.rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ;
-  ex.max_wq_type_rq = kMaxQp;
+  ex.max_wq_type_rq = lim.qp;
   // Tag matching on RC (verbs-mapping.md §19): one SGE per tag; list operations are carried out
   // before ibv_post_srq_ops returns.
   ex.tm_caps.flags = IBV_TM_CAP_RC;

@@ -301,6 +301,39 @@ TEST_F(CliTest, AddRecordsEveryOptionInBothSpellings) {
   EXPECT_EQ(c->devargs, "net_af_packet0,iface=lo");
 }
 
+// Limits (verbs-mapping.md §20): recorded, read back, a process's share defaulting to the
+// device's; malformed ones and a share above the device's refused, leaving nothing.
+TEST_F(CliTest, AddRecordsLimitsAndRefusesBadOnes) {
+  if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
+  ASSERT_EQ(run({"link", "add", "mr1", "--ip", "198.18.7.9/24", "--dpdk=net_af_packet0,iface=lo",
+                 "--limit", "qp=100,mr=500,ring-mib=64", "--process-limit=qp=10,ring-mib=8"}),
+            kExitOk)
+      << err_.str();
+  std::string err;
+  auto c = nic::LinkConfig::load(ctx_.sysfs() + "/class/infiniband/mr1/metaroce.conf", &err);
+  ASSERT_TRUE(c) << err;
+  EXPECT_EQ(c->limits.qp, 100u);
+  EXPECT_EQ(c->limits.mr, 500u);
+  EXPECT_EQ(c->limits.ring_mib, 64u);
+  EXPECT_EQ(c->limits.cq, nic::Limits{}.cq);
+  EXPECT_EQ(c->process_limits.qp, 10u);
+  EXPECT_EQ(c->process_limits.mr, 500u) << "not given: the device's";
+  EXPECT_EQ(c->process_limits.ring_mib, 8u);
+  for (std::vector<std::string> bad : {std::vector<std::string>{"--limit", "qp=0"},
+                                       {"--limit", "qp"}, {"--limit", "nic=4"},
+                                       {"--limit", "qp=1,,cq=2"}, {"--process-limit", "mr=x"},
+                                       {"--limit", "qp=5", "--process-limit", "qp=6"},
+                                       {"--limit", "ring-mib=4", "--process-limit", "ring-mib=5"}}) {
+    std::vector<std::string> args = {"link", "add", "mr2", "--ip", "198.18.7.10/24",
+                                     "--dpdk=net_af_packet1,iface=lo"};
+    args.insert(args.end(), bad.begin(), bad.end());
+    err_.str("");
+    EXPECT_EQ(run(args), kExitError) << bad[1];
+    EXPECT_NE(err_.str().find("limit"), std::string::npos) << err_.str();
+    EXPECT_FALSE(fs::exists(ctx_.sysfs() + "/class/infiniband/mr2")) << bad[1];
+  }
+}
+
 TEST_F(CliTest, ShowPrintsTableAndParsableJson) {
   if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
   ASSERT_EQ(run({"link", "show", "--json"}), kExitOk);

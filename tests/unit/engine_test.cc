@@ -30,6 +30,7 @@
 
 #include "datapath/engine/host_engine.h"
 #include "datapath/engine/process_memory.h"
+#include "datapath/engine/stall_guard.h"
 #include "datapath/hostif/control.h"
 #include "datapath/hostif/queues.h"
 #include "datapath/io/mem_link.h"
@@ -88,6 +89,44 @@ class Pages {
 // =================================================================================================
 // ProcessMemory
 // =================================================================================================
+
+// The engine's own stalls (docs/design.md): after a late pass, timers wait until a pass finds
+// nothing to do, at most StallGuard::kPasses passes; a nap is no stall, waking late from it is.
+TEST(StallGuard, TimersWaitAfterAStallUntilAQuietPassOrTheLimit) {
+  using std::chrono::microseconds;
+  using std::chrono::milliseconds;
+  transport::Time t{milliseconds(1)};
+  StallGuard g(microseconds(250), t);
+  EXPECT_TRUE(g.begin(t += microseconds(10)));
+  EXPECT_TRUE(g.begin(t += microseconds(250))) << "exactly the limit is no stall";
+  EXPECT_EQ(g.stalls(), 0u);
+  // A stall, then passes with work: held until one is quiet.
+  EXPECT_FALSE(g.begin(t += milliseconds(100)));
+  EXPECT_EQ(g.stalls(), 1u);
+  EXPECT_FALSE(g.begin(t += microseconds(5)));
+  EXPECT_FALSE(g.begin(t += microseconds(5)));
+  g.quiet();
+  EXPECT_TRUE(g.begin(t += microseconds(5)));
+  // A stall followed by nothing but work: timers run again after kPasses passes.
+  EXPECT_FALSE(g.begin(t += milliseconds(5)));
+  int held = 1;
+  while (!g.begin(t += microseconds(5))) ++held;
+  EXPECT_EQ(held, StallGuard::kPasses);
+  EXPECT_EQ(g.stalls(), 2u);
+  // A 1 ms nap woken on time, or early, is no stall; woken 3 ms late, it is.
+  const transport::Time nap_start = t;
+  g.napped(nap_start + milliseconds(1), nap_start + milliseconds(1) + microseconds(20));
+  EXPECT_TRUE(g.begin(t = nap_start + milliseconds(1) + microseconds(30)));
+  g.napped(t + milliseconds(1), t + microseconds(40));
+  EXPECT_TRUE(g.begin(t += microseconds(50)));
+  g.napped(t + milliseconds(1), t + milliseconds(4));
+  EXPECT_FALSE(g.begin(t += milliseconds(4)));
+  EXPECT_EQ(g.stalls(), 3u);
+  // Limit 0: never.
+  StallGuard off(transport::Time::zero(), t);
+  EXPECT_TRUE(off.begin(t += std::chrono::seconds(1)));
+  EXPECT_EQ(off.stalls(), 0u);
+}
 
 TEST(ProcessMemory, ReadsAndWritesSeveralAccessesInOneCall) {
   ProcessMemory mem(getpid());

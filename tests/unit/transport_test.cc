@@ -2956,6 +2956,31 @@ TEST(Lanes, AClosedLaneIsForgottenOnceIdleAndComesBackWhenUsed) {
   EXPECT_TRUE(conn_stats(*f.node[0].e, kIpB, 0x80000005).exists);
 }
 
+// What an off-path sender must guess to inject (wire.md §3.2): with secret_ids, a direction's
+// conn_id and token come from getrandom, not from the seeded generator, whose every output
+// (each peer sees its own connection's) gives away the others. Same seed, same traffic: equal
+// names without it, different names with it.
+TEST(Lanes, SecretIdsNameDirectionsUnpredictably) {
+  auto names = [](bool secret) {
+    EngineConfig cfg = Fabric::default_config();
+    cfg.secret_ids = secret;
+    Fabric f(cfg);
+    f.submit(0, 1, 0, kMtu);
+    f.run();
+    EXPECT_EQ(f.node[0].host.acked.size(), 1u);
+    for (const Sent& s : f.log) {
+      if (s.from == 0 && wire::is_data_opcode(s.pkt.base.opcode))
+        return std::pair{s.pkt.base.conn_id, s.pkt.base.token};
+    }
+    return std::pair{0u, uint64_t{0}};
+  };
+  EXPECT_EQ(names(false), names(false));
+  const auto a = names(true), b = names(true);
+  EXPECT_NE(a.first, b.first);
+  EXPECT_NE(a.second, b.second);
+  EXPECT_NE(a.second, names(false).second);
+}
+
 TEST(Lanes, RepathGivesThePathANewSourcePortThatItsPacketsAndAcksUse) {
   Fabric f(four_planes());
   EXPECT_EQ(f.node[0].e->repath(kIpB, 0, 99), 0);  // no such path
