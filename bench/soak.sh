@@ -329,7 +329,8 @@ for h in ("A", "B"):
 
 engine = {h: {k: after[h]["counters"].get(k, 0) - base[h]["counters"].get(k, 0)
               for k in ("rx_packets", "retransmits", "duplicates", "timeouts", "paths_failed",
-                        "paths_recovered", "failover_resends", "drop_unknown_conn", "rx_drop_malformed")}
+                        "paths_recovered", "failover_resends", "engine_stalls", "drop_unknown_conn",
+                        "rx_drop_malformed")}
           for h in ("A", "B")}
 summary = {"seconds": int(duration), "bytes_checked": checked,
            "bytes_checked_total": sum(checked.values()), "messages_checked": tot.get("msgs", 0),
