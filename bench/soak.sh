@@ -57,7 +57,7 @@ RA="$ROOT/hostA" RB="$ROOT/hostB" LOG="$ROOT/logs"
 mkdir -p "$RA" "$RB/fabric" "$LOG"
 FAB="soak$$"
 PORT0=19410
-FABRIC_PID="" FAULT_PID=""
+FABRIC_PID="" FAULT_PID="" ENGINE_PIDS=""
 declare -A PID=() RUNS=()
 FAILED=0
 
@@ -82,6 +82,10 @@ cleanup() {
   on "$RB" link del sB >/dev/null 2>&1
   on "$RA" engine stop >/dev/null 2>&1
   on "$RB" engine stop >/dev/null 2>&1
+  # An engine the CLI could not stop goes with its run dir (only ours: its command line names it).
+  for p in $ENGINE_PIDS; do
+    tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF -- "$ROOT/" && kill -KILL "$p"
+  done
   if [ -n "$FABRIC_PID" ]; then
     on "$RA" fabric stop "$FAB" >/dev/null 2>&1 || kill "$FABRIC_PID" 2>/dev/null
     wait "$FABRIC_PID" 2>/dev/null
@@ -136,6 +140,7 @@ print(json.dumps({"engine_pid": pid, "contexts": len(status["contexts"]), **objs
 }
 BASE_A=$(resources "$RA" sA)
 BASE_B=$(resources "$RB" sB)
+ENGINE_PIDS=$(for b in "$BASE_A" "$BASE_B"; do "$PY" -c 'import json,sys; print(json.loads(sys.argv[1])["engine_pid"])' "$b"; done)
 echo "soak: ${DURATION} s, seed $SEED (--seed $SEED repeats the fabric's draws), logs in $LOG"
 echo "before: host A $(echo "$BASE_A" | cut -c1-200)"
 echo "before: host B $(echo "$BASE_B" | cut -c1-200)"
