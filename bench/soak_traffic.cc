@@ -684,7 +684,8 @@ End srq_server(Session& s, int sock, const Hello& peer) {
       if (wc[i].byte_len != len)
         FAILED("srq: QP %d message %" PRIu64 ": %u bytes arrived as %u", q, next[q], len,
                wc[i].byte_len);
-      else if ((bad = check(s.buf + b * kMaxSrqSend, len, seed_of(peer.session, kTagSrq, n_msg))) >= 0)
+      else if ((bad = check(s.buf + b * kMaxSrqSend, len,
+                            seed_of(peer.session, kTagSrq, n_msg))) >= 0)
         FAILED("srq: QP %d message %" PRIu64 " byte %ld of %u wrong", q, next[q], bad, len);
       else
         tot.bytes_srq += len;
@@ -981,8 +982,10 @@ End run_session(int sock) {
   char ready = 1;
   if (!write_full(sock, &ready, 1) || !read_full(sock, &ready, 1)) return End::kPeerGone;
   ++tot.sessions;
-  if (opt.kind == "rc") return opt.server ? rc_server(s, sock, peer) : rc_client(s, sock, peer, session);
-  if (opt.kind == "srq") return opt.server ? srq_server(s, sock, peer) : srq_client(s, sock, session);
+  if (opt.kind == "rc")
+    return opt.server ? rc_server(s, sock, peer) : rc_client(s, sock, peer, session);
+  if (opt.kind == "srq")
+    return opt.server ? srq_server(s, sock, peer) : srq_client(s, sock, session);
   return opt.server ? ud_server(s, sock, peer) : ud_client(s, sock, peer, session);
 }
 
@@ -1019,7 +1022,8 @@ int main(int argc, char** argv) {
   }
   const int ls = opt.server ? listen_on(opt.port) : -1;
   for (;;) {
-    const int sock = opt.server ? accept4(ls, nullptr, nullptr, SOCK_CLOEXEC) : connect_to(opt.host, opt.port);
+    const int sock = opt.server ? accept4(ls, nullptr, nullptr, SOCK_CLOEXEC)
+                                : connect_to(opt.host, opt.port);
     if (sock < 0) {
       FAILED("no %s", opt.server ? "client" : "server to connect to");
       break;
