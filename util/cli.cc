@@ -163,7 +163,8 @@ constexpr const char* kFabricHelp =
     "  --queue BYTES         per-link queue, tail drop (default 1048576)\n"
     "  --ecn-threshold BYTES CE-mark ECT frames above this occupancy (default 131072)\n"
     "  --loss PROB  --delay USEC  --reorder PROB  --reorder-delay USEC   core links\n"
-    "  --seed N              loss/reorder draws and ECMP hash (default 1)\n"
+    "  --duplicate PROB      core links send a frame on twice (a copy queued behind it)\n"
+    "  --seed N              loss/reorder/duplicate draws and ECMP hash (default 1)\n"
     "  --seconds S           stop after S seconds (default: until SIGTERM/SIGINT or `stop`)\n"
     "  --spin adaptive|always  idle policy, as metaroced's: adaptive (default) polls --spin-us N\n"
     "                        microseconds (100) after the last frame, then naps, each nap 1 us\n"
@@ -171,8 +172,8 @@ constexpr const char* kFabricHelp =
     "                        latency, a whole core)\n"
     "\n"
     "set: --plane P (default all), --link coreN|edgeN|N (default all links of the plane);\n"
-    "SETTING: loss=PROB delay=USEC rate=R reorder=PROB reorder_delay=USEC ecn=BYTES\n"
-    "queue=BYTES down up\n";
+    "SETTING: loss=PROB delay=USEC rate=R reorder=PROB reorder_delay=USEC dup=PROB\n"
+    "ecn=BYTES queue=BYTES down up\n";
 
 // --- small file helpers; every error comes back as text, nothing throws ------------------------
 
@@ -1080,8 +1081,8 @@ Outcome fabric_run(const std::vector<std::string>& args, const Context& ctx) {
   auto parsed = parse_args("fabric run", args,
                            {"--endpoints", "--planes", "--links-per-plane", "--rate", "--edge-rate",
                             "--queue", "--ecn-threshold", "--loss", "--delay", "--reorder",
-                            "--reorder-delay", "--seed", "--seconds", "--spin", "--spin-us",
-                            "--max-nap-us"},
+                            "--reorder-delay", "--duplicate", "--seed", "--seconds", "--spin",
+                            "--spin-us", "--max-nap-us"},
                            {}, &error);
   if (!parsed) return error;
   if (parsed->help) {
@@ -1136,9 +1137,11 @@ Outcome fabric_run(const std::vector<std::string>& args, const Context& ctx) {
     return fail(err);
   c.edge.queue_bytes = c.core.queue_bytes;
   c.edge.ecn_threshold_bytes = c.core.ecn_threshold_bytes;
-  for (const char* key : {"--loss", "--reorder"}) {
+  for (const char* key : {"--loss", "--reorder", "--duplicate"}) {
     if (!opt.count(key)) continue;
-    double* out = std::string(key) == "--loss" ? &c.core.loss : &c.core.reorder;
+    const std::string k = key;
+    double* out = k == "--loss" ? &c.core.loss : k == "--reorder" ? &c.core.reorder
+                                                                  : &c.core.duplicate;
     if (!fabric::parse_probability(opt[key], out))
       return fail(std::string("bad ") + key + " '" + opt[key] + "': expected a probability 0..1");
   }

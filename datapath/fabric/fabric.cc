@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The fabric core: forwarding (learning, flooding, ECMP), per-link queues with rate, tail drop,
-// ECN marking, loss, delay, reordering and black holes, all on the caller's clock.
+// ECN marking, loss, delay, reordering, duplication and black holes, all on the caller's clock.
 #include "datapath/fabric/fabric.h"
 
 #include <algorithm>
@@ -56,6 +56,7 @@ std::string FabricConfig::validate() const {
   for (const LinkParams* p : {&core, &edge}) {
     if (!(p->loss >= 0 && p->loss <= 1)) return "loss must be 0..1";
     if (!(p->reorder >= 0 && p->reorder <= 1)) return "reorder must be 0..1";
+    if (!(p->duplicate >= 0 && p->duplicate <= 1)) return "duplicate must be 0..1";
     if (p->delay.count() < 0 || p->reorder_delay.count() < 0) return "delays must be >= 0";
     if (p->queue_bytes == 0) return "queue must hold at least one byte";
   }
@@ -244,17 +245,19 @@ void Fabric::drain(Link& l, int64_t now_ns) {
   if (l.head == kNone) l.tail = kNone;
 }
 
-void Fabric::enqueue(uint32_t link, uint32_t record, int64_t now_ns) {
+void Fabric::enqueue(uint32_t link, uint32_t record, int64_t now_ns, bool copy) {
   Link& l = links_[link];
   Record& rec = records_[record];
   const uint32_t len = rec.frame.len;
-  l.stats.frames_in++;
-  l.stats.bytes_in += len;
+  if (!copy) {
+    l.stats.frames_in++;
+    l.stats.bytes_in += len;
+  }
   if (!l.params.up) {
     ++l.stats.drop_down;
     return drop(record);
   }
-  if (rng_.chance(l.params.loss)) {
+  if (!copy && rng_.chance(l.params.loss)) {
     ++l.stats.drop_loss;
     return drop(record);
   }
@@ -281,11 +284,31 @@ void Fabric::enqueue(uint32_t link, uint32_t record, int64_t now_ns) {
   l.stats.max_queue_bytes = std::max(l.stats.max_queue_bytes, l.stats.queue_bytes);
 
   int64_t at = rec.depart_ns + l.params.delay.count();
-  if (rng_.chance(l.params.reorder)) at += l.params.reorder_delay.count();
+  if (rng_.chance(l.params.reorder)) {
+    at += l.params.reorder_delay.count();
+    ++l.stats.reordered;
+  }
   rec.link = link;
   rec.epoch = l.epoch;
   heap_.push_back(Event{at, next_seq_++, record});
   std::push_heap(heap_.begin(), heap_.end(), event_after);
+
+  // A duplicate queues right behind the original (records_ never reallocates: `rec` stays valid).
+  if (copy || !rng_.chance(l.params.duplicate)) return;
+  auto dup = take_record();
+  if (!dup) {
+    ++stats_.dropped_no_record;
+    return;
+  }
+  if (!sink_->clone(rec.frame, &records_[*dup].frame)) {
+    ++stats_.dropped_no_buffer;
+    free_records_.push_back(*dup);
+    return;
+  }
+  records_[*dup].src = rec.src;
+  records_[*dup].dst = rec.dst;
+  ++l.stats.duplicated;
+  enqueue(link, *dup, now_ns, true);
 }
 
 uint32_t Fabric::advance(Nanos now) {

@@ -31,6 +31,9 @@ struct LinkParams {
   Nanos delay{0};                        // propagation delay after serialisation
   double reorder = 0;                    // probability a frame is held back by reorder_delay
   Nanos reorder_delay{20'000};
+  double duplicate = 0;                  // probability a frame is sent on twice (a second copy
+                                         // queued behind it, as a flapping bridge or a retrying
+                                         // link layer does)
   bool up = true;                        // down: every frame arriving or in flight is lost
 };
 
@@ -38,10 +41,11 @@ struct FabricConfig {
   uint32_t endpoints = 2;
   uint32_t planes = 1;
   uint32_t links_per_plane = 4;  // K: core links of a plane, chosen by the ECMP hash
-  LinkParams core;               // the spine links (--rate, --loss, --delay, --reorder)
+  LinkParams core;               // the spine links (--rate, --loss, --delay, --reorder,
+                                 // --duplicate)
   LinkParams edge;               // each endpoint's down-link of a plane (--edge-rate)
   uint16_t udp_port = 4793;      // MetaRoCE's port, for parse_frame; any UDP is hashed alike
-  uint64_t seed = 1;             // loss and reordering draws; the ECMP hash seed
+  uint64_t seed = 1;             // loss, reordering and duplication draws; the ECMP hash seed
   uint32_t max_in_flight = 1 << 16;  // frame records preallocated (queued or propagating)
 
   // Empty when the configuration is usable, else the reason.
@@ -64,6 +68,8 @@ struct LinkStats {
   uint64_t drop_loss = 0;                  // random loss
   uint64_t drop_down = 0;                  // arrived at, or were on, a down link
   uint64_t ce_marked = 0;
+  uint64_t reordered = 0;                  // held back by reorder_delay
+  uint64_t duplicated = 0;                 // second copies queued (counted in frames_out, not in)
   uint64_t queue_bytes = 0;                // now
   uint64_t max_queue_bytes = 0;            // highest seen
 };
@@ -196,7 +202,9 @@ class Fabric {
     bool known = false;
   };
 
-  void enqueue(uint32_t link, uint32_t record, int64_t now_ns);
+  // `copy`: a duplicate this link made of the frame before it, which is neither offered nor
+  // lost nor duplicated again, but queues and may be reordered like any frame.
+  void enqueue(uint32_t link, uint32_t record, int64_t now_ns, bool copy = false);
   void drain(Link& l, int64_t now_ns);
   void drop(uint32_t record);
   std::optional<uint32_t> take_record();

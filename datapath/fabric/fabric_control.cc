@@ -270,6 +270,8 @@ bool apply_setting(const std::string& setting, LinkParams* p, std::string* err) 
     if (!parse_probability(val, &p->loss)) return bad("a probability 0..1");
   } else if (key == "reorder") {
     if (!parse_probability(val, &p->reorder)) return bad("a probability 0..1");
+  } else if (key == "dup") {
+    if (!parse_probability(val, &p->duplicate)) return bad("a probability 0..1");
   } else if (key == "delay") {
     if (!parse_u64(val, &n) || n > 10'000'000) return bad("microseconds 0..10000000");
     p->delay = std::chrono::microseconds(n);
@@ -287,7 +289,7 @@ bool apply_setting(const std::string& setting, LinkParams* p, std::string* err) 
     if (!parse_u64(val, &n) || n == 0 || n > (uint64_t{1} << 32)) return bad("bytes 1..4G");
     p->queue_bytes = n;
   } else {
-    return bad("unknown key (loss, delay, rate, reorder, reorder_delay, ecn, queue)");
+    return bad("unknown key (loss, delay, rate, reorder, reorder_delay, dup, ecn, queue)");
   }
   return true;
 }
@@ -336,7 +338,8 @@ std::string stats_text(Fabric& fabric, Nanos now) {
     << "RATE" << std::setw(9) << "LOSS" << std::setw(12) << "FRAMES_IN" << std::setw(12)
     << "FRAMES_OUT" << std::setw(14) << "BYTES_OUT" << std::setw(10) << "DROP_Q" << std::setw(10)
     << "DROP_LOSS" << std::setw(10) << "DROP_DOWN" << std::setw(10) << "CE" << std::setw(10)
-    << "QUEUE" << std::setw(10) << "MAX_QUEUE" << "\n";
+    << "REORDERED" << std::setw(8) << "DUPS" << std::setw(10) << "QUEUE" << std::setw(10)
+    << "MAX_QUEUE" << "\n";
   for (uint32_t i = 0; i < fabric.link_count(); ++i) {
     const LinkStats s = fabric.link_stats(i, now);
     const LinkParams& p = fabric.params(i);
@@ -345,7 +348,8 @@ std::string stats_text(Fabric& fabric, Nanos now) {
       << json_double(p.loss) << std::setw(12) << s.frames_in << std::setw(12) << s.frames_out
       << std::setw(14) << s.bytes_out << std::setw(10) << s.drop_queue << std::setw(10)
       << s.drop_loss << std::setw(10) << s.drop_down << std::setw(10) << s.ce_marked
-      << std::setw(10) << s.queue_bytes << std::setw(10) << s.max_queue_bytes << "\n";
+      << std::setw(10) << s.reordered << std::setw(8) << s.duplicated << std::setw(10)
+      << s.queue_bytes << std::setw(10) << s.max_queue_bytes << "\n";
   }
   const FabricStats& f = fabric.stats();
   o << "fabric: frames_in " << f.frames_in << ", delivered " << f.delivered << ", flooded "
@@ -374,12 +378,14 @@ std::string stats_json(Fabric& fabric, Nanos now) {
       << ", \"up\": " << (p.up ? "true" : "false") << ", \"rate_bps\": " << p.rate_bps
       << ", \"loss\": " << json_double(p.loss) << ", \"delay_us\": "
       << std::chrono::duration_cast<std::chrono::microseconds>(p.delay).count()
-      << ", \"reorder\": " << json_double(p.reorder) << ", \"queue_limit\": " << p.queue_bytes
+      << ", \"reorder\": " << json_double(p.reorder) << ", \"dup\": " << json_double(p.duplicate)
+      << ", \"queue_limit\": " << p.queue_bytes
       << ", \"ecn_threshold\": " << p.ecn_threshold_bytes << ", \"frames_in\": " << s.frames_in
       << ", \"bytes_in\": " << s.bytes_in << ", \"frames_out\": " << s.frames_out
       << ", \"bytes_out\": " << s.bytes_out << ", \"drop_queue\": " << s.drop_queue
       << ", \"drop_loss\": " << s.drop_loss << ", \"drop_down\": " << s.drop_down
-      << ", \"ce_marked\": " << s.ce_marked << ", \"queue_bytes\": " << s.queue_bytes
+      << ", \"ce_marked\": " << s.ce_marked << ", \"reordered\": " << s.reordered
+      << ", \"duplicated\": " << s.duplicated << ", \"queue_bytes\": " << s.queue_bytes
       << ", \"max_queue_bytes\": " << s.max_queue_bytes << "}";
   }
   o << "\n ]}\n";

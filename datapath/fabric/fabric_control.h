@@ -8,7 +8,7 @@
 // reply starts with "ok" or "error: REASON" on its own line, then the body, then EOF.
 //   stat [json]                          per-link counters
 //   set PLANE LINK SETTING...            PLANE: N or *; LINK: * or coreN, edgeN, N (= coreN)
-//                                        SETTING: loss=P delay=USEC rate=R reorder=P
+//                                        SETTING: loss=P delay=USEC rate=R reorder=P dup=P
 //                                        ecn=BYTES queue=BYTES down up
 //   stop                                 the runner exits cleanly
 // The DPDK runner alone also answers `ports` (memif state per port) and `trace INTERVAL_US FILE`
@@ -39,7 +39,8 @@ bool check_fabric_name(const std::string& name, std::string* err);
 std::string socket_name(const std::string& name, uint32_t endpoint, uint32_t plane);
 // $rundir/fabric/NAME
 std::string state_dir(const std::string& rundir, const std::string& name);
-// A probability written as a decimal in [0, 1] (loss=, reorder=, and the CLI's --loss, --reorder).
+// A probability written as a decimal in [0, 1] (loss=, reorder=, dup=, and the CLI's --loss,
+// --reorder, --duplicate).
 bool parse_probability(const std::string& s, double* out);
 
 // What fabric.conf records.

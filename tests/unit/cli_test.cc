@@ -699,6 +699,8 @@ TEST_F(CliTest, FabricCommandsRejectBadArgumentsWithOneLine) {
        "--loss"},
       {{"fabric", "run", "f", "--endpoints", "2", "--planes", "1", "--reorder", "x"}, kExitError,
        "--reorder"},
+      {{"fabric", "run", "f", "--endpoints", "2", "--planes", "1", "--duplicate", "1.01"},
+       kExitError, "--duplicate"},
       {{"fabric", "run", "f", "--endpoints", "2", "--planes", "1", "--delay", "-3"}, kExitError,
        "--delay"},
       {{"fabric", "run", "f", "--endpoints", "2", "--planes", "1", "--queue", "0"}, kExitError,

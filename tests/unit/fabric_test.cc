@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests of the fabric emulator's core on a virtual clock: forwarding, ECMP, queues, ECN marking,
-// loss, reordering, black holes, the control protocol that changes a live fabric, and the idle
-// policy of the runner's polling thread.
+// loss, reordering, duplication, black holes, the control protocol that changes a live fabric,
+// and the idle policy of the runner's polling thread.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -373,6 +373,9 @@ TEST(Fabric, ReorderHoldsSomeFramesBackButLosesNone) {
   for (size_t i = 1; i < sink.delivered.size(); ++i)
     inversions += seq_of(sink.delivered[i].bytes) < seq_of(sink.delivered[i - 1].bytes);
   EXPECT_GT(inversions, 10);
+  const uint64_t held = f.link_stats(0, sink.now).reordered;  // about 0.3 of 200
+  EXPECT_GT(held, 30u);
+  EXPECT_LT(held, 90u);
 
   TestSink in_order_sink;
   Fabric g(plain(2, 1, 1), &in_order_sink);
@@ -381,6 +384,64 @@ TEST(Fabric, ReorderHoldsSomeFramesBackButLosesNone) {
   run_until_idle(g, in_order_sink);
   for (size_t i = 0; i < in_order_sink.delivered.size(); ++i)
     EXPECT_EQ(seq_of(in_order_sink.delivered[i].bytes), i);
+}
+
+// Duplication: about its probability of the frames get a second copy, byte for byte, right
+// behind the original (reordered like any frame); nothing is lost, counters add up, and the
+// copies are handed back like any frame. No draw is made at 0, so existing seeds keep their runs.
+TEST(Fabric, DuplicateSendsSomeFramesTwiceByteForByte) {
+  FabricConfig c = plain(2, 1, 1);
+  c.core.duplicate = 0.1;
+  TestSink sink;
+  Fabric f(c, &sink);
+  for (uint32_t i = 0; i < 2000; ++i) {
+    sink.now = Nanos(i * 1000);
+    f.advance(sink.now);
+    f.ingress(0, 0, sink.make(udp_frame(0, 1, 7, 64, wire::Ecn::kEct0, i)), sink.now);
+  }
+  run_until_idle(f, sink);
+  const LinkStats s = f.link_stats(*f.link_index({0, LinkKind::kCore, 0}), sink.now);
+  EXPECT_GT(s.duplicated, 150u);
+  EXPECT_LT(s.duplicated, 250u);
+  EXPECT_EQ(s.frames_in, 2000u);
+  EXPECT_EQ(s.frames_out, 2000u + s.duplicated);
+  ASSERT_EQ(sink.delivered.size(), 2000u + s.duplicated);
+  std::vector<int> copies(2000, 0);
+  for (const Delivery& d : sink.delivered) {
+    const uint32_t seq = seq_of(d.bytes);
+    ASSERT_LT(seq, 2000u);
+    ++copies[seq];
+    EXPECT_EQ(d.bytes, udp_frame(0, 1, 7, 64, wire::Ecn::kEct0, seq));
+  }
+  EXPECT_EQ(uint64_t(std::count(copies.begin(), copies.end(), 2)), s.duplicated);
+  EXPECT_EQ(std::count(copies.begin(), copies.end(), 1), 2000 - int64_t(s.duplicated));
+  EXPECT_EQ(sink.live(), 0);
+
+  // A copy is lost like its original when the link goes down with both on it.
+  FabricConfig d = plain(2, 1, 1);
+  d.core.duplicate = 1;
+  d.core.delay = 100us;
+  TestSink down_sink;
+  Fabric g(d, &down_sink);
+  g.ingress(0, 0, down_sink.make(udp_frame(0, 1, 7, 64)), 0ns);
+  EXPECT_EQ(g.in_flight(), 2u);
+  LinkParams p = g.params(0);
+  p.up = false;
+  g.set_params(0, p, 10us);
+  run_until_idle(g, down_sink);
+  EXPECT_TRUE(down_sink.delivered.empty());
+  EXPECT_EQ(g.link_stats(0, down_sink.now).drop_down, 2u);
+  EXPECT_EQ(down_sink.live(), 0);
+
+  // With no buffer for the copy, the original still goes and the shortage is counted.
+  TestSink no_buffer_sink;
+  no_buffer_sink.refuse_clones = true;
+  Fabric h(d, &no_buffer_sink);
+  h.ingress(0, 0, no_buffer_sink.make(udp_frame(0, 1, 7, 64)), 0ns);
+  run_until_idle(h, no_buffer_sink);
+  EXPECT_EQ(no_buffer_sink.delivered.size(), 1u);
+  EXPECT_EQ(h.stats().dropped_no_buffer, 1u);
+  EXPECT_EQ(no_buffer_sink.live(), 0);
 }
 
 TEST(Fabric, DownLinkBlackHolesWhatItHoldsAndWhatArrivesUntilUp) {
@@ -457,9 +518,12 @@ TEST(FabricControl, ParsesRatesAndSettings) {
   EXPECT_EQ(p.delay, 15us);
   EXPECT_TRUE(apply_setting("rate=10G", &p, &err));
   EXPECT_EQ(p.rate_bps, 10'000'000'000u);
+  EXPECT_TRUE(apply_setting("dup=0.05", &p, &err));
+  EXPECT_EQ(p.duplicate, 0.05);
   EXPECT_TRUE(apply_setting("down", &p, &err));
   EXPECT_FALSE(p.up);
-  for (const char* bad : {"loss=2", "loss=", "delay=-1", "rate=x", "speed=1", "sideways", "ecn=a"})
+  for (const char* bad : {"loss=2", "dup=-0.1", "dup=1.5", "loss=", "delay=-1", "rate=x",
+                          "speed=1", "sideways", "ecn=a"})
     EXPECT_FALSE(apply_setting(bad, &p, &err)) << bad;
   EXPECT_NE(err, "");
 }
@@ -496,6 +560,8 @@ TEST(FabricControl, SetChangesOnlyTheNamedLinksAndStatReportsThem) {
   EXPECT_EQ(json.rfind("ok\n{", 0), 0u);
   EXPECT_NE(json.find("\"name\": \"p1.core2\""), std::string::npos);
   EXPECT_NE(json.find("\"loss\": 0.5"), std::string::npos);
+  EXPECT_NE(json.find("\"duplicated\": 0"), std::string::npos);
+  EXPECT_NE(json.find("\"duplicated\": 0"), std::string::npos);
   const std::string text = handle_request(f, "stat", 0ns, &stop);
   EXPECT_NE(text.find("p1.edge1"), std::string::npos);
   EXPECT_EQ(handle_request(f, "stop", 0ns, &stop), "ok\n");
