@@ -127,24 +127,15 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "metaroced: bad --spin '%s': expected adaptive or always\n", v.c_str());
         return 2;
       }
-    } else if (a == "--spin-us") {
-      const std::string v = value("--spin-us");
+    } else if (a == "--spin-us" || a == "--stall-us") {
+      const std::string v = value(a.c_str());
       char* e = nullptr;
       const long us = std::strtol(v.c_str(), &e, 10);
       if (e == v.c_str() || *e || us < 0 || us > 1000000) {
-        std::fprintf(stderr, "metaroced: bad --spin-us '%s': expected 0..1000000\n", v.c_str());
+        std::fprintf(stderr, "metaroced: bad %s '%s': expected 0..1000000\n", a.c_str(), v.c_str());
         return 2;
       }
-      opt.spin_before_sleep = std::chrono::microseconds(us);
-    } else if (a == "--stall-us") {
-      const std::string v = value("--stall-us");
-      char* e = nullptr;
-      const long us = std::strtol(v.c_str(), &e, 10);
-      if (e == v.c_str() || *e || us < 0 || us > 1000000) {
-        std::fprintf(stderr, "metaroced: bad --stall-us '%s': expected 0..1000000\n", v.c_str());
-        return 2;
-      }
-      opt.stall = std::chrono::microseconds(us);
+      (a == "--spin-us" ? opt.spin_before_sleep : opt.stall) = std::chrono::microseconds(us);
     } else if (a == "--hugepages") {
       opt.hugepages = true;
     } else if (a == "--kernel-devices") {
