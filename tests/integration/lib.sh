@@ -29,8 +29,9 @@ cleanup() {
     "$METAROCE" link del "$d" >/dev/null 2>&1 || true
   done
   "$METAROCE" engine stop >/dev/null 2>&1 || true
-  # An engine the CLI could not stop (the CLI itself failing, say) goes with its run dir.
-  pkill -f -- "--rundir $METAROCE_RUNDIR( |\$)" 2>/dev/null || true
+  # An engine the CLI could not stop (the CLI itself failing, say) goes with its run dir. Not
+  # under a sanitizer's preloaded runtime: procps' pkill deadlocks in it.
+  LD_PRELOAD= timeout 10 pkill -f -- "--rundir $METAROCE_RUNDIR( |\$)" 2>/dev/null || true
   if [ "$rc" -ne 0 ] && [ -f "$METAROCE_RUNDIR/engine.log" ]; then
     echo "== engine log"
     # A sanitizer's report whole (it starts the trouble), else the end.
