@@ -47,6 +47,10 @@
 #include <string>
 #include <vector>
 
+#include "tests/integration/test_support.h"
+
+const char* const metaroce::test::kProgram = "soak_traffic";
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -259,13 +263,7 @@ struct Session {
 };
 
 void open_session(Session& s, size_t bytes) {
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  if (!list) die("ibv_get_device_list");
-  for (int i = 0; i < n && !s.ctx; ++i)
-    if (opt.dev == ibv_get_device_name(list[i])) s.ctx = ibv_open_device(list[i]);
-  ibv_free_device_list(list);
-  if (!s.ctx) die("ibv_open_device");
+  s.ctx = metaroce::test::open_device_named(opt.dev);
   if (ibv_query_gid(s.ctx, 1, 0, &s.gid) || ibv_query_port(s.ctx, 1, &s.port)) die("query");
   s.pd = ibv_alloc_pd(s.ctx);
   s.cq = ibv_create_cq(s.ctx, 1024, nullptr, nullptr, 0);
@@ -291,37 +289,14 @@ ibv_qp* make_qp(Session& s, ibv_qp_type type, int send_wr, int recv_wr) {
   return qp;
 }
 
+// RC to the peer's QP through test_support.h's sequence: 4 READs in flight each way (the client
+// keeps up to 8 iterations, each with a READ, outstanding); timeout 67 ms, the transport's own
+// retries ride out flaps (congestion.md §4).
 void rc_connect(ibv_qp* qp, uint32_t dest_qpn, const uint8_t* gid) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-    die("modify INIT");
-  a = {};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_4096;
-  a.dest_qp_num = dest_qpn;
-  a.max_dest_rd_atomic = 4;
-  a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  std::memcpy(a.ah_attr.grh.dgid.raw, gid, 16);
-  a.ah_attr.grh.hop_limit = 1;
-  a.ah_attr.port_num = 1;
-  if (ibv_modify_qp(qp, &a,
-                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    die("modify RTR");
-  a = {};
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 14;  // 67 ms; the transport's own retries ride out flaps (congestion.md §4)
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = 4;
-  if (ibv_modify_qp(qp, &a,
-                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-    die("modify RTS");
+  metaroce::test::modify_to_init(qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  metaroce::test::RcPeer peer{dest_qpn, gid, IBV_MTU_4096};
+  peer.rd_atomic = 4;
+  metaroce::test::modify_to_rts(qp, peer);
 }
 
 constexpr uint32_t kQkey = 0x11111111;

@@ -15,6 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "tests/integration/test_support.h"
+
+const char* const metaroce::test::kProgram = "resource_limits";
+
 namespace {
 
 int failures = 0;
@@ -23,16 +27,6 @@ void check(bool ok, const char* what, long got, long want) {
   if (ok) return;
   ++failures;
   std::printf("FAIL %s: got %ld, expected %ld\n", what, got, want);
-}
-
-ibv_context* open_dev(const char* name) {
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  ibv_context* ctx = nullptr;
-  for (int i = 0; list && i < n; ++i)
-    if (std::strcmp(ibv_get_device_name(list[i]), name) == 0) ctx = ibv_open_device(list[i]);
-  if (list) ibv_free_device_list(list);
-  return ctx;
 }
 
 ibv_qp* make_qp(ibv_pd* pd, ibv_cq* cq) {
@@ -153,11 +147,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  ibv_context* ctx = dev ? open_dev(dev) : nullptr;
-  if (!ctx) {
-    std::printf("FAIL cannot open %s\n", dev ? dev : "(no --dev)");
-    return 1;
+  if (!dev) {
+    std::fprintf(stderr, "usage: resource_limits --dev NAME --test exhaust|hold N|qps\n");
+    return 2;
   }
+  ibv_context* ctx = metaroce::test::open_device_named(dev);
   if (test == "exhaust") return exhaust(ctx);
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ibv_cq* cq = pd ? ibv_create_cq(ctx, 1, nullptr, nullptr, 0) : nullptr;

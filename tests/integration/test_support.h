@@ -129,15 +129,17 @@ struct RcPeer {
   ibv_mtu mtu = IBV_MTU_1024;
   uint8_t hop_limit = 1;
   uint8_t timeout = 14;          // 4.096 us * 2^timeout
+  uint8_t rd_atomic = 1;         // outstanding READs/atomics, each way
 };
 
-// INIT -> RTR -> RTS towards peer (PSNs 0, one outstanding READ/atomic each way, retries 7).
+// INIT -> RTR -> RTS towards peer (PSNs 0, peer.rd_atomic outstanding READs/atomics each way,
+// retries 7).
 inline void modify_to_rts(ibv_qp* qp, const RcPeer& peer) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;
   a.path_mtu = peer.mtu;
   a.dest_qp_num = peer.qpn;
-  a.max_dest_rd_atomic = 1;
+  a.max_dest_rd_atomic = peer.rd_atomic;
   a.min_rnr_timer = 12;
   a.ah_attr.is_global = 1;
   std::memcpy(a.ah_attr.grh.dgid.raw, peer.gid, 16);
@@ -152,7 +154,7 @@ inline void modify_to_rts(ibv_qp* qp, const RcPeer& peer) {
   a.timeout = peer.timeout;
   a.retry_cnt = 7;
   a.rnr_retry = 7;
-  a.max_rd_atomic = 1;
+  a.max_rd_atomic = peer.rd_atomic;
   if (ibv_modify_qp(qp, &a,
                     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                         IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
