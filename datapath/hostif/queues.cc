@@ -184,9 +184,43 @@ bool cq_push_orphan(CqHeader* h, const Cqe& c) {
     h->overflow.store(1);
     return false;
   }
-  cq_ring(h)[head & (h->entries - 1)] = c;
+  Cqe& e = cq_ring(h)[head & (h->entries - 1)];
+  e = c;
+  e.seq = head + 1;
   h->head.store(head + 1);
   return true;
+}
+
+uint32_t cq_recover_staged(CqHeader* h) {
+  const uint32_t head = h->head.load();
+  const uint32_t tail = h->tail.peek();
+  Cqe* ring = cq_ring(h);
+  uint32_t p = head;
+  // Staged entries lie in [head, tail + capacity); one left from an earlier lap names another
+  // position (and a ring never written names none).
+  for (; p - tail < h->capacity; ++p) {
+    Cqe& c = ring[p & (h->entries - 1)];
+    if (c.seq != p + 1) break;
+    if (c.status != WcStatus::kSuccess) continue;  // an error announces no data: kept as it is
+    c.status = WcStatus::kWrFlushErr;
+    c.byte_len = 0;
+    c.imm = 0;
+    c.wc_flags = 0;
+    c.tag = 0;
+  }
+  if (p != head) h->head.store(p);
+  return p - head;
+}
+
+uint32_t first_unreported(uint32_t done, uint32_t head, uint32_t qpn, CqeQueue queue,
+                          std::span<const Cqe> recovered) {
+  uint32_t from = done;
+  for (const Cqe& c : recovered) {
+    if (c.qp_num != qpn || c.queue != queue) continue;
+    // Within [from, head): a completion the engine staged before it moved done past the entry.
+    if (c.wqe - from < head - from) from = c.wqe + 1;
+  }
+  return from;
 }
 
 // --- engine ----------------------------------------------------------------------------------
@@ -196,7 +230,11 @@ bool CqProducer::stage(const Cqe& c) {
     h_->overflow.store(1);
     return false;
   }
-  ring_[staged_head_ & mask_] = c;
+  Cqe& e = ring_[staged_head_ & mask_];
+  std::memcpy(&e, &c, offsetof(Cqe, seq));
+  // The position last, so that a driver finding it after the engine died mid-pass finds the
+  // whole completion (cq_recover_staged); a kill stops the engine between two instructions.
+  std::atomic_ref<uint32_t>(e.seq).store(staged_head_ + 1, std::memory_order_release);
   ++staged_head_;
   return true;
 }
@@ -207,7 +245,10 @@ bool CqProducer::move_to(CqHeader* to, uint32_t owed) {
   if (uint64_t{n} + owed > to->capacity) return false;
   Cqe* dst = cq_ring(to);
   const uint32_t dst_mask = to->entries - 1;
-  for (uint32_t i = 0; i < n; ++i) dst[i & dst_mask] = ring_[(tail + i) & mask_];
+  for (uint32_t i = 0; i < n; ++i) {
+    dst[i & dst_mask] = ring_[(tail + i) & mask_];
+    dst[i & dst_mask].seq = i + 1;  // where it now lies
+  }
   to->tail.store(0);
   to->head.store(published_ - tail);
   to->armed.store(h_->armed.peek());

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 
 namespace metaroce::hostif {
 
@@ -138,6 +139,16 @@ inline constexpr uint32_t kWcTmSyncReq = 1 << 4;    // IBV_WC_TM_SYNC_REQ: repor
 inline constexpr uint32_t kWcTmMatch = 1 << 5;      // IBV_WC_TM_MATCH: tag and context are valid
 inline constexpr uint32_t kWcTmDataValid = 1 << 6;  // IBV_WC_TM_DATA_VALID: the data is in place
 
+// The queue entry a completion retires, so that the driver of an engine that died between
+// staging a completion and publishing it can tell which work it accounts for
+// (cq_recover_staged, first_unreported).
+enum class CqeQueue : uint32_t {
+  kNone = 0,  // no posted entry (tag list operations, rendezvous reads, provider's own)
+  kSend = 1,  // wqe: the send queue counter of the WQE
+  kRecv = 2,  // wqe: the receive queue counter of the WQE
+  kSrq = 3,   // wqe: the SRQ slot, srq: the engine's SRQ id
+};
+
 struct Cqe {
   uint64_t wr_id;
   WcStatus status;
@@ -149,8 +160,12 @@ struct Cqe {
   uint32_t src_qp;
   uint32_t wc_flags;  // kWcWithImm, kWcGrh, kWcTm*
   uint64_t tag;       // kWcTmMatch: the message's tag (imm then holds its TMH context)
+  CqeQueue queue;     // what it retires (the driver's only after the engine is gone)
+  uint32_t wqe;
+  uint32_t srq;
+  uint32_t seq;       // the ring position it was staged at, plus one (CqProducer::stage)
 };
-static_assert(sizeof(Cqe) == 48);
+static_assert(sizeof(Cqe) == 64);
 
 // Asynchronous event types (enum ibv_event_type values).
 enum class AsyncEvent : uint32_t {
@@ -371,6 +386,16 @@ int cq_poll(CqHeader* h, int n, Cqe* out);
 // Once the engine is gone (it died or removed the device), the driver completes what is still
 // outstanding itself, as flushed work: it becomes the CQ's producer. False when the CQ is full.
 bool cq_push_orphan(CqHeader* h, const Cqe& c);
+// Once the engine is gone: the completions it staged after head and never published (it died
+// within a pass) are published, as flushed, since the data they announce may not have reached
+// memory. They are found by the position each was staged at; returns how many (the last that
+// many before the new head). The caller excludes its own pollers.
+uint32_t cq_recover_staged(CqHeader* h);
+// Once the engine is gone: the first entry of a queue, between the engine's done index and the
+// driver's head, that no completion in `recovered` (cq_recover_staged's) retires, for QP qpn's
+// send or receive queue. The engine stages a completion before it moves done past its entry.
+uint32_t first_unreported(uint32_t done, uint32_t head, uint32_t qpn, CqeQueue queue,
+                          std::span<const Cqe> recovered);
 
 // --- the engine's side -------------------------------------------------------------------------
 

@@ -488,17 +488,20 @@ void QueuePair::retire_sends() {
       c.opcode = send_opcode(s.op);
       c.byte_len = hostif::needs_response(s.op) ? s.resp_length : 0;
       c.qp_num = qpn_;
+      c.queue = hostif::CqeQueue::kSend;
+      c.wqe = r;
     }
     if (hostif::needs_response(s.op) && s.submitted && rd_outstanding_ > 0) {
       --rd_outstanding_;
       response_progress_ = nic_.now();
     }
+    // Staged, then the slot freed, then (at the end of the pass) visible: an application that
+    // reposts as soon as it polls the completion finds room in the queue, and the driver of an
+    // engine killed in between finds the completion staged (hostif::cq_recover_staged).
+    if (report) push_cqe(init_.send_cq, c);
     ++r;
-    // The slot is free before its completion is visible: an application that reposts as soon
-    // as it polls the completion must find room in the queue.
     sq_retired_ = r;
     ring_->sq_done.store(r);
-    if (report) push_cqe(init_.send_cq, c);
     if (s.failed) {
       const bool transport_gave_up =
           s.status == WcStatus::kRetryExcErr || s.status == WcStatus::kRnrRetryExcErr;
@@ -1037,7 +1040,6 @@ void QueuePair::complete_receives() {
     // An XRC target's message whose SRQ went away meanwhile completes nowhere.
     if (m.consumes_recv && (claims || init_.type != QpType::kXrcTgt)) {
       Cqe c{};
-      c.wr_id = retire_recv(claims, m.rsn);  // room first (retire_sends)
       c.status = m.status;
       c.opcode = m.is_write ? WcOpcode::kRecvRdmaWithImm : WcOpcode::kRecv;
       c.byte_len = m.total;
@@ -1045,7 +1047,7 @@ void QueuePair::complete_receives() {
       c.qp_num = qpn_;
       c.src_qp = remote_.qpn;
       c.wc_flags = m.with_imm ? hostif::kWcWithImm : m.with_inv ? hostif::kWcWithInv : 0;
-      push_cqe(recv_cq_of(claims), c);
+      complete_recv(claims, m.rsn, c, recv_cq_of(claims));
     }
     m.seen = false;
     ++rx_next_msn_;
@@ -1086,6 +1088,8 @@ void QueuePair::flush_all() {
     }
     c.status = WcStatus::kWrFlushErr;
     c.qp_num = qpn_;
+    c.queue = hostif::CqeQueue::kSend;
+    c.wqe = r;
     push_cqe(init_.send_cq, c);
   }
   sq_next_ = sq_retired_ = sq_end;
@@ -1100,6 +1104,8 @@ void QueuePair::flush_all() {
     c.status = WcStatus::kWrFlushErr;
     c.opcode = WcOpcode::kRecv;
     c.qp_num = qpn_;
+    c.queue = hostif::CqeQueue::kRecv;
+    c.wqe = r;
     push_cqe(init_.recv_cq, c);
   }
   rq_retired_ = rq_end;
@@ -1123,11 +1129,10 @@ void QueuePair::flush_claims(SrqClaims& c, CompletionQueue* cq) {
   if (!c.srq) return;
   for (uint32_t r = c.retired; r != c.next; ++r) {
     Cqe e{};
-    e.wr_id = retire_recv(&c, r);
     e.status = WcStatus::kWrFlushErr;
     e.opcode = WcOpcode::kRecv;
     e.qp_num = qpn_;
-    push_cqe(cq, e);
+    complete_recv(&c, r, e, cq);
   }
 }
 
@@ -1169,19 +1174,26 @@ std::optional<QueuePair::Receive> QueuePair::recv_for(SrqClaims* claims, uint32_
   return receive_of(srq->slot(c.slots[rsn & mask]), srq->max_sge(), srq->pd());
 }
 
-uint64_t QueuePair::retire_recv(SrqClaims* claims, uint32_t rsn) {
+void QueuePair::complete_recv(SrqClaims* claims, uint32_t rsn, Cqe c, CompletionQueue* cq) {
+  // Staged before the entry goes back (as retire_sends does).
   if (!claims) {
-    const uint64_t id = hostif::recv_wqe(rq_slot(rsn))->wr_id;
+    c.wr_id = hostif::recv_wqe(rq_slot(rsn))->wr_id;
+    c.queue = hostif::CqeQueue::kRecv;
+    c.wqe = rsn;
+    push_cqe(cq, c);
     rq_retired_ = rsn + 1;
     ring_->rq_done.store(rq_retired_);
-    return id;
+    return;
   }
-  SrqClaims& c = *claims;
-  const uint32_t slot = c.slots[rsn & (c.slots.size() - 1)];
-  const uint64_t id = reinterpret_cast<const hostif::RecvWqe*>(c.srq->slot(slot))->wr_id;
-  c.srq->release(slot);
-  c.retired = rsn + 1;
-  return id;
+  SrqClaims& sc = *claims;
+  const uint32_t slot = sc.slots[rsn & (sc.slots.size() - 1)];
+  c.wr_id = reinterpret_cast<const hostif::RecvWqe*>(sc.srq->slot(slot))->wr_id;
+  c.queue = hostif::CqeQueue::kSrq;
+  c.wqe = slot;
+  c.srq = sc.srq->id();
+  push_cqe(cq, c);
+  sc.srq->release(slot);
+  sc.retired = rsn + 1;
 }
 
 bool QueuePair::ud_seen_before(const transport::Segment& seg) {
@@ -1207,7 +1219,12 @@ bool QueuePair::take_datagram_receive(Receive* r, uint32_t* slot) {
   return true;
 }
 
-void QueuePair::retire_datagram(uint32_t slot) {
+void QueuePair::complete_datagram(uint32_t slot, Cqe c) {
+  // Staged before the entry goes back (as retire_sends does).
+  c.queue = srq_ ? hostif::CqeQueue::kSrq : hostif::CqeQueue::kRecv;
+  c.wqe = srq_ ? slot : rq_retired_;
+  c.srq = srq_ ? srq_->id() : 0;
+  push_cqe(init_.recv_cq, c);
   if (srq_) {
     srq_->release(slot);
     return;
@@ -1249,8 +1266,7 @@ void QueuePair::deliver_raw(std::span<const uint8_t> frame) {
     WcStatus err = WcStatus::kSuccess;
     if (scatter(r, 0, frame, &err) != Syndrome::kOk) c.status = err;
   }
-  retire_datagram(slot);
-  push_cqe(init_.recv_cq, c);
+  complete_datagram(slot, c);
 }
 
 Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
@@ -1284,8 +1300,7 @@ Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
         scatter(r, kGrhLen, seg.payload, &err) != Syndrome::kOk)
       c.status = err;
   }
-  retire_datagram(slot);
-  push_cqe(init_.recv_cq, c);
+  complete_datagram(slot, c);
   return Syndrome::kOk;
 }
 
@@ -1381,7 +1396,6 @@ void QueuePair::tm_complete(const RecvMsg& m, TmMsg& d) {
       }
       break;
     default:
-      c.wr_id = retire_recv(&claims_, m.rsn);
       c.opcode = d.kind == TmKind::kUnexpected ? WcOpcode::kTmRecv
                  : d.kind == TmKind::kNoTag    ? WcOpcode::kTmNoTag
                  : m.is_write                  ? WcOpcode::kRecvRdmaWithImm
@@ -1389,7 +1403,7 @@ void QueuePair::tm_complete(const RecvMsg& m, TmMsg& d) {
       c.byte_len = m.total;
       c.imm = m.imm;
       c.wc_flags = m.with_imm ? hostif::kWcWithImm : m.with_inv ? hostif::kWcWithInv : 0;
-      push_cqe(tm_cq(), c);
+      complete_recv(&claims_, m.rsn, c, tm_cq());
       break;
   }
   d = TmMsg{};

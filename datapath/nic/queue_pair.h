@@ -224,9 +224,9 @@ class QueuePair {
   bool ud_seen_before(const transport::Segment& seg);
   // Datagrams (UD messages, raw frames) take receives in arrival order, with no numbering: the
   // next one of the SRQ or the QP's own queue (*slot: the SRQ's entry), or false when none is
-  // posted; retire_datagram frees it once its completion is written.
+  // posted; complete_datagram stages its completion c and then frees it.
   bool take_datagram_receive(Receive* r, uint32_t* slot);
-  void retire_datagram(uint32_t slot);
+  void complete_datagram(uint32_t slot, hostif::Cqe c);
   // Bytes a receive's SGEs hold.
   static uint64_t room_of(const Receive& r);
   // Receives claimed from one SRQ, by RSN (verbs-mapping.md §6): the slot each RSN took, from
@@ -244,8 +244,9 @@ class QueuePair {
   // rsn not yet claimed, in increasing order.
   std::optional<Receive> recv_for(SrqClaims* claims, uint32_t rsn);
   Receive receive_of(const uint8_t* slot, uint32_t max_sge, uint32_t pd) const;
-  // Frees the receive rsn consumed (in its queue or SRQ) and returns its wr_id.
-  uint64_t retire_recv(SrqClaims* claims, uint32_t rsn);
+  // Completes the receive rsn consumed (in its queue or SRQ): c, with the receive's wr_id and
+  // the entry it retires, is staged on cq (none: nowhere), then the entry is freed.
+  void complete_recv(SrqClaims* claims, uint32_t rsn, hostif::Cqe c, CompletionQueue* cq);
   // Gives the claimed, not completed entries back to their SRQ (reset, destruction).
   static void release_claims(SrqClaims& c);
   // Completes them flushed into cq.

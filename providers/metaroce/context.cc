@@ -209,8 +209,11 @@ void engine_lost(ibv_context* context) {
   if (st.dead.exchange(true)) return;
   {
     std::lock_guard lock(st.objects_mu);
-    for (Qp* qp : st.qps) flush_orphan(qp);
-    for (Srq* srq : st.srqs) flush_orphan(srq, st.qps);
+    // What the engine staged and never published first: the work it retires is not owed again.
+    std::vector<hostif::Cqe> recovered;
+    for (Cq* cq : st.cqs) recover_staged(cq, &recovered);
+    for (Qp* qp : st.qps) flush_orphan(qp, recovered);
+    for (Srq* srq : st.srqs) flush_orphan(srq, st.qps, recovered);
     for (Cq* cq : st.cqs) notify_orphan(cq);
   }
   // A kernel-backed context hears it from the module, which saw the engine's file close.

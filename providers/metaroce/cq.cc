@@ -336,6 +336,19 @@ void push_orphan(Cq* cq, const hostif::Cqe& cqe) noexcept {
   hostif::cq_push_orphan(cq->ring, cqe);
 }
 
+void recover_staged(Cq* cq, std::vector<hostif::Cqe>* out) noexcept {
+  SpinGuard g(&cq->poll_lock);
+  const uint32_t n = hostif::cq_recover_staged(cq->ring);
+  const uint32_t head = cq->ring->head.peek();
+  const hostif::Cqe* ring = hostif::cq_ring(cq->ring);
+  try {
+    for (uint32_t p = head - n; p != head; ++p) out->push_back(ring[p & (cq->ring->entries - 1)]);
+  } catch (...) {
+    // Without the list, work they retire may complete twice (once more as flushed): better
+    // than a completion lost.
+  }
+}
+
 void notify_orphan(Cq* cq) noexcept {
   if (cq->event_fd < 0 && !cq->kernel_channel) return;
   if (has_completions(cq) && cq->ring->armed.v.exchange(0) != 0) notify(cq);

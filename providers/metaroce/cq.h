@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "datapath/hostif/queues.h"
 #include "providers/metaroce/verbs_abi.h"
@@ -60,5 +61,8 @@ int req_notify_cq(ibv_cq* cq, int solicited_only) noexcept;
 void push_orphan(Cq* cq, const hostif::Cqe& cqe) noexcept;
 // Raises the completion event an armed CQ owes (after push_orphan).
 void notify_orphan(Cq* cq) noexcept;
+// Once the engine is gone, before anything is flushed: publishes what it staged and never
+// published (hostif::cq_recover_staged) and appends those completions to *out.
+void recover_staged(Cq* cq, std::vector<hostif::Cqe>* out) noexcept;
 
 }  // namespace metaroce::provider

@@ -505,12 +505,12 @@ uint8_t* sq_slot_ahead(Qp* qp, uint32_t i) noexcept {
 
 namespace {
 
-// Completes every send WQE still in the ring as flushed, the provider acting as the engine.
-// Callers hold sq_lock; idempotent (sq_done moves up to sq_head).
-void flush_sq_locked(Qp* qp) noexcept {
+// Completes the send WQEs from `from` to the ring's head as flushed, the provider acting as the
+// engine. Callers hold sq_lock; idempotent (sq_done moves up to sq_head).
+void flush_sq_locked(Qp* qp, uint32_t from) noexcept {
   const uint32_t qpn = qp->vqp.qp.qp_num;
   hostif::QpHeader* h = qp->ring;
-  for (uint32_t i = h->sq_done.load(); i != h->sq_head.peek(); ++i) {
+  for (uint32_t i = from; i != h->sq_head.peek(); ++i) {
     const hostif::SendWqe* w = hostif::send_wqe(hostif::sq_slot(h, i));
     push_orphan(qp->send_cq, flushed(w->wr_id, flush_opcode(w->op), qpn));
   }
@@ -527,24 +527,27 @@ void sq_publish(Qp* qp, uint32_t n) noexcept {
   if (st.dead.load(std::memory_order_acquire)) {
     // No engine will take them (posting in the error state is allowed): flushed at once. If the
     // watcher flushes this QP later, there is nothing left for it to do.
-    flush_sq_locked(qp);
+    flush_sq_locked(qp, qp->ring->sq_done.load());
     notify_orphan(qp->send_cq);
     return;
   }
   ring_doorbell(st);
 }
 
-void flush_orphan(Qp* qp) noexcept {
+void flush_orphan(Qp* qp, std::span<const hostif::Cqe> recovered) noexcept {
   const uint32_t qpn = qp->vqp.qp.qp_num;
   hostif::QpHeader* h = qp->ring;
   if (qp->type == IBV_QPT_XRC_RECV) return;  // no queues: its SRQs flush their own receives
   {
     SpinGuard g(&qp->sq_lock);
-    flush_sq_locked(qp);
+    flush_sq_locked(qp, hostif::first_unreported(h->sq_done.load(), h->sq_head.peek(), qpn,
+                                                 hostif::CqeQueue::kSend, recovered));
   }
   if (qp->srq || !qp->recv_cq) return;  // the SRQ flushes its own receives; an initiator has none
   SpinGuard g(&qp->rq_lock);
-  for (uint32_t i = h->rq_done.load(); i != h->rq_head.peek(); ++i)
+  const uint32_t from = hostif::first_unreported(h->rq_done.load(), h->rq_head.peek(), qpn,
+                                                 hostif::CqeQueue::kRecv, recovered);
+  for (uint32_t i = from; i != h->rq_head.peek(); ++i)
     push_orphan(qp->recv_cq, flushed(hostif::recv_wqe(hostif::rq_slot(h, i))->wr_id,
                                      hostif::WcOpcode::kRecv, qpn));
   h->rq_done.store(h->rq_head.peek());

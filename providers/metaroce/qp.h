@@ -8,6 +8,7 @@
 #include <pthread.h>
 
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 #include "datapath/hostif/control.h"
@@ -104,7 +105,8 @@ inline bool sq_accepts(Qp* qp) noexcept {
   return s == hostif::QpState::kRts || s == hostif::QpState::kErr;
 }
 
-// With the engine gone: every WQE still in the rings completes as flushed.
-void flush_orphan(Qp* qp) noexcept;
+// With the engine gone: every WQE still in the rings completes as flushed, but for those a
+// completion in `recovered` (recover_staged's) already retires.
+void flush_orphan(Qp* qp, std::span<const hostif::Cqe> recovered) noexcept;
 
 }  // namespace metaroce::provider

@@ -302,7 +302,8 @@ int post_srq_ops(ibv_srq* ibsrq, ibv_ops_wr* wr, ibv_ops_wr** bad_wr) noexcept {
   return err;
 }
 
-void flush_orphan(Srq* srq, const std::vector<Qp*>& qps) noexcept {
+void flush_orphan(Srq* srq, const std::vector<Qp*>& qps,
+                  std::span<const hostif::Cqe> recovered) noexcept {
   Cq* cq = srq->cq;  // an XRC or TM SRQ's own
   for (Qp* qp : qps)
     if (!cq && qp->srq == srq) cq = qp->recv_cq;
@@ -321,6 +322,10 @@ void flush_orphan(Srq* srq, const std::vector<Qp*>& qps) noexcept {
     const uint32_t s = ring[i & (h->entries - 1)];
     if (s < h->max_wr) free_slot[s] = true;
   }
+  // Completed, the engine killed before it gave the slot back.
+  for (const hostif::Cqe& c : recovered)
+    if (c.queue == hostif::CqeQueue::kSrq && c.srq == srq->id && c.wqe < h->max_wr)
+      free_slot[c.wqe] = true;
   for (uint32_t s = 0; s < h->max_wr && cq; ++s) {
     if (free_slot[s]) continue;
     hostif::Cqe c{};

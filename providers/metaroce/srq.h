@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -63,7 +64,9 @@ ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) noexcept;
 int destroy_ah(ibv_ah* ah) noexcept;
 
 // With the engine gone: every receive posted and not completed completes as flushed, in the
-// receive CQ of a QP attached to it (qps: the context's QPs).
-void flush_orphan(Srq* srq, const std::vector<Qp*>& qps) noexcept;
+// receive CQ of a QP attached to it (qps: the context's QPs), but for those a completion in
+// `recovered` (recover_staged's) already retires.
+void flush_orphan(Srq* srq, const std::vector<Qp*>& qps,
+                  std::span<const hostif::Cqe> recovered) noexcept;
 
 }  // namespace metaroce::provider

@@ -290,6 +290,94 @@ TEST(CqRing, OrphanCompletionsFollowTheEnginesUntilTheRingIsFull) {
   EXPECT_EQ(out[0].wr_id, 4u);
 }
 
+// An engine killed within a pass leaves completions staged and never published; the driver
+// publishes them (as flushes) and flushes only the work none of them retires.
+TEST(CqRing, TheDriverRecoversWhatADeadEngineStagedAndNothingOlder) {
+  Seg s(cq_layout(7).bytes);  // 7 completions, 8 slots
+  init_cq(s.data(), 7);
+  auto* h = s.as<CqHeader>();
+  EXPECT_EQ(cq_recover_staged(h), 0u) << "a ring never written holds nothing staged";
+  CqProducer p(h);
+  // A lap and a half: the slots ahead of head hold completions of the earlier lap.
+  for (uint64_t i = 0; i < 12; ++i) {
+    ASSERT_TRUE(p.stage(cqe(i)));
+    p.publish();
+    Cqe out;
+    ASSERT_EQ(cq_poll(h, 1, &out), 1);
+  }
+  EXPECT_EQ(cq_recover_staged(h), 0u) << "the earlier lap's completions are not staged now";
+  Cqe sent = cqe(100);
+  sent.qp_num = 5;
+  sent.queue = CqeQueue::kSend;
+  sent.wqe = 41;
+  ASSERT_TRUE(p.stage(sent));
+  p.publish();
+  Cqe failed = cqe(101);
+  failed.status = WcStatus::kRemAccessErr;
+  ASSERT_TRUE(p.stage(failed));
+  Cqe recv = cqe(102);
+  recv.opcode = WcOpcode::kRecv;
+  recv.imm = 7;
+  recv.wc_flags = kWcWithImm;
+  ASSERT_TRUE(p.stage(recv));
+  // The engine dies here: two staged, one published.
+  EXPECT_EQ(cq_recover_staged(h), 2u);
+  EXPECT_EQ(cq_recover_staged(h), 0u) << "once";
+  Cqe out[4];
+  ASSERT_EQ(cq_poll(h, 4, out), 3);
+  EXPECT_EQ(out[0].wr_id, 100u);
+  EXPECT_EQ(out[0].status, WcStatus::kSuccess) << "published before the engine died";
+  EXPECT_EQ(out[1].wr_id, 101u);
+  EXPECT_EQ(out[1].status, WcStatus::kRemAccessErr) << "an error announces no data";
+  EXPECT_EQ(out[2].wr_id, 102u);
+  EXPECT_EQ(out[2].status, WcStatus::kWrFlushErr) << "its data may not be in memory";
+  EXPECT_EQ(out[2].opcode, WcOpcode::kRecv);
+  EXPECT_EQ(out[2].byte_len, 0u);
+  EXPECT_EQ(out[2].wc_flags, 0u);
+}
+
+TEST(CqRing, RecoveryStopsAtTheRingsCapacity) {
+  Seg s(cq_layout(3).bytes);  // 3 completions, 4 slots
+  init_cq(s.data(), 3);
+  auto* h = s.as<CqHeader>();
+  CqProducer p(h);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(p.stage(cqe(i)));
+  // A forged position one past the capacity is not taken.
+  cq_ring(h)[3].seq = 4;
+  EXPECT_EQ(cq_recover_staged(h), 3u);
+}
+
+TEST(CqRing, ACqMovedByResizeKeepsItsStagedCompletionsRecoverable) {
+  Seg a(cq_layout(7).bytes), b(cq_layout(15).bytes);
+  init_cq(a.data(), 7);
+  init_cq(b.data(), 15);
+  CqProducer p(a.as<CqHeader>());
+  for (uint64_t i = 0; i < 5; ++i) {
+    ASSERT_TRUE(p.stage(cqe(i)));
+    if (i < 2) p.publish();
+  }
+  Cqe out;
+  ASSERT_EQ(cq_poll(a.as<CqHeader>(), 1, &out), 1);
+  ASSERT_TRUE(p.move_to(b.as<CqHeader>()));
+  EXPECT_EQ(cq_recover_staged(b.as<CqHeader>()), 3u);
+}
+
+TEST(CqRing, FirstUnreportedSkipsTheEntriesRecoveredCompletionsRetire) {
+  std::vector<Cqe> rec(4);
+  rec[0].qp_num = 9, rec[0].queue = CqeQueue::kSend, rec[0].wqe = 11;   // staged, done moved
+  rec[1].qp_num = 9, rec[1].queue = CqeQueue::kSend, rec[1].wqe = 12;   // staged, done not
+  rec[2].qp_num = 9, rec[2].queue = CqeQueue::kRecv, rec[2].wqe = 30;   // the other queue
+  rec[3].qp_num = 8, rec[3].queue = CqeQueue::kSend, rec[3].wqe = 15;   // another QP
+  EXPECT_EQ(first_unreported(12, 20, 9, CqeQueue::kSend, rec), 13u);
+  EXPECT_EQ(first_unreported(13, 20, 9, CqeQueue::kSend, rec), 13u);
+  EXPECT_EQ(first_unreported(12, 12, 9, CqeQueue::kSend, rec), 12u) << "nothing posted past it";
+  EXPECT_EQ(first_unreported(28, 40, 9, CqeQueue::kRecv, rec), 31u);
+  EXPECT_EQ(first_unreported(14, 20, 7, CqeQueue::kSend, rec), 14u);
+  // Counters wrap.
+  rec[0].wqe = 0xffffffffu;
+  EXPECT_EQ(first_unreported(0xfffffffeu, 3, 9, CqeQueue::kSend, rec), 0u);
+}
+
 TEST(CqRing, ProducerReadsTheGeometryOnceAndIgnoresAScribbledHeader) {
   Seg s(cq_layout(3).bytes);
   init_cq(s.data(), 3);

@@ -712,6 +712,52 @@ TEST_F(NicTest, SrqEntriesAreClaimedInRsnOrderWhenALaterMessageArrivesFirst) {
   EXPECT_EQ(nic(b_).destroy_srq(&b_.owner, srq.id), 0);
 }
 
+// An engine killed within a pass, after it freed a receive and before it published the
+// completion: the completion is staged, names the entry, and the driver owes nothing more.
+TEST_F(NicTest, AReceiveIsFreedOnlyOnceItsCompletionIsStagedNamingIt) {
+  RecvWqe r;
+  r.wr_id = 41;
+  r.num_sge = 1;
+  r.sge[0] = sge(b_, 0, 100);
+  ASSERT_EQ(b_.qp->post_recv(r), 0);
+  TestSrq srq(nic(b_), &b_.owner, b_.pd, 4, 1);
+  ASSERT_EQ(srq.err, 0);
+  auto q = extra_qp(b_, QpType::kRc, &srq);
+  bring_up(*q, kIpA, 77);
+  r.wr_id = 42;
+  ASSERT_EQ(srq.post_recv(r), 0);
+  const uint8_t data[4] = {1, 2, 3, 4};
+  transport::Segment seg;
+  seg.peer_ip = kIpA;
+  seg.op = transport::Op::kSend;
+  seg.dst_stream = b_.qp->qpn();
+  seg.src_stream = a_.qp->qpn();
+  seg.total_length = 4;
+  seg.payload = data;
+  ASSERT_EQ(core_qp(b_, *b_.qp).deliver(seg), transport::Syndrome::kOk);
+  seg.dst_stream = q->qpn();
+  seg.src_stream = 77;
+  ASSERT_EQ(core_qp(b_, *q).deliver(seg), transport::Syndrome::kOk);
+  // Both entries are free again, and nothing is visible yet: the engine dies here.
+  hostif::CqHeader* h = b_.cq->header();
+  ASSERT_EQ(h->head.load(), 0u);
+  EXPECT_EQ(b_.qp->header()->rq_done.load(), 1u);
+  EXPECT_EQ(srq.header()->free_head.load() - srq.header()->free_tail.load(), 4u);
+  ASSERT_EQ(hostif::cq_recover_staged(h), 2u);
+  Cqe c[4];
+  ASSERT_EQ(b_.cq->poll(4, c), 2);
+  EXPECT_EQ(c[0].wr_id, 41u);
+  EXPECT_EQ(c[0].status, WcStatus::kWrFlushErr) << "its data may not have reached memory";
+  EXPECT_EQ(c[0].queue, hostif::CqeQueue::kRecv);
+  EXPECT_EQ(c[0].wqe, 0u);
+  EXPECT_EQ(c[1].wr_id, 42u);
+  EXPECT_EQ(c[1].queue, hostif::CqeQueue::kSrq);
+  EXPECT_EQ(c[1].srq, srq.id);
+  EXPECT_EQ(hostif::first_unreported(1, 1, b_.qp->qpn(), hostif::CqeQueue::kRecv, {c, 2}), 1u)
+      << "nothing left to flush";
+  ASSERT_EQ(nic(b_).destroy_qp(&b_.owner, q->qpn()), 0);
+}
+
 TEST_F(NicTest, SrqFeedsSendsOverTheWireAndRaisesTheLimitEventOnce) {
   TestSrq srq(nic(b_), &b_.owner, b_.pd, 16, 2);
   ASSERT_EQ(srq.err, 0);
