@@ -1016,7 +1016,10 @@ int HostEngine::room(const Session& s, int kind, size_t ring_bytes) const {
 void HostEngine::serve(Session& s, Message& req, Message* resp) {
   nic::Nic& nic = *s.link()->nic;
   Message r = reply_to(req, 0);
-  const auto [kind, delta] = counted(req.header.op);
+  // Not a structured binding: the lambda below captures them (clang 14, which builds the fuzz
+  // targets, cannot capture bindings).
+  const std::pair<int, int> change = counted(req.header.op);
+  const int kind = change.first, delta = change.second;
   auto done = [&](int status) {
     r.header.status = status;
     *resp = std::move(r);

@@ -110,11 +110,25 @@ std::optional<LinkConfig> LinkConfig::load(const std::string& path, std::string*
     if (err) *err = path + ": " + std::strerror(errno);
     return std::nullopt;
   }
+  std::ostringstream text;
+  text << in.rdbuf();
+  auto c = parse(text.str(), path, err);
+  if (!c) return c;
+  // <run dir>/sys/class/infiniband/<name>/metaroce.conf -> <run dir>
+  const std::string tail = "/sys/class/infiniband/" + c->name + "/" + kConfigFile;
+  if (path.size() > tail.size() && path.compare(path.size() - tail.size(), tail.size(), tail) == 0)
+    c->run_dir = path.substr(0, path.size() - tail.size());
+  return c;
+}
+
+std::optional<LinkConfig> LinkConfig::parse(const std::string& text, const std::string& origin,
+                                            std::string* err) {
+  std::istringstream in(text);
   LinkConfig c;
   std::string line;
   int lineno = 0;
   auto fail = [&](const std::string& why) {
-    if (err) *err = path + ":" + std::to_string(lineno) + ": " + why;
+    if (err) *err = origin + ":" + std::to_string(lineno) + ": " + why;
     return std::nullopt;
   };
   while (std::getline(in, line)) {
@@ -162,14 +176,10 @@ std::optional<LinkConfig> LinkConfig::load(const std::string& path, std::string*
   if (parts != c.planes)
     return fail("planes=" + std::to_string(c.planes) + " but devargs holds " +
                 std::to_string(parts) + " device string(s)");
-  // <run dir>/sys/class/infiniband/<name>/metaroce.conf -> <run dir>
-  const std::string tail = "/sys/class/infiniband/" + c.name + "/" + kConfigFile;
-  if (path.size() > tail.size() && path.compare(path.size() - tail.size(), tail.size(), tail) == 0)
-    c.run_dir = path.substr(0, path.size() - tail.size());
   return c;
 }
 
-bool LinkConfig::save(const std::string& path, std::string* err) const {
+std::string LinkConfig::to_text() const {
   std::ostringstream o;
   o << "# MetaRoCE link, written by `metaroce link add`\n"
     << "name=" << name << "\n"
@@ -186,13 +196,17 @@ bool LinkConfig::save(const std::string& path, std::string* err) const {
   if (!kernel.empty()) o << "kernel=" << kernel << "\n";
   if (!(limits == Limits{})) o << "limits=" << format_limits(limits) << "\n";
   if (!(process_limits == Limits{})) o << "process_limits=" << format_limits(process_limits) << "\n";
+  return o.str();
+}
+
+bool LinkConfig::save(const std::string& path, std::string* err) const {
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) {
     if (err) *err = tmp + ": " + std::strerror(errno);
     return false;
   }
-  std::string s = o.str();
+  const std::string s = to_text();
   bool ok = std::fwrite(s.data(), 1, s.size(), f) == s.size();
   ok = (std::fclose(f) == 0) && ok;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {

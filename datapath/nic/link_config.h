@@ -69,8 +69,14 @@ struct LinkConfig {
 
   // Parses the file at path; on failure returns nullopt and a one-line reason in *err.
   static std::optional<LinkConfig> load(const std::string& path, std::string* err);
+  // The same for a record's text; origin names it in *err.
+  static std::optional<LinkConfig> parse(const std::string& text, const std::string& origin,
+                                         std::string* err);
+  // The record's text: what parse reads back as this record (but run_dir).
+  std::string to_text() const;
   // Writes the file atomically (temp file + rename). Returns false and *err on failure.
   bool save(const std::string& path, std::string* err) const;
+  bool operator==(const LinkConfig&) const = default;
 };
 
 // A plane on kernel UDP sockets instead of a DPDK device (docs/spec/link.md §5): its device
