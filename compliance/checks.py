@@ -126,11 +126,14 @@ def sack_gap(ctx):
     _, qpn, stream = ctx.qp(ip)
     d = Direction(ctx.port, ip, 4)
     data = pattern(6 * 64, 1)
-    pkts = [write_pkt(d, 1, qpn, stream, 0, mr, 64 * k, data[64 * k:64 * k + 64], total=len(data))
-            for k in range(6)]
+    pkts = {}
+
+    def send(k):   # stamped as it leaves: the newest packet has the newest timestamp
+        pkts[k] = d.send(write_pkt(d, 1, qpn, stream, 0, mr, 64 * k, data[64 * k:64 * k + 64],
+                                   total=len(data), seq=k))
     mark = len(ctx.port.log)
     for k in (0, 1, 3, 5):
-        d.send(pkts[k])
+        send(k)
     last = ctx.wait_ack(d, mark, 1, lambda a: a.cum_seq == 2 and a.sacked() == [3, 5])
     acks = ctx.quiet(d, mark, 0.2)
     expect(last is not None, f"no ACK with cum_seq 2 and SACK {{3, 5}}; got {describe(acks)}", s)
@@ -146,22 +149,23 @@ def sack_gap(ctx):
     expect(len(acks) <= 4, f"{len(acks)} ACKs for 4 packets on one path", "W§5.2")
     expect(acks[-1].mrh.cum_seq == 2 and acks[-1].mrh.sacked() == [3, 5],
            f"last ACK {acks[-1].mrh!r}: want cum_seq 2, SACK {{3, 5}}", s)
-    expect(acks[-1].mrh.echo_timestamp == pkts[5].timestamp or
-           acks[-1].mrh.echo_timestamp in {p.timestamp for p in pkts},
-           f"echo_timestamp {acks[-1].mrh.echo_timestamp} is no timestamp of ours", "W§5.2")
+    expect(acks[-1].mrh.echo_timestamp == pkts[5].timestamp,
+           f"echo_timestamp {acks[-1].mrh.echo_timestamp}: the newest packet's is "
+           f"{pkts[5].timestamp}", "W§5.2")
     got = ctx.mem(mr, 0, len(data))
     for k in range(6):
         want = data[64 * k:64 * k + 64] if k in received else b"\xa5" * 64
         expect(got[64 * k:64 * k + 64] == want, f"bytes of sequence {k} wrong in the IUT's memory",
                "W§5.1")
     mark = len(ctx.port.log)
-    d.send(pkts[2])
-    d.send(pkts[4])
+    send(2)
+    send(4)
     last = ctx.wait_ack(d, mark, 1, lambda a: a.cum_seq == 6)
     expect(last is not None, f"no ACK with cum_seq 6 after the gaps filled: {describe(d.acks(mark))}", s)
     expect(last.mrh.sack == 0, f"SACK not empty at cum_seq 6: {last.mrh!r}", s)
-    expect(last.mrh.echo_timestamp in (pkts[2].timestamp, pkts[4].timestamp),
-           f"echo_timestamp {last.mrh.echo_timestamp}: not the newest packet's", "W§5.2")
+    expect(last.mrh.echo_timestamp == pkts[4].timestamp,
+           f"echo_timestamp {last.mrh.echo_timestamp}: the newest packet's is "
+           f"{pkts[4].timestamp}", "W§5.2")
     expect(ctx.mem(mr, 0, len(data)) == data, "IUT memory differs from the WRITE", "W§4.1")
 
 
@@ -394,6 +398,7 @@ def malformed(ctx):
     good, cases = malformed_cases(d, qpn, stream, mr, 1, data)
     have_counters = ctx.counters.available()
     failures = []
+    by_counter = {}
     for label, names, sections, frame in cases:
         before = ctx.counters.read() if have_counters and names else None
         mark = len(ctx.port.log)
@@ -413,6 +418,8 @@ def malformed(ctx):
         replies = ctx.port.frames_since(mark, lambda f: f.dst_ip == ip)
         if replies:
             failures.append(f"{label}: answered with {replies[0].mrh!r} ({sections})")
+        for n in counted:
+            by_counter.setdefault(n, []).append(label)
         if before is not None and not counted:
             moved = {k: v for k, v in delta.items() if v and k.startswith(("drop", "rx_drop"))}
             failures.append(f"{label}: not counted under {'/'.join(sorted(names))} "
@@ -427,6 +434,8 @@ def malformed(ctx):
     elif ctx.mem(mr, 0, 64) != data:
         failures.append("the valid WRITE after the malformed ones did not land (W§5.1)")
     ctx.note(f"{len(cases)} malformed variants" + ("" if have_counters else ", counters not read"))
+    for n, labels in sorted(by_counter.items()):
+        ctx.note(f"{n}: {len(labels)}" + (f" ({', '.join(labels)})" if len(labels) < 10 else ""))
     if failures:
         raise Fail("; ".join(failures))
 
@@ -526,6 +535,116 @@ def out_of_window(ctx):
            "the in-window WRITEs did not land", s)
 
 
+# --- ECN echo, probes, the ack floor ----------------------------------------------------------
+
+@check("ce_marks_echoed_per_path", "W§5.2 W§2.3 W§1 C§1")
+def ce_echo(ctx):
+    """Data packets the fabric marked CE (IPv4 ECN 3) are echoed: the ACKs of the path carry
+    ecn_ce_count, the marks since the previous ACK (W§2.3, W§5.2), so over the ACKs of a burst
+    they add up to the marked packets, and an ACK after an unmarked packet carries 0. Another
+    path's ACK carries none of them."""
+    s = "W§5.2 W§2.3"
+    ip = ctx.new_ip()
+    mr = ctx.mr(4096)
+    _, qpn, stream = ctx.qp(ip)
+    d = Direction(ctx.port, ip, 2)
+    mark = len(ctx.port.log)
+    marks = [True, False, True, True, False]
+    for k, ce in enumerate(marks):
+        d.send(write_pkt(d, 0, qpn, stream, k, mr, 64 * k, pattern(64, 20 + k)), tos=3 if ce else 2)
+    d.send(write_pkt(d, 1, qpn, stream, len(marks), mr, 1024, pattern(64, 30)))
+    ctx.wait_ack(d, mark, 0, lambda a: a.cum_seq == len(marks))
+    ctx.wait_ack(d, mark, 1, lambda a: a.cum_seq == 1)
+    acks = ctx.quiet(d, mark, 0.1)
+    echoed = sum(f.mrh.ecn_ce_count for f in acks if f.mrh.path_id == 0)
+    other = sum(f.mrh.ecn_ce_count for f in acks if f.mrh.path_id == 1)
+    expect(echoed == sum(marks), f"ACKs of path 0 echo {echoed} CE marks, {sum(marks)} were "
+           f"marked ({describe(acks)})", s)
+    expect(other == 0, f"path 1's ACK echoes {other} CE marks of path 0's packets", s)
+    mark = len(ctx.port.log)
+    d.send(write_pkt(d, 0, qpn, stream, 9, mr, 2048, pattern(64, 31)))
+    f = ctx.wait_ack(d, mark, 0, lambda a: a.cum_seq == len(marks) + 1)
+    expect(f is not None and f.mrh.ecn_ce_count == 0,
+           f"the ACK of an unmarked packet after the marked ones: {describe(d.acks(mark))}", s)
+
+
+@check("probe_answered_and_ack_floor_applied", "W§2.5 W§3.1 W§5.1 W§3.3")
+def probe_and_floor(ctx):
+    """A PROBE of a known direction, from a new UDP source port, with path_seq 5 and ack_floor
+    5, is answered by an ACK on its path, from the probe's port (W§3.3), echoing its timestamp
+    and acknowledging everything below the floor (W§2.5, W§3.1). A data packet whose ack_floor
+    is its own sequence is taken, the floor applied first (W§5.1): cum_seq passes it."""
+    s = "W§2.5 W§3.1"
+    ip = ctx.new_ip()
+    mr = ctx.mr(4096, 0x66)
+    _, qpn, stream = ctx.qp(ip)
+    d = Direction(ctx.port, ip, 1)
+    mark = len(ctx.port.log)
+    d.send(write_pkt(d, 0, qpn, stream, 0, mr, 0, pattern(64, 40)))
+    expect(ctx.wait_ack(d, mark, 0, lambda a: a.cum_seq == 1) is not None,
+           "no ACK for the direction's first packet", "W§5.2")
+    d.sport[0] = 49152 + (d.sport[0] + 7919 - 49152) % 16384     # the path's entropy re-picked
+    probe = d.header(0, 5, opcode=w.PROBE, ack_floor=5)
+    mark = len(ctx.port.log)
+    d.send(probe)
+    f = ctx.wait_ack(d, mark, 0, lambda a: True)
+    expect(f is not None, "a PROBE of a known direction was not answered", "W§2.5")
+    expect(f.mrh.echo_timestamp == probe.timestamp,
+           f"the probe's ACK echoes {f.mrh.echo_timestamp}, not its timestamp {probe.timestamp}", s)
+    expect(f.mrh.cum_seq == 5 and f.mrh.sack == 0,
+           f"the probe's ACK {f.mrh!r}: its ack_floor 5 makes cum_seq 5", s)
+    expect(f.sport == d.sport[0], f"the probe's ACK left from port {f.sport}, not the probe's "
+           f"{d.sport[0]}", "W§3.3")
+    data = pattern(64, 41)
+    mark = len(ctx.port.log)
+    d.send(write_pkt(d, 0, qpn, stream, 1, mr, 128, data, seq=7, ack_floor=7))
+    f = ctx.wait_ack(d, mark, 0, lambda a: a.cum_seq == 8)
+    expect(f is not None, f"data with ack_floor = its sequence 7: want cum_seq 8, got "
+           f"{describe(d.acks(mark))}", "W§5.1 W§3.1")
+    expect(ctx.mem(mr, 128, 64) == data, "the packet after the floor did not land", "W§5.1")
+
+
+@check("ack_without_the_token_acknowledges_nothing", "W§3.2 W§2.1 W§6.2", counters=True)
+def forged_ack(ctx):
+    """While the IUT's WRITE waits for its ACK, an ACK of the right direction and sequences
+    but a wrong token is dropped (counted drop_token): the WRITE does not complete and its
+    packet is sent again; the genuine ACK then completes it (W§3.2: an ACK is accepted only with
+    its direction's token)."""
+    s = "W§3.2"
+    ip = ctx.new_ip()
+    rx = Receiver(ctx.port, ip)
+    rx.silent_paths = set(range(256))
+    try:
+        before = ctx.counters.read() if ctx.counters.available() else None
+        iut_write(ctx, ip, 512, 90, timeout=18)   # 1.07 s: the QP outlives the check
+        ctx.port.pump(2.0, until=lambda: rx.arrivals)
+        expect(rx.arrivals, "the IUT sent nothing", s)
+        first = rx.arrivals[0][1].mrh
+        expect(first.is_data(), f"the IUT's first packet is no data: {first!r}", s)
+        forged = w.Mrh(opcode=w.ACK, conn_id=first.conn_id, token=first.token ^ 0x8000_0000_0000_0001,
+                       path_id=first.path_id, path_count=first.path_count,
+                       cum_seq=first.path_seq + 1, echo_timestamp=first.timestamp)
+        n0 = len(rx.arrivals)
+        ctx.port.send_mrh(ip, rx.arrivals[0][1].sport, forged)
+        wcs = ctx.wcs(1, 0.05)
+        expect(not wcs, f"a WRITE completed on an ACK with a wrong token: {wcs}", s)
+        ctx.port.pump(2.0, until=lambda: len(rx.arrivals) > n0)
+        expect(len(rx.arrivals) > n0, "the packet was not sent again after the forged ACK", s)
+        if before is not None:
+            delta = ctx.counter_deltas(before)
+            expect(delta.get("drop_token", 0) >= 1, f"drop_token moved by "
+                   f"{delta.get('drop_token', 0)} for an ACK with a wrong token", s)
+        rx.silent_paths = set()
+        for t, f, fate in rx.arrivals:
+            if f.mrh.is_data():
+                rx.ack(f.mrh.path_id, f.mrh.timestamp, f.sport)
+        wcs = ctx.wcs(1, 3.0)
+        expect(len(wcs) == 1 and wcs[0]["status"] == WC_SUCCESS,
+               f"the genuine ACKs did not complete the WRITE: {wcs}", "W§6.2")
+    finally:
+        rx.close()
+
+
 # --- the tester as receiver of the IUT's data --------------------------------------------------
 
 class Receiver:
@@ -591,7 +710,7 @@ class Receiver:
         if m.opcode == w.PROBE:
             # W§2.5: a probe applies its ack floor and elicits an ACK on its path echoing it,
             # from its source port (W§3.3), unless the test loses it.
-            if self.drop(f):
+            if self.drop(f) or m.path_id in self.silent_paths:
                 self.arrivals.append((t, f, "probe"))
                 return
             self.mark(m.path_id, (m.ack_floor - 1) & 0xffffffff, m.ack_floor)

@@ -97,7 +97,7 @@ def main():
                 status = {"FAIL": "XFAIL", "PASS": "XPASS"}.get(status, status)
             dt = time.monotonic() - t0
             results.append((c.check_name, status))
-            print(f"{status:5} {c.check_name} [{c.sections}] ({dt:.1f} s)")
+            print(f"{status:5} {c.check_name} [{c.sections}] ({dt:.2f} s)")
             for n in notes:
                 print(f"      {n}")
             if why:

@@ -7,7 +7,6 @@ the IUT sends. Every frame the IUT sends to a tester address is checked against 
 arrives (Frame.problems); the suite fails on any.
 """
 import json
-import os
 import random
 import select
 import socket
@@ -239,7 +238,3 @@ def pattern(n, seed):
     """n bytes of a pattern that differs per seed and per offset."""
     r = random.Random(seed)
     return bytes(r.randrange(256) for _ in range(n))
-
-
-def env_float(name, default):
-    return float(os.environ.get(name, default))
