@@ -107,6 +107,15 @@ def send_pkt(d, path, qpn, stream, msn, rsn, data, seq=None, **kw):
     return m
 
 
+def open_direction(ctx, d, qpn, stream, mr, offset, seed):
+    """Sends d's first packet (a WRITE of 32 bytes at offset) and waits for its ACK: the
+    direction then exists at the IUT (W§3.2: its first valid packet creates it)."""
+    mark = len(ctx.port.log)
+    d.send(write_pkt(d, 0, qpn, stream, 0, mr, offset, pattern(32, seed)))
+    expect(ctx.wait_ack(d, mark, 0, lambda a: a.cum_seq == 1) is not None,
+           "the direction's first valid packet got no ACK", "W§3.2 W§5.2")
+
+
 def describe(acks):
     return "; ".join(repr(f.mrh) for f in acks[-4:]) or "none"
 
@@ -389,11 +398,7 @@ def malformed(ctx):
     mr = ctx.mr(4096, 0x22)
     _, qpn, stream = ctx.qp(ip)
     d = Direction(ctx.port, ip, 2)
-    # The direction exists (W§3.2: its first valid packet creates it), so a wrong token is one.
-    mark = len(ctx.port.log)
-    d.send(write_pkt(d, 0, qpn, stream, 0, mr, 512, pattern(32, 5)))
-    expect(ctx.wait_ack(d, mark, 0, lambda a: a.cum_seq == 1) is not None,
-           "the direction's first valid packet got no ACK", "W§3.2 W§5.2")
+    open_direction(ctx, d, qpn, stream, mr, 512, 5)   # so that a wrong token is one
     data = pattern(64, 6)
     good, cases = malformed_cases(d, qpn, stream, mr, 1, data)
     have_counters = ctx.counters.available()
@@ -579,10 +584,7 @@ def probe_and_floor(ctx):
     mr = ctx.mr(4096, 0x66)
     _, qpn, stream = ctx.qp(ip)
     d = Direction(ctx.port, ip, 1)
-    mark = len(ctx.port.log)
-    d.send(write_pkt(d, 0, qpn, stream, 0, mr, 0, pattern(64, 40)))
-    expect(ctx.wait_ack(d, mark, 0, lambda a: a.cum_seq == 1) is not None,
-           "no ACK for the direction's first packet", "W§5.2")
+    open_direction(ctx, d, qpn, stream, mr, 0, 40)
     d.sport[0] = 49152 + (d.sport[0] + 7919 - 49152) % 16384     # the path's entropy re-picked
     probe = d.header(0, 5, opcode=w.PROBE, ack_floor=5)
     mark = len(ctx.port.log)
