@@ -91,11 +91,13 @@ class Ctx:
         return {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before)}
 
 
-def write_pkt(d, path, qpn, stream, msn, mr, offset, data, total=None, seq=None, mr_offset=0, **kw):
-    """One packet of a WRITE message (W§2.2): data lands at remote_addr + offset."""
+def write_pkt(d, path, qpn, stream, msn, mr, at, data, seq=None, part=None, **kw):
+    """A WRITE (W§2.2) of data to byte `at` of region mr: the whole message, or with
+    part=(offset, total_length) one packet of a message of total_length bytes based there."""
+    offset, total = part or (0, len(data))
     m = d.header(path, seq, opcode=w.WRITE, dst_stream=qpn, src_stream=stream, msn=msn,
-                 offset=offset, total_length=len(data) + offset if total is None else total,
-                 remote_addr=mr["addr"] + mr_offset, rkey=mr["rkey"], payload=data)
+                 offset=offset, total_length=total, remote_addr=mr["addr"] + at, rkey=mr["rkey"],
+                 payload=data)
     m.__dict__.update(kw)
     return m
 
@@ -138,8 +140,8 @@ def sack_gap(ctx):
     pkts = {}
 
     def send(k):   # stamped as it leaves: the newest packet has the newest timestamp
-        pkts[k] = d.send(write_pkt(d, 1, qpn, stream, 0, mr, 64 * k, data[64 * k:64 * k + 64],
-                                   total=len(data), seq=k))
+        pkts[k] = d.send(write_pkt(d, 1, qpn, stream, 0, mr, 0, data[64 * k:64 * k + 64],
+                                   seq=k, part=(64 * k, len(data))))
     mark = len(ctx.port.log)
     for k in (0, 1, 3, 5):
         send(k)
@@ -279,7 +281,7 @@ def naks(ctx):
     expect(ctx.mem(mr, 128, 64) == data, "the valid WRITE after the rejections did not land", "W§5.1")
     # Out of bounds: a valid rkey, the last 32 bytes inside the region, 32 beyond.
     _, qpn, stream = ctx.qp(ip)
-    m = write_pkt(d, 0, qpn, stream, 0, mr, 0, data, mr_offset=4096 - 32)
+    m = write_pkt(d, 0, qpn, stream, 0, mr, 4096 - 32, data)
     f = nak_case(ctx, d, qpn, stream, mr, 3, m, w.SYN_BOUNDS, "out-of-bounds WRITE")
     expect(f.mrh.cum_seq == 4, f"out-of-bounds: rejected sequence not marked received: {f.mrh!r}",
            "W§5.3")
