@@ -656,9 +656,14 @@ class Receiver:
     ACKs each packet at once. drop(frame) -> True loses a packet (not recorded, no ACK);
     silent_paths get no ACK at all."""
 
-    def __init__(self, port, ip, drop=None):
+    def __init__(self, port, ip, drop=None, refuse=None):
         self.port, self.ip = port, ip
         self.drop = drop or (lambda f: False)
+        # refuse(frame) -> None or (syndrome, rnr_timer): the tester's NIC rejects the packet
+        # (W§5.3): RNR leaves it unmarked with a record in one ACK; any other syndrome marks it
+        # and its record rides every later ACK of the path.
+        self.refuse = refuse or (lambda f: None)
+        self.records, self.once = {}, {}
         self.paths = {}           # path -> {"cum", "got": set, "ts", "sport"}
         self.data = {}            # (msn, offset) -> payload
         self.arrivals = []        # (t, frame, fate)
@@ -701,7 +706,7 @@ class Receiver:
                 sack |= 1 << i
         m = w.Mrh(opcode=w.ACK, flags=flags, conn_id=self.conn[0], token=self.conn[1],
                   path_id=p, path_count=self.conn[2], cum_seq=st["cum"], sack=sack,
-                  echo_timestamp=echo)
+                  echo_timestamp=echo, naks=self.records.get(p, [])[-4:] + self.once.pop(p, []))
         self.port.send_mrh(self.ip, sport, m)
         self.acks_sent.append((time.monotonic(), m))
         return m
@@ -723,6 +728,19 @@ class Receiver:
             return
         if self.drop(f):
             self.arrivals.append((t, f, "dropped"))
+            return
+        refused = self.refuse(f)
+        if refused:
+            syn, timer = refused
+            record = (m.path_seq, m.src_stream, m.msn, syn, timer if syn == w.SYN_RNR else 0, 0)
+            if syn == w.SYN_RNR:
+                self.mark(m.path_id, (m.ack_floor - 1) & 0xffffffff, m.ack_floor)
+                self.once.setdefault(m.path_id, []).append(record)
+            else:
+                self.mark(m.path_id, m.path_seq, m.ack_floor)
+                self.records.setdefault(m.path_id, []).append(record)
+            self.arrivals.append((t, f, f"refused {syn}"))
+            self.owed[m.path_id] = (m.timestamp, f.sport)
             return
         new = self.mark(m.path_id, m.path_seq, m.ack_floor)
         if new and m.flags & w.F_FAILOVER:
@@ -746,15 +764,156 @@ class Receiver:
         return bytes(buf), got
 
 
-def iut_write(ctx, ip, size, seed, **qp_attrs):
-    """The IUT posts a WRITE of size bytes towards the tester at ip."""
+def iut_write(ctx, ip, size, seed, op="write", **qp_attrs):
+    """The IUT posts a WRITE (or a SEND) of size bytes towards the tester at ip."""
     qp, qpn, stream = ctx.qp(ip, **qp_attrs)
     mr = ctx.mr(max(size, 64))
     data = pattern(size, seed)
     ctx.agent("write", mr=mr["mr"], offset=0, hex=data.hex())
-    ctx.agent("post_send", qp=qp, op="write", mr=mr["mr"], offset=0, len=size, wr_id=seed,
+    ctx.agent("post_send", qp=qp, op=op, mr=mr["mr"], offset=0, len=size, wr_id=seed,
               raddr=0x7000_0000, rkey=0x5eed)
     return qp, data
+
+
+# --- the IUT as requester meeting NAKs (W§6.4, C§6) ---------------------------------------
+
+WC_REM_ACCESS_ERR, WC_RNR_RETRY_EXC_ERR = 10, 13
+RNR_TIMER_MS = {14: 1.28, 16: 2.56, 18: 5.12, 20: 10.24}   # verbs' encoding (C§6)
+
+
+@check("nak_fails_the_message_once", "W§6.4 W§2.4 W§5.3")
+def nak_fails_once(ctx):
+    """The tester refuses the first packet of the IUT's 8-packet WRITE with NAK syndrome 2
+    (remote access) and takes the rest: the WRITE completes once, with IBV_WC_REM_ACCESS_ERR,
+    and none of its packets is sent again after the NAK (W§6.4: the message fails exactly once,
+    its packets resolved and never retransmitted)."""
+    s = "W§6.4"
+    ip = ctx.new_ip()
+    hit = {}
+
+    def refuse(f):
+        if not hit and f.mrh.is_data():
+            hit.update(msn=f.mrh.msn, stream=f.mrh.src_stream)
+            return (w.SYN_ACCESS, 0)
+        return None
+    rx = Receiver(ctx.port, ip, refuse=refuse)
+    try:
+        iut_write(ctx, ip, 8 * 1024, 95)
+        wcs = ctx.wcs(2, 0.5)
+        ctx.port.pump(0.1)
+    finally:
+        rx.close()
+    expect(hit, "the IUT sent nothing", s)
+    expect(len(wcs) == 1, f"the refused WRITE completed {len(wcs)} times: {wcs}", s)
+    expect(wcs[0]["status"] == WC_REM_ACCESS_ERR,
+           f"the WRITE refused with syndrome 2 completed with status {wcs[0]['status']}, want "
+           f"IBV_WC_REM_ACCESS_ERR ({WC_REM_ACCESS_ERR})", s + " W§2.4")
+    t_nak = next(t for t, a in rx.acks_sent if a.naks)
+    again = [f for t, f, fate in rx.arrivals if f.mrh.is_data() and f.mrh.msn == hit["msn"] and
+             (fate == "duplicate" or f.mrh.flags & w.F_FAILOVER) and t > t_nak + 0.01]
+    expect(not again, f"a packet of the refused message was sent again 10 ms after the NAK: "
+           f"{again[0].mrh if again else ''!r}", s)
+
+
+@check("rnr_nak_waits_the_named_timer", "C§6 W§2.4 W§6.4")
+def rnr_backoff(ctx):
+    """The tester refuses the IUT's SEND with RNR naming timer code 18 (5.12 ms): the packet is
+    sent again no earlier than that after its first transmission (the IUT's timestamps; a loaded
+    host only delays it), nothing of it is copied or resent meanwhile (C§6: excluded from RTO,
+    SACK and tail probes), and once taken the SEND completes with its bytes. A QP with
+    rnr_retry 0 fails at the first refusal with IBV_WC_RNR_RETRY_EXC_ERR (C§6)."""
+    s = "C§6"
+    code = 18
+    ip = ctx.new_ip()
+    refused = []
+
+    def refuse(f):
+        if not refused and f.mrh.is_data():
+            refused.append(f)
+            return (w.SYN_RNR, 0x80 | code)
+        return None
+    rx = Receiver(ctx.port, ip, refuse=refuse)
+    try:
+        _, data = iut_write(ctx, ip, 512, 96, op="send", rnr_retry=7)
+        wcs = ctx.wcs(1, 3.0)
+        ctx.port.pump(0.05)
+    finally:
+        rx.close()
+    expect(refused, "the IUT sent nothing", s)
+    first = refused[0].mrh
+    after = [f for t, f, fate in rx.arrivals if f.mrh.is_data() and fate != "refused 1" and
+             f.mrh.msn == first.msn and f.mrh.offset == first.offset]
+    expect(after, "the SEND refused with RNR was never sent again", s)
+    gap = ((after[0].mrh.timestamp - first.timestamp) & 0xffffffff) / 1e6
+    ctx.note(f"resent {gap:.2f} ms after its first transmission (RNR timer {RNR_TIMER_MS[code]} ms)")
+    expect(gap >= 0.95 * RNR_TIMER_MS[code],
+           f"resent {gap:.2f} ms after the RNR refusal named {RNR_TIMER_MS[code]} ms", s + " W§2.4")
+    expect(len(wcs) == 1 and wcs[0]["status"] == WC_SUCCESS,
+           f"the SEND taken after its RNR completed {wcs}", s)
+    buf, got = rx.message(first.msn, len(data))
+    expect(buf == data, f"the tester holds {got} of {len(data)} bytes, or different ones", s)
+    # rnr_retry 0: the first refusal fails the message.
+    ip = ctx.new_ip()
+    rx = Receiver(ctx.port, ip, refuse=lambda f: (w.SYN_RNR, 0x80 | 14) if f.mrh.is_data() else None)
+    try:
+        iut_write(ctx, ip, 512, 97, op="send", rnr_retry=0)
+        wcs = ctx.wcs(1, 3.0)
+    finally:
+        rx.close()
+    expect(len(wcs) == 1 and wcs[0]["status"] == WC_RNR_RETRY_EXC_ERR,
+           f"a SEND of a QP with rnr_retry 0 refused with RNR completed {wcs}, want "
+           f"IBV_WC_RNR_RETRY_EXC_ERR ({WC_RNR_RETRY_EXC_ERR})", s)
+
+
+# --- READ on the wire ----------------------------------------------------------------------
+
+@check("read_request_answered_with_the_bytes", "W§2.2 W§4.1 W§5.3")
+def read_request(ctx):
+    """A READ_REQ of 3000 bytes (one packet, no payload, W§4.1) is ACKed and answered by
+    READ_RESP packets carrying the request's msn and stream pair, offsets covering the
+    3000 bytes with the IUT's memory, total_length 3000 and rsn 0 (W§2.2). A READ_REQ with a
+    bad rkey is NAKed (syndrome 2) and answered with nothing."""
+    s = "W§2.2 W§4.1"
+    ip = ctx.new_ip()
+    mr = ctx.mr(8192)
+    content = pattern(3000, 98)
+    ctx.agent("write", mr=mr["mr"], offset=100, hex=content.hex())
+    _, qpn, stream = ctx.qp(ip)
+    rx = Receiver(ctx.port, ip)
+    d = Direction(ctx.port, ip, 2)
+    try:
+        mark = len(ctx.port.log)
+        d.send(d.header(0, opcode=w.READ_REQ, dst_stream=qpn, src_stream=stream, msn=0,
+                        total_length=3000, remote_addr=mr["addr"] + 100, rkey=mr["rkey"]))
+        ctx.port.pump(2.0, until=lambda: rx.message(0, 3000)[1] >= 3000)
+        expect(ctx.wait_ack(d, mark, 0, lambda a: a.cum_seq == 1) is not None,
+               f"the READ_REQ was not ACKed: {describe(d.acks(mark))}", "W§5.2")
+        resp = [f.mrh for t, f, fate in rx.arrivals if f.mrh.is_data()]
+        expect(resp, "no READ_RESP came back", s)
+        for m in resp:
+            expect(m.opcode == w.READ_RESP and m.msn == 0 and m.dst_stream == stream and
+                   m.src_stream == qpn and m.total_length == 3000 and m.rsn == 0,
+                   f"answer {m!r}: want READ_RESP, msn 0, stream {qpn:#x}->{stream:#x}, "
+                   f"total_length 3000, rsn 0", s)
+        buf, got = rx.message(0, 3000)
+        expect(got == 3000 and buf == content,
+               f"READ_RESP payloads cover {got} of 3000 bytes, or differ from the IUT's memory", s)
+        # A bad rkey: NAK, no answer.
+        _, qpn2, stream2 = ctx.qp(ip)
+        n = len(rx.arrivals)
+        mark = len(ctx.port.log)
+        d.send(d.header(1, opcode=w.READ_REQ, dst_stream=qpn2, src_stream=stream2, msn=0,
+                        total_length=64, remote_addr=mr["addr"], rkey=mr["rkey"] ^ 0x00555500))
+        f = ctx.wait_ack(d, mark, 1, lambda a: bool(a.naks))
+        expect(f is not None and f.mrh.naks[0][3] == w.SYN_ACCESS,
+               f"a READ_REQ with a bad rkey: {describe(d.acks(mark))}; want NAK syndrome 2",
+               "W§5.3 W§2.4")
+        ctx.port.pump(0.1)
+        answers = [f for t, f, fate in rx.arrivals[n:] if f.mrh.is_data()]
+        expect(not answers, f"a refused READ_REQ was answered: {answers[0].mrh if answers else ''!r}",
+               "W§5.3")
+    finally:
+        rx.close()
 
 
 # --- (g) the IUT as sender: SACK hole -> one retransmission -------------------------------------
@@ -826,6 +985,10 @@ def sack_retransmit(ctx):
         if not same_path or others:
             outcome = (f"first resend as {how} {delay * 1e3:.2f} ms after the hole's ACK, "
                        f"{len(others)} other packets resent")
+            if others:
+                o = others[0]
+                outcome += (f" (first: {o.mrh!r}, sent {(rel[id(o)] + offset - hole_ack) * 1e3:.2f}"
+                            f" ms after the hole's ACK)")
             if delay > 10e-3 and not same_path:
                 # The IUT had the hole's ACK for 10 ms and did not resend on the path.
                 raise Fail(f"{outcome}: the lost packet (path {p}, sequence {seq}) was not "
