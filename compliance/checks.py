@@ -32,9 +32,10 @@ def expect(cond, msg, sections):
 class Ctx:
     """What a check works with: the port, the agent, counters, fresh tester addresses."""
 
-    def __init__(self, port, agent, counters, ip_pool, rx_capacity, notes, rto_initial=1e-3):
+    def __init__(self, port, agent, counters, ip_pool, rx_capacity, notes, rto_initial=1e-3,
+                 kernel_udp=False):
         self.port, self.agent, self.counters = port, agent, counters
-        self.rto_initial = rto_initial
+        self.rto_initial, self.kernel_udp = rto_initial, kernel_udp
         self.ip_pool, self.rx_capacity, self.notes = ip_pool, rx_capacity, notes
         self.stream = random.randrange(0x10000, 0x20000)
 
@@ -215,7 +216,8 @@ def rate_hint(ctx):
         acks = d.acks(mark)
         expect(acks, f"no ACK to sender {d.src_ip}", "W§5.2")
         latest.append(acks[-1].mrh.rate_hint)
-        ctx.note(f"{d.src_ip}: {len(acks)} ACKs, hints {sorted({f.mrh.rate_hint for f in acks})[:6]}")
+        ctx.note(f"{d.src_ip}: {len(acks)} ACKs, lowest hints "
+                 f"{sorted({f.mrh.rate_hint for f in acks})[:4]}, last {[f.mrh.rate_hint for f in acks[-4:]]}")
     everything = [f for f in ctx.port.log if f.mrh.opcode == w.ACK]
     for f in everything:
         h = f.mrh.rate_hint
@@ -225,7 +227,9 @@ def rate_hint(ctx):
         else:
             expect(h == 0, f"rate_hint {h} from an IUT without a receive capacity", "W§2.3")
     if cap:
-        expect(sum(latest) <= cap * 0.95 + 2,
+        # Each division's shares add up to C' exactly; the two latest ACKs may come from two
+        # divisions (every hint_interval), so 2 % of slack.
+        expect(sum(latest) <= cap * 0.95 * 1.02,
                f"the two senders' shares {latest} add up to more than 0.95 x {cap}", "C§3.2")
     ctx.note(f"{len(everything)} ACKs checked, capacity {cap} Mbit/s, latest shares {latest}")
 
@@ -394,8 +398,10 @@ def malformed_cases(d, qpn, stream, mr, seq, data):
 def malformed(ctx):
     """Each malformed field of W§1/W§2 (and a wrong token, an ACK or PROBE of an unknown
     direction, W§3.2, W§2.5) in a packet otherwise valid: dropped, no ACK, memory untouched,
-    and (with counters) counted under the counter the spec names; afterwards the same sequence
-    is still free and the valid packet lands (nothing of the bad ones was marked received)."""
+    and (with counters) counted under the counter the spec names (IPv4/UDP faults not, where
+    the IUT receives through the host's UDP sockets: the kernel drops those); afterwards the
+    same sequence is still free and the valid packet lands (nothing of the bad ones was marked
+    received)."""
     ip = ctx.new_ip()
     mr = ctx.mr(4096, 0x22)
     _, qpn, stream = ctx.qp(ip)
@@ -407,6 +413,8 @@ def malformed(ctx):
     failures = []
     by_counter = {}
     for label, names, sections, frame in cases:
+        if ctx.kernel_udp and sections == "W§1":
+            names = None   # the host's IP/UDP stack drops these before the IUT sees them
         before = ctx.counters.read() if have_counters and names else None
         mark = len(ctx.port.log)
         payload = frame.pop("payload")
@@ -909,7 +917,8 @@ def read_request(ctx):
                f"a READ_REQ with a bad rkey: {describe(d.acks(mark))}; want NAK syndrome 2",
                "W§5.3 W§2.4")
         ctx.port.pump(0.1)
-        answers = [f for t, f, fate in rx.arrivals[n:] if f.mrh.is_data()]
+        answers = [f for t, f, fate in rx.arrivals[n:] if f.mrh.is_data() and
+                   f.mrh.dst_stream == stream2]
         expect(not answers, f"a refused READ_REQ was answered: {answers[0].mrh if answers else ''!r}",
                "W§5.3")
     finally:

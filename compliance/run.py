@@ -37,6 +37,9 @@ def main():
                     help="the IUT's receive capacity in Mbit/s (0: it gives no rate hints)")
     ap.add_argument("--rto-initial-us", type=float, default=1000,
                     help="the IUT's RTO before any RTT sample (W§7 default: 1000)")
+    ap.add_argument("--kernel-udp", action="store_true",
+                    help="the IUT receives through the host's UDP sockets: IPv4/UDP faults are "
+                         "the kernel's to drop, not counted by the IUT")
     ap.add_argument("--only", default="", help="comma-separated check names")
     ap.add_argument("--xfail", default="", help="comma-separated checks expected to fail")
     ap.add_argument("--log", default="/tmp/metaroce-compliance-agent.log")
@@ -76,7 +79,7 @@ def main():
                 continue
             notes = []
             ctx = checks.Ctx(port, agent, counters, pool, a.rx_capacity, notes,
-                             a.rto_initial_us * 1e-6)
+                             a.rto_initial_us * 1e-6, a.kernel_udp)
             nviol = len(port.violations)
             t0 = time.monotonic()
             try:
