@@ -940,7 +940,7 @@ def sack_retransmit(ctx):
     arrived (the IUT's RTO beat a slow tester) makes the attempt inconclusive, and it is run
     again (5 attempts)."""
     s = "W§6.2"
-    outcomes = []
+    outcomes, slow = [], []
     for attempt in range(5):
         ip = ctx.new_ip()
         target = {}
@@ -966,10 +966,21 @@ def sack_retransmit(ctx):
         if not target:
             raise Fail(f"the IUT sent fewer than 5 data packets of a 24 KiB WRITE towards {ip} ({s})")
         p, seq = target["path"], target["seq"]
+        # The IUT's send times on the tester's clock: its timestamps (W§2.1: ns, low 32 bits)
+        # plus the smallest (arrival - timestamp) of the attempt, so never before the truth.
+        # The tester's lag, how much later than that a packet was taken, says whether the IUT's
+        # timers could rightly fire before the tester answered (rto_initial is 1 ms).
+        data_pkts = [(t, f) for t, f, _ in rx.arrivals if f.mrh.is_data()]
+        ts0 = data_pkts[0][1].mrh.timestamp
+        rel = {id(f): ((f.mrh.timestamp - ts0) & 0xffffffff) / 1e9 for _, f in data_pkts}
+        offset = min(t - rel[id(f)] for t, f in data_pkts)
+        lag = max(t - rel[id(f)] - offset for t, f in data_pkts)
+        slow.append(lag > 0.5e-3)
         hole_ack = next((t for t, a in rx.acks_sent if a.path_id == p and
                          w.seq_lt(a.cum_seq, seq + 1) and a.sack), None)
         if hole_ack is None:
-            outcomes.append("no packet followed the lost one on its path")
+            outcomes.append(f"no packet followed the lost one on its path (tester lag "
+                            f"{lag * 1e3:.2f} ms)")
             continue
 
         def is_target(m):
@@ -977,12 +988,6 @@ def sack_retransmit(ctx):
         resends = [(t, f) for t, f, fate in rx.arrivals if fate != "dropped" and is_target(f.mrh)]
         if not resends:
             raise Fail(f"the lost packet (path {p}, sequence {seq}) was never resent ({s})")
-        # The IUT's send times on the tester's clock: its timestamps (W§2.1: ns, low 32 bits)
-        # plus the smallest (arrival - timestamp) of the attempt, so never before the truth.
-        data_pkts = [(t, f) for t, f, _ in rx.arrivals if f.mrh.is_data()]
-        ts0 = data_pkts[0][1].mrh.timestamp
-        rel = {id(f): ((f.mrh.timestamp - ts0) & 0xffffffff) / 1e9 for _, f in data_pkts}
-        offset = min(t - rel[id(f)] for t, f in data_pkts)
         t1, first = resends[0]
         sent_at = rel[id(first)] + offset
         delay = sent_at - hole_ack
@@ -993,7 +998,7 @@ def sack_retransmit(ctx):
         same_path = m.path_id == p and m.path_seq == seq and not m.flags & w.F_FAILOVER
         if not same_path or others:
             outcome = (f"first resend as {how} {delay * 1e3:.2f} ms after the hole's ACK, "
-                       f"{len(others)} other packets resent")
+                       f"{len(others)} other packets resent, tester lag {lag * 1e3:.2f} ms")
             if others:
                 o = others[0]
                 outcome += (f" (first: {o.mrh!r}, sent {(rel[id(o)] + offset - hole_ack) * 1e3:.2f}"
@@ -1016,6 +1021,11 @@ def sack_retransmit(ctx):
                  f"(path {p}, sequence {seq}; arrived {(t1 - hole_ack) * 1e6:.0f} µs after it); "
                  f"attempt {attempt + 1}" + (f", before: {outcomes}" if outcomes else ""))
         return
+    if all(slow):
+        # Every attempt had the tester answering later than the IUT's timers may wait: nothing
+        # can be concluded on this host now; said so rather than passed or failed.
+        raise Skip(f"inconclusive: in every attempt the tester took some packet more than 0.5 ms "
+                   f"late (a loaded host), so the IUT's timers could rightly act first: {outcomes}")
     raise Fail(f"no attempt showed a clean SACK retransmission: {outcomes} ({s})")
 
 
