@@ -662,7 +662,7 @@ bool EngineImpl::emit_data(Time now, Connection& c, uint16_t idx, TxSink& sink, 
   // Its timeouts back its timer off only while the peer has said nothing since it last left
   // (expire()): the back-off it carries to a new path is 0 when the connection made progress.
   const uint8_t backoff =
-      d.rto_retries && !heard_since(c, d.sent_ts) ? d.rto_retries : 0;
+      d.rto_retries && !heard_since(c, d.sent_ts, now) ? d.rto_retries : 0;
   if (!write_data(now, c, d, d.path, d.seq, copy ? wire::failover_flags(d.orig_path) : 0,
                   copy ? d.orig_seq : 0, sink)) {
     return false;
@@ -2077,13 +2077,18 @@ void EngineImpl::detect_late(Time now, Connection& c) {
   }
 }
 
-// Whether the peer has said anything on this connection since stamp: ACK progress on any path,
-// or data of its own (lane 0 receives the peer's traffic too). A peer that talks is not dead, so
-// a timer waiting for it need not back off (W§6.3).
-bool EngineImpl::heard_since(const Connection& c, uint32_t stamp) const {
-  if (seq_lt(stamp, ts32(Time(c.last_progress_ns)))) return true;
+// Whether the peer has said anything on this connection since stamp (a packet's 32-bit send
+// time, less than 2^31 ns before now): ACK progress on any path, or data of its own (lane 0
+// receives the peer's traffic too). A peer that talks is not dead, so a timer waiting for it
+// need not back off (W§6.3). The times are compared in 64 bits: comparing stamp wrap-aware with
+// the low 32 bits of a time never set (0) called a peer that had never answered "heard" whenever
+// the clock's low 32 bits were past 2^31, half of every 4.3 s, and the packet's timer then
+// never backed off (the compliance suite's silent_peer check found it).
+bool EngineImpl::heard_since(const Connection& c, uint32_t stamp, Time now) const {
+  const int64_t sent = now.count() - static_cast<int32_t>(ts32(now) - stamp);
+  if (c.last_progress_ns > sent) return true;
   for (const RecvDir& d : c.rx) {
-    if (seq_lt(stamp, ts32(Time(d.last_used_ns)))) return true;
+    if (d.last_used_ns > sent) return true;
   }
   return false;
 }
@@ -2124,7 +2129,7 @@ void EngineImpl::expire(Time now, Connection& c, uint16_t path) {
   // this packet last left is losing packets, not talking to a dead peer, and a resend that waits
   // twice as long each time it is unlucky again left an all-to-all at 10 % loss waiting out
   // back-offs of milliseconds (W§6.3). Its retry count grows either way (§4.5).
-  const bool answered = heard_since(c, d.sent_ts);
+  const bool answered = heard_since(c, d.sent_ts, now);
   if (!answered && tp.backoff < kMaxBackoff) ++tp.backoff;
   if (!(d.flags & detail::kRetxQueued)) queue_retx(c, idx);
   // A timeout is a loss, not a congestion signal: a bounded quarter off the path (§2.3).

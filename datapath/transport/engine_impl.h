@@ -388,7 +388,7 @@ class EngineImpl final : public Engine {
   uint32_t packet_len(const TxDesc& d) const;
   bool send_retx(Time now, Connection& c, TxSink& sink, uint32_t& sent);
   void expire(Time now, Connection& c, uint16_t path);
-  bool heard_since(const Connection& c, uint32_t stamp) const;
+  bool heard_since(const Connection& c, uint32_t stamp, Time now) const;
   void judge_late(const TxPath& tp, const TxDesc& d, uint32_t echo);
   void resolve_moved(Connection& c, uint16_t path, const wire::AckHeader& a);
   Time fail_deadline(const Connection& c, const TxPath& tp) const;

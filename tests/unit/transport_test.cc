@@ -932,6 +932,31 @@ TEST(Transport, PeerThatNeverAnswersFailsWithRetryExceeded) {
   EXPECT_EQ(g.node[0].host.failed[0], std::make_pair(c2, Syndrome::kRetryExceeded));
 }
 
+// The back-off of a silent peer does not depend on the clock: at 3 s the low 32 bits of the
+// engine's clock are past 2^31, where a wrap-aware comparison with a progress time never set
+// (0) used to find the peer "heard" and the gaps stayed at rto_initial (compliance suite,
+// silent_peer_rto_backoff_and_retry_exceeded).
+TEST(Transport, SilentPeerBacksOffWhateverTheClockReads) {
+  for (Time start : {Time(0), Time(3s), Time(int64_t{1} << 32) - 500us}) {
+    EngineConfig cfg = Fabric::default_config();
+    cfg.max_retries = 4;
+    Fabric f(cfg);
+    f.now = start;
+    f.fate = [](const Sent& s) { return s.from == 0 ? Fate::kDrop : Fate::kDeliver; };
+    f.submit(0, 1, 0, 100);
+    f.run(start + 1s);
+    ASSERT_EQ(f.node[0].host.failed.size(), 1u) << "clock " << start.count();
+    std::vector<Time> tx;
+    for (const Sent* s : f.data_from(0)) {
+      if (!wire::is_redundant_copy(s->pkt.base.flags)) tx.push_back(s->tx_time);
+    }
+    ASSERT_EQ(tx.size(), 1u + cfg.max_retries) << "clock " << start.count();
+    EXPECT_EQ(tx[1] - tx[0], cfg.rto_initial) << "clock " << start.count();
+    for (size_t i = 2; i < tx.size(); ++i)
+      EXPECT_EQ(tx[i] - tx[i - 1], 2 * (tx[i - 1] - tx[i - 2])) << "clock " << start.count();
+  }
+}
+
 TEST(Transport, DuplicatedPacketsAreNeverDeliveredTwice) {
   Fabric f;
   f.fate = [](const Sent& s) {
