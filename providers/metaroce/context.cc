@@ -4,10 +4,13 @@
 // (query_device_ex, query_port), and the flush of every queue when the engine goes away.
 #include "providers/metaroce/context.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <linux/kcmp.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -57,6 +60,14 @@ abi::VerbsDevice* alloc_device(abi::SysfsDev* sysfs) {
 
 void uninit_device(abi::VerbsDevice* vdev) { delete reinterpret_cast<Device*>(vdev); }
 
+// Kernel-free contexts, for ibv_import_device to find by descriptor (verbs-mapping.md §21); its
+// lock also guards ContextState::refs, first and first_closed.
+std::mutex g_contexts_mu;
+std::vector<Context*> g_contexts;
+// Set by metaroce_import_device around the ibv_open_device it makes: alloc_context then joins
+// this state instead of opening a connection of its own.
+thread_local ContextState* t_import_into = nullptr;
+
 void close_state(ContextState* st) {
   if (st->watcher.joinable()) {
     const char c = 1;
@@ -67,16 +78,51 @@ void close_state(ContextState* st) {
                  st->async_write_fd})
     if (fd >= 0) close(fd);
   if (st->status) munmap(const_cast<hostif::StatusPage*>(st->status), st->engine.status_bytes);
+  for (Pd* pd : st->released_pds) delete pd;
   delete st;
+}
+
+void release_context(Context* ctx) {
+  if (ctx->import_async_fd >= 0) close(ctx->import_async_fd);
+  verbs_uninit_context(&ctx->vctx);
+  free(ctx);
+}
+
+// Drops one context's hold on st; the last one closes it, and the first context if its close
+// was put off. Returns false when ctx is st's first context and others still hold st: it must
+// stay (the engine's events and the watcher name it) until they close.
+bool unref_state(ContextState* st, Context* ctx) {
+  Context* put_off = nullptr;
+  bool last;
+  {
+    std::lock_guard lock(g_contexts_mu);
+    last = --st->refs == 0;
+    if (ctx && ctx == st->first && !last) {
+      st->first_closed = true;
+      return false;
+    }
+    if (ctx) std::erase(g_contexts, ctx);
+    if (last && st->first_closed && st->first != ctx) {
+      put_off = st->first;
+      std::erase(g_contexts, put_off);
+    }
+  }
+  if (ctx && ctx->import_async_fd >= 0) {
+    std::lock_guard lock(st->objects_mu);
+    std::erase(st->import_async_fds, ctx->import_async_fd);
+  }
+  if (last) {
+    // Closing the socket tells the engine to reclaim whatever the application left behind;
+    // closing the async write end wakes a thread blocked in ibv_get_async_event.
+    close_state(st);
+    if (put_off) release_context(put_off);
+  }
+  return true;
 }
 
 void free_context(ibv_context* ibctx) {
   Context* ctx = to_context(ibctx);
-  // Closing the socket tells the engine to reclaim whatever the application left behind;
-  // closing the async write end wakes a thread blocked in ibv_get_async_event.
-  close_state(ctx->state);
-  verbs_uninit_context(&ctx->vctx);
-  free(ctx);
+  if (unref_state(ctx->state, ctx)) release_context(ctx);
 }
 
 const abi::ContextOps kContextOps = [] {
@@ -111,6 +157,8 @@ const abi::ContextOps kContextOps = [] {
   ops.destroy_wq = destroy_wq;
   ops.free_context = free_context;
   ops.get_srq_num = get_srq_num;
+  ops.import_mr = import_mr;
+  ops.import_pd = import_pd;
   ops.modify_qp = modify_qp;
   ops.modify_srq = modify_srq;
   ops.modify_wq = modify_wq;
@@ -131,6 +179,8 @@ const abi::ContextOps kContextOps = [] {
   ops.rereg_mr = rereg_mr;
   ops.resize_cq = resize_cq;
   ops.set_ece = set_ece;
+  ops.unimport_mr = unimport_mr;
+  ops.unimport_pd = unimport_pd;
   return ops;
 }();
 
@@ -217,8 +267,14 @@ void engine_lost(ibv_context* context) {
     for (Cq* cq : st.cqs) notify_orphan(cq);
   }
   // A kernel-backed context hears it from the module, which saw the engine's file close.
-  if (!st.kernel)
+  if (!st.kernel) {
     post_async_event(context, reinterpret_cast<uintptr_t>(context), IBV_EVENT_DEVICE_FATAL);
+    std::lock_guard lock(st.objects_mu);
+    for (int fd : st.import_async_fds) {
+      const hostif::AsyncEventDesc desc{0, IBV_EVENT_DEVICE_FATAL, 0};
+      [[maybe_unused]] ssize_t n = write(fd, &desc, sizeof(desc));
+    }
+  }
 }
 
 void watch_engine(ibv_context* context) {
@@ -281,6 +337,41 @@ verbs_context* alloc_kernel_context(Context* ctx, ibv_device* ibdev) {
   return &ctx->vctx;
 }
 
+// An imported context (metaroce_import_device): st's connection, objects and engine, and an
+// async descriptor of its own that hears IBV_EVENT_DEVICE_FATAL (the objects' events go to the
+// first context's, as the kernel sends them to the context's first async file). The caller
+// holds a reference on st for it.
+verbs_context* alloc_imported_context(Context* ctx, ContextState* st) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    const int e = errno;
+    verbs_uninit_context(&ctx->vctx);
+    free(ctx);
+    errno = e;
+    return nullptr;
+  }
+  fcntl(fds[1], F_SETFL, fcntl(fds[1], F_GETFL) | O_NONBLOCK);
+  try {
+    std::scoped_lock lock(g_contexts_mu, st->objects_mu);
+    g_contexts.reserve(g_contexts.size() + 1);  // both or neither
+    st->import_async_fds.push_back(fds[1]);
+    g_contexts.push_back(ctx);
+  } catch (...) {
+    close(fds[0]);
+    close(fds[1]);
+    verbs_uninit_context(&ctx->vctx);
+    free(ctx);
+    errno = ENOMEM;
+    return nullptr;
+  }
+  ctx->state = st;
+  ctx->import_async_fd = fds[1];
+  ctx->vctx.context.async_fd = fds[0];
+  ctx->vctx.context.num_comp_vectors = 1;
+  verbs_set_ops(&ctx->vctx, &kContextOps);
+  return &ctx->vctx;
+}
+
 verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data*/) {
   // Expands what rdma-core's verbs_init_and_alloc_context macro would: the library callocs
   // sizeof(Context) and initialises the verbs_context found at the given offset (0 here).
@@ -288,9 +379,12 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data
       ibdev, cmd_fd, sizeof(Context),
       reinterpret_cast<verbs_context*>(offsetof(Context, vctx)), 0 /* RDMA_DRIVER_UNKNOWN */));
   if (!ctx) return nullptr;
+  ctx->import_async_fd = -1;
+  if (t_import_into) return alloc_imported_context(ctx, t_import_into);
   ctx->state = new (std::nothrow) ContextState{};
   if (!ctx->state) return abandon(ctx, ENOMEM);
   ContextState& st = *ctx->state;
+  st.first = ctx;
   if (reinterpret_cast<Device*>(ibdev)->kernel) return alloc_kernel_context(ctx, ibdev);
 
   int err = 0;
@@ -331,6 +425,11 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data
   if (!comp_channel_preload_active())
     METAROCE_LOG(&ctx->vctx, abi::kLogInfo,
                  "completion channels need libmetaroce-preload.so (metaroce exec, metaroce env)");
+  try {
+    std::lock_guard lock(g_contexts_mu);
+    g_contexts.push_back(ctx);
+  } catch (...) {  // not importable; nothing else depends on the registry
+  }
   return &ctx->vctx;
 }
 
@@ -350,8 +449,54 @@ const abi::DeviceOps kDeviceOps = {
     .uninit_device = uninit_device,
 };
 
-// libibverbs dlopens us and expects the constructor to register the driver (no symbol lookup).
-__attribute__((constructor)) void register_driver() { verbs_register_driver_34(&kDeviceOps); }
+// ibv_import_device for a descriptor of one of this process's kernel-free contexts (the
+// preload's ibv_import_device calls it; libibverbs' own would issue a kernel command on it):
+// a new context on the same device that shares the first one's connection to the engine, so
+// that the engine sees one context and the handles of its PDs and MRs import. *ours is 0 when
+// cmd_fd is no such descriptor (the preload then asks libibverbs).
+ibv_context* import_device(int cmd_fd, int* ours) noexcept {
+  *ours = 0;
+  ContextState* st = nullptr;
+  ibv_device* device = nullptr;
+  {
+    std::lock_guard lock(g_contexts_mu);
+    const pid_t self = getpid();
+    for (Context* c : g_contexts) {
+      // The same open file (a dup of the context's descriptor, or the descriptor itself).
+      if (syscall(SYS_kcmp, self, self, KCMP_FILE, c->vctx.context.cmd_fd, cmd_fd) == 0) {
+        st = c->state;
+        device = c->vctx.context.device;
+        ++st->refs;  // for the new context; dropped below if it is not made
+        break;
+      }
+    }
+  }
+  if (!st) return nullptr;
+  *ours = 1;
+  if (st->dead.load(std::memory_order_acquire)) {
+    unref_state(st, nullptr);
+    errno = ENODEV;
+    return nullptr;
+  }
+  t_import_into = st;
+  ibv_context* ctx = ibv_open_device(device);
+  const int e = errno;
+  t_import_into = nullptr;
+  if (!ctx) {
+    unref_state(st, nullptr);
+    errno = e;
+  }
+  return ctx;
+}
+
+// libibverbs dlopens us and expects the constructor to register the driver (no symbol lookup);
+// the preload, when loaded, learns where our ibv_import_device is.
+__attribute__((constructor)) void register_driver() {
+  verbs_register_driver_34(&kDeviceOps);
+  using SetImport = void (*)(ibv_context* (*)(int, int*));
+  if (auto set = reinterpret_cast<SetImport>(dlsym(RTLD_DEFAULT, "metaroce_preload_set_import")))
+    set(import_device);
+}
 
 }  // namespace
 
@@ -428,6 +573,28 @@ void untrack(ibv_context* c, Qp* qp) noexcept {
 void untrack(ibv_context* c, Srq* srq) noexcept {
   std::lock_guard lock(state_of(c).objects_mu);
   std::erase(state_of(c).srqs, srq);
+}
+void track(ibv_context* c, Pd* pd) noexcept {
+  std::lock_guard lock(state_of(c).objects_mu);
+  try {
+    state_of(c).pds.push_back(pd);
+  } catch (...) {  // the PD works; only ibv_import_pd will not find it
+  }
+}
+void track(ibv_context* c, abi::VerbsMr* mr) noexcept {
+  std::lock_guard lock(state_of(c).objects_mu);
+  try {
+    state_of(c).mrs.push_back(mr);
+  } catch (...) {  // as above
+  }
+}
+void untrack(ibv_context* c, Pd* pd) noexcept {
+  std::lock_guard lock(state_of(c).objects_mu);
+  std::erase(state_of(c).pds, pd);
+}
+void untrack(ibv_context* c, abi::VerbsMr* mr) noexcept {
+  std::lock_guard lock(state_of(c).objects_mu);
+  std::erase(state_of(c).mrs, mr);
 }
 
 int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input,

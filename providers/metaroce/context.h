@@ -25,8 +25,10 @@
 namespace metaroce::provider {
 
 struct Cq;
+struct Pd;
 struct Qp;
 struct Srq;
+struct Context;
 
 struct Device {
   abi::VerbsDevice vdev;  // first: libibverbs hands us &vdev.device
@@ -51,11 +53,22 @@ struct ContextState {
   std::vector<Cq*> cqs;
   std::vector<Qp*> qps;
   std::vector<Srq*> srqs;
+  // What ibv_import_pd / ibv_import_mr look up by handle (kernel-free; allocated, not imported).
+  std::vector<Pd*> pds;
+  std::vector<abi::VerbsMr*> mrs;
+  std::vector<Pd*> released_pds;  // ibv_unimport_pd'd; freed with the state
+  // ibv_import_device (verbs-mapping.md §21): every context sharing this state, the one that
+  // opened it first. The state and that first context live until the last of them closes.
+  int refs = 1;                   // under the import registry's lock (context.cc)
+  Context* first = nullptr;
+  bool first_closed = false;      // ibv_close_device of `first` came while imports lived
+  std::vector<int> import_async_fds;  // the imports' own async pipes (IBV_EVENT_DEVICE_FATAL)
 };
 
 struct Context {
   verbs_context vctx;  // first: libibverbs allocates and initialises it
   ContextState* state;
+  int import_async_fd;  // an imported context's own async pipe (write end); -1 otherwise
 };
 static_assert(std::is_standard_layout_v<Context>);
 
@@ -68,6 +81,12 @@ inline ContextState& state_of(ibv_context* c) { return *to_context(c)->state; }
 // True for a context this provider opened.
 bool is_ours(const ibv_context* context) noexcept;
 bool is_ours(const ibv_device* device) noexcept;
+
+// Registers a PD or MR for import by handle; unregisters it (both kernel-free only).
+void track(ibv_context* context, Pd* pd) noexcept;
+void track(ibv_context* context, abi::VerbsMr* mr) noexcept;
+void untrack(ibv_context* context, Pd* pd) noexcept;
+void untrack(ibv_context* context, abi::VerbsMr* mr) noexcept;
 
 // Writes one async event record (struct ib_uverbs_async_event_desc) for ibv_get_async_event.
 // Never blocks: if the application does not read its events, later ones are dropped.

@@ -3,6 +3,7 @@
 // to the engine, which reaches the registered memory itself.
 #include "providers/metaroce/pd.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <new>
 
@@ -38,13 +39,20 @@ ibv_pd* alloc_pd(ibv_context* context) noexcept {
   }
   pd->id = body->pd;
   pd->pd.context = context;
-  if (!kernel) pd->pd.handle = pd->id;
+  if (!kernel) {
+    pd->pd.handle = pd->id;
+    track(context, pd);
+  }
   return &pd->pd;
 }
 
 int dealloc_pd(ibv_pd* ibpd) noexcept {
   Pd* pd = to_pd(ibpd);
   if (pd->users.load(std::memory_order_acquire) != 0) return EBUSY;
+  if (pd->imported_from) {  // releases the import; the PD is its allocator's to destroy (§21)
+    unimport_pd(ibpd);
+    return 0;
+  }
   if (pd->parent_of) {  // a parent domain: the engine knows only the PD it extends
     pd->parent_of->users.fetch_sub(1, std::memory_order_release);
     if (pd->td) reinterpret_cast<Td*>(pd->td)->users.fetch_sub(1, std::memory_order_release);
@@ -54,8 +62,11 @@ int dealloc_pd(ibv_pd* ibpd) noexcept {
   hostif::Message resp;
   const int err = engine_call(ibpd->context, hostif::Op::kDeallocPd, hostif::IdReq{pd->id}, &resp);
   if (err && !engine_gone(err)) return err;
-  if (state_of(ibpd->context).kernel)
+  if (state_of(ibpd->context).kernel) {
     if (int e = kernel::dealloc_pd(ibpd)) return e;
+  } else {
+    untrack(ibpd->context, pd);
+  }
   delete pd;
   return 0;
 }
@@ -122,7 +133,10 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
   mr->mr.length = length;
   mr->mr.lkey = body->lkey;
   mr->mr.rkey = body->rkey;
-  if (!kernel) mr->mr.handle = body->lkey;
+  if (!kernel) {
+    mr->mr.handle = body->lkey;
+    track(ibpd->context, mr);
+  }
   return &mr->mr;
 }
 
@@ -285,15 +299,114 @@ int advise_mr(ibv_pd* ibpd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge
 }
 
 int dereg_mr(abi::VerbsMr* mr) noexcept {
+  if (mr->mr_type == abi::kMrTypeImportedMr) {  // releases the import (§21)
+    unimport_mr(&mr->mr);
+    return 0;
+  }
   hostif::Message resp;
   const int err =
       engine_call(mr->mr.context, hostif::Op::kDeregMr, hostif::IdReq{mr->mr.lkey}, &resp);
   if (err && !engine_gone(err)) return err;
-  if (state_of(mr->mr.context).kernel)
+  if (state_of(mr->mr.context).kernel) {
     if (int e = kernel::dereg_mr(mr)) return e;
+  } else {
+    untrack(mr->mr.context, mr);
+  }
   to_pd(mr->mr.pd)->users.fetch_sub(1, std::memory_order_release);
   delete mr;
   return 0;
+}
+
+// An import names the object the context state already holds: no request to the engine, which
+// sees one context (verbs-mapping.md §21). Handles are the engine's PD id and the MR's lkey.
+ibv_pd* import_pd(ibv_context* context, uint32_t pd_handle) noexcept {
+  ContextState& st = state_of(context);
+  if (st.kernel) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  auto* pd = new (std::nothrow) Pd{};
+  if (!pd) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  std::lock_guard lock(st.objects_mu);
+  const auto it = std::find_if(st.pds.begin(), st.pds.end(),
+                               [&](const Pd* p) { return p->pd.handle == pd_handle; });
+  if (it == st.pds.end()) {
+    delete pd;
+    errno = ENOENT;  // what the kernel answers for a handle its context does not hold
+    return nullptr;
+  }
+  Pd* origin = *it;
+  origin->users.fetch_add(1, std::memory_order_relaxed);
+  pd->id = origin->id;
+  pd->imported_from = origin;
+  pd->pd.context = context;
+  pd->pd.handle = pd_handle;
+  return &pd->pd;
+}
+
+void unimport_pd(ibv_pd* ibpd) noexcept {
+  if (!ibpd) return;
+  Pd* pd = to_pd(ibpd);
+  ContextState& st = state_of(ibpd->context);
+  if (!pd->imported_from) {
+    // As with the kernel: the application's handle goes, the PD stays until the context closes.
+    untrack(ibpd->context, pd);
+    std::lock_guard lock(st.objects_mu);
+    st.released_pds.push_back(pd);
+    return;
+  }
+  pd->imported_from->users.fetch_sub(1, std::memory_order_release);
+  std::lock_guard lock(st.objects_mu);
+  st.released_pds.push_back(pd);  // QPs in it may be destroyed after this (pyverbs does)
+}
+
+ibv_mr* import_mr(ibv_pd* ibpd, uint32_t mr_handle) noexcept {
+  ContextState& st = state_of(ibpd->context);
+  if (st.kernel) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  auto* mr = new (std::nothrow) abi::VerbsMr{};
+  if (!mr) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  std::lock_guard lock(st.objects_mu);
+  const auto it = std::find_if(st.mrs.begin(), st.mrs.end(),
+                               [&](const abi::VerbsMr* m) { return m->mr.handle == mr_handle; });
+  if (it == st.mrs.end() || to_pd((*it)->mr.pd)->id != to_pd(ibpd)->id) {
+    delete mr;
+    errno = it == st.mrs.end() ? ENOENT : EINVAL;  // or a region of another PD
+    return nullptr;
+  }
+  const abi::VerbsMr& origin = **it;
+  to_pd(ibpd)->users.fetch_add(1, std::memory_order_relaxed);
+  mr->mr_type = abi::kMrTypeImportedMr;  // ibv_dereg_mr leaves its pages' fork setting alone
+  mr->access = origin.access;
+  mr->mr.context = ibpd->context;
+  mr->mr.pd = ibpd;
+  mr->mr.addr = origin.mr.addr;
+  mr->mr.length = origin.mr.length;
+  mr->mr.lkey = origin.mr.lkey;
+  mr->mr.rkey = origin.mr.rkey;
+  mr->mr.handle = mr_handle;
+  return &mr->mr;
+}
+
+void unimport_mr(ibv_mr* ibmr) noexcept {
+  if (!ibmr) return;
+  auto* mr = reinterpret_cast<abi::VerbsMr*>(ibmr);
+  if (mr->mr_type == abi::kMrTypeImportedMr) {
+    to_pd(ibmr->pd)->users.fetch_sub(1, std::memory_order_release);
+  } else {
+    // As with the kernel: the struct goes, the region stays registered (and its PD in use)
+    // until the context closes.
+    untrack(ibmr->context, mr);
+  }
+  delete mr;
 }
 
 }  // namespace metaroce::provider

@@ -25,6 +25,10 @@ struct Pd {
   void* (*alloc)(ibv_pd* pd, void* pd_context, size_t size, size_t alignment, uint64_t type);
   void (*free)(ibv_pd* pd, void* pd_context, void* ptr, uint64_t type);
   void* pd_context;
+  // An imported PD (ibv_import_pd, verbs-mapping.md §21): the PD it names, which cannot be
+  // deallocated while the import holds it. Released imports stay allocated until the context
+  // state closes: the QPs and SRQs created in one may be destroyed after ibv_unimport_pd.
+  Pd* imported_from;
 };
 static_assert(std::is_standard_layout_v<Pd>);
 
@@ -74,6 +78,11 @@ int dealloc_mw(ibv_mw* mw) noexcept;
 ibv_td* alloc_td(ibv_context* context, ibv_td_init_attr* attr) noexcept;
 int dealloc_td(ibv_td* td) noexcept;
 ibv_pd* alloc_parent_domain(ibv_context* context, ibv_parent_domain_init_attr* attr) noexcept;
+// ibv_import_pd / ibv_import_mr and their inverses (verbs-mapping.md §21).
+ibv_pd* import_pd(ibv_context* context, uint32_t pd_handle) noexcept;
+void unimport_pd(ibv_pd* pd) noexcept;
+ibv_mr* import_mr(ibv_pd* pd, uint32_t mr_handle) noexcept;
+void unimport_mr(ibv_mr* mr) noexcept;
 int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
               uint32_t num_sge) noexcept;
 

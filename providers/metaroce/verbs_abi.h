@@ -168,8 +168,8 @@ struct ContextOps {
   UnusedOp free_dm;
   int (*get_srq_num)(ibv_srq* srq, uint32_t* srq_num);
   UnusedOp import_dm;
-  UnusedOp import_mr;
-  UnusedOp import_pd;
+  ibv_mr* (*import_mr)(ibv_pd* pd, uint32_t mr_handle);
+  ibv_pd* (*import_pd)(ibv_context* context, uint32_t pd_handle);
   UnusedOp modify_cq;
   UnusedOp modify_flow_action_esp;
   int (*modify_qp)(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask);
@@ -200,8 +200,8 @@ struct ContextOps {
   int (*resize_cq)(ibv_cq* cq, int cqe);
   int (*set_ece)(ibv_qp* qp, ibv_ece* ece);
   UnusedOp unimport_dm;
-  UnusedOp unimport_mr;
-  UnusedOp unimport_pd;
+  void (*unimport_mr)(ibv_mr* mr);
+  void (*unimport_pd)(ibv_pd* pd);
 };
 
 // Log levels of __verbs_log (VERBS_LOG_LEVEL in the environment selects what is printed).

@@ -10,7 +10,13 @@
 //                                             then waits for down, up, down, up (the script
 //                                             takes the port down and up twice), each seen in
 //                                             ibv_query_port too
+//   verbs_complete --dev NAME --test import   ibv_import_device/pd/mr (verbs-mapping.md §21):
+//                                             traffic through imports, bad handles and
+//                                             descriptors, the first context closed first; then
+//                                             prints "ready" and waits for DEVICE_FATAL on the
+//                                             import (the script kills the engine)
 // Exit status 0 only if every check passed; each failure prints one line.
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <unistd.h>
@@ -391,6 +397,101 @@ void test_port(const char* name) {
   ibv_close_device(ctx);
 }
 
+bool wait_fatal(ibv_context* ctx, double secs) {
+  pollfd p{ctx->async_fd, POLLIN, 0};
+  while (poll(&p, 1, static_cast<int>(secs * 1000)) > 0) {
+    ibv_async_event ev;
+    if (ibv_get_async_event(ctx, &ev)) return false;
+    const bool fatal = ev.event_type == IBV_EVENT_DEVICE_FATAL;
+    ibv_ack_async_event(&ev);
+    if (fatal) return true;
+  }
+  return false;
+}
+
+void test_import(const char* name) {
+  Dev d = open_dev(name);
+  auto* src = static_cast<uint8_t*>(aligned_alloc(4096, kBuf));
+  auto* dst = static_cast<uint8_t*>(aligned_alloc(4096, kBuf));
+  for (size_t i = 0; i < kBuf; ++i) src[i] = static_cast<uint8_t>(i * 13 + 5);
+  std::memset(dst, 0, kBuf);
+  ibv_mr* smr = ibv_reg_mr(d.pd, src, kBuf, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* dmr = ibv_reg_mr(d.pd, dst, kBuf, kRemote);
+  if (!smr || !dmr) die("reg");
+
+  // Descriptors that are no context's.
+  int pfd[2];
+  if (pipe(pfd)) die("pipe");
+  errno = 0;
+  CHECK(!ibv_import_device(pfd[0]) && errno == EINVAL, "a pipe: EINVAL (errno %d)", errno);
+  close(pfd[0]);
+  close(pfd[1]);
+  const int null_fd = open("/dev/null", O_RDWR);
+  errno = 0;
+  CHECK(!ibv_import_device(null_fd) && errno == ENODEV, "/dev/null: ENODEV (errno %d)", errno);
+  close(null_fd);
+
+  // A dup of the context's descriptor, as one passes it to another component.
+  const int fd = dup(d.ctx->cmd_fd);
+  ibv_context* ic = ibv_import_device(fd);
+  CHECK(ic, "ibv_import_device: %s", std::strerror(errno));
+  if (!ic) return;
+  ibv_device_attr attr{};
+  CHECK(ibv_query_device(ic, &attr) == 0 && attr.max_qp > 0, "ibv_query_device on the import");
+  errno = 0;
+  CHECK(!ibv_import_pd(ic, d.pd->handle + 1000) && errno == ENOENT,
+        "a PD handle the context does not hold: ENOENT (errno %d)", errno);
+  ibv_pd* ipd = ibv_import_pd(ic, d.pd->handle);
+  CHECK(ipd && ipd->handle == d.pd->handle, "ibv_import_pd: %s", std::strerror(errno));
+  if (!ipd) return;
+  errno = 0;
+  CHECK(!ibv_import_mr(ipd, smr->handle ^ 0x5a5a00) && errno == ENOENT,
+        "an MR handle the context does not hold: ENOENT (errno %d)", errno);
+  ibv_mr* ismr = ibv_import_mr(ipd, smr->handle);
+  ibv_mr* idmr = ibv_import_mr(ipd, dmr->handle);
+  CHECK(ismr && idmr, "ibv_import_mr: %s", std::strerror(errno));
+  if (!ismr || !idmr) return;
+  CHECK(ismr->lkey == smr->lkey && idmr->rkey == dmr->rkey && idmr->length == kBuf &&
+            ismr->addr == src,
+        "the imported regions are the registered ones");
+  CHECK(ibv_dealloc_pd(d.pd) == EBUSY, "the imported PD is in use: EBUSY");
+
+  // QPs of the import, in the imported PD, moving data with the imported keys.
+  Dev id{ic, ipd, ibv_create_cq(ic, 64, nullptr, nullptr, 0), d.gid};
+  if (!id.cq) die("ibv_create_cq on the import");
+  auto [a, b] = qp_pair(id);
+  CHECK(write_status(id, a, ismr->lkey, src, 4096, idmr->rkey,
+                     reinterpret_cast<uintptr_t>(dst) + 4096) == IBV_WC_SUCCESS,
+        "a WRITE between the import's QPs");
+  CHECK(std::memcmp(dst + 4096, src, 4096) == 0, "it landed");
+
+  // The first context closed first: the import keeps the engine's context (and its PD and
+  // regions) alive, as the kernel keeps the file open while a descriptor refers to it.
+  CHECK(ibv_destroy_cq(d.cq) == 0, "destroy the first context's CQ");
+  CHECK(ibv_close_device(d.ctx) == 0, "close the first context");
+  std::memset(dst, 0, kBuf);
+  CHECK(write_status(id, b, ismr->lkey, src + 100, 3000, idmr->rkey,
+                     reinterpret_cast<uintptr_t>(dst) + 7) == IBV_WC_SUCCESS,
+        "a WRITE after the first context closed");
+  CHECK(std::memcmp(dst + 7, src + 100, 3000) == 0, "it landed");
+  CHECK(ibv_dereg_mr(idmr) == 0, "ibv_dereg_mr of an import releases it");
+  ibv_unimport_mr(ismr);
+  CHECK(write_status(id, a, smr->lkey, src, 64, dmr->rkey, reinterpret_cast<uintptr_t>(dst)) ==
+            IBV_WC_SUCCESS,
+        "the regions stay registered (the first context did not deregister them)");
+
+  // The engine killed: the import hears it too.
+  std::printf("ready\n");
+  std::fflush(stdout);
+  CHECK(wait_fatal(ic, 30), "IBV_EVENT_DEVICE_FATAL on the import");
+  ibv_destroy_qp(a);
+  ibv_destroy_qp(b);
+  ibv_destroy_cq(id.cq);
+  ibv_unimport_pd(ipd);
+  CHECK(ibv_close_device(ic) == 0, "close the import");
+  close(fd);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -400,13 +501,14 @@ int main(int argc, char** argv) {
     if (a == "--dev" && i + 1 < argc) dev = argv[++i];
     else if (a == "--test" && i + 1 < argc) test = argv[++i];
     else {
-      std::fprintf(stderr, "usage: verbs_complete --dev NAME --test memory|domains|port\n");
+      std::fprintf(stderr, "usage: verbs_complete --dev NAME --test memory|domains|port|import\n");
       return 2;
     }
   }
   if (test == "memory") test_memory(dev.c_str());
   else if (test == "domains") test_domains(dev.c_str());
   else if (test == "port") test_port(dev.c_str());
+  else if (test == "import") test_import(dev.c_str());
   else return 2;
   if (failures) {
     std::fprintf(stderr, "verbs_complete %s: %d check(s) failed\n", test.c_str(), failures);

@@ -2,9 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # The second round of verbs over one MetaRoCE device with our verbs_complete program: memory
 # (IOVA, implicit ODP, advise, dmabuf, rereg, relaxed ordering, ECE, resize CQ, windows), thread
-# and parent domains, and
+# and parent domains,
 # port events while the link's port is taken down and up, by the operator (link set --plane)
-# and by its memif peer going away and coming back.
+# and by its memif peer going away and coming back, and imported contexts, PDs and MRs with the
+# engine killed under them.
 source "$(dirname "$0")/lib.sh"
 PROG="$BUILD/tests/integration/verbs_complete"
 [ -x "$PROG" ] || fail "$PROG is not built"
@@ -39,4 +40,18 @@ wait_for "down 1"
   --ip 198.18.0.2/24 >/dev/null
 wait_for "up 1"
 wait "$PORT_PID" || { cat "$LOGDIR/port"; fail "port events"; }
+
+# Imports (ibv_import_device/pd/mr), last: it ends with the engine killed under them.
+timeout 90 "$PROG" --dev mrA --test import >"$LOGDIR/import" 2>&1 &
+IMPORT_PID=$!
+PIDS+=("$IMPORT_PID")
+for _ in $(seq 600); do
+  grep -qx ready "$LOGDIR/import" && break
+  kill -0 "$IMPORT_PID" 2>/dev/null || break
+  sleep 0.1
+done
+grep -qx ready "$LOGDIR/import" || { cat "$LOGDIR/import"; fail "import: no 'ready'"; }
+LD_PRELOAD= timeout 10 pkill -KILL -f -- "metaroced.*--rundir $METAROCE_RUNDIR( |\$)" ||
+  fail "no engine to kill"
+wait "$IMPORT_PID" || { cat "$LOGDIR/import"; fail "import"; }
 echo "PASS verbs_complete"

@@ -33,9 +33,13 @@ void* provider_function(const ibv_context* context, const char* name) {
 }
 
 template <typename Fn>
-Fn libibverbs_function(const char* name) {
-  return reinterpret_cast<Fn>(dlvsym(RTLD_NEXT, name, kVersion));
+Fn libibverbs_function(const char* name, const char* version = kVersion) {
+  return reinterpret_cast<Fn>(dlvsym(RTLD_NEXT, name, version));
 }
+
+using ImportFn = ibv_context* (*)(int cmd_fd, int* ours);
+// The MetaRoCE provider's ibv_import_device, registered by the provider as libibverbs loads it.
+ImportFn g_import = nullptr;
 
 }  // namespace
 
@@ -43,6 +47,35 @@ extern "C" {
 
 // Providers check this to tell a user that channels need the preload (metaroce exec).
 __attribute__((visibility("default"))) int metaroce_preload_active() { return 1; }
+
+// Called by the provider's constructor.
+__attribute__((visibility("default"))) void metaroce_preload_set_import(ImportFn fn) {
+  __atomic_store_n(&g_import, fn, __ATOMIC_RELEASE);
+}
+
+__attribute__((visibility("default"))) ibv_context* ibv_import_device(int cmd_fd) {
+  using ListFn = ibv_device** (*)(int*);
+  using FreeFn = void (*)(ibv_device**);
+  using NextFn = ibv_context* (*)(int);
+  if (!__atomic_load_n(&g_import, __ATOMIC_ACQUIRE)) {
+    // The providers load with the first device list; ours registers then.
+    auto list = libibverbs_function<ListFn>("ibv_get_device_list", "IBVERBS_1.1");
+    auto free_list = libibverbs_function<FreeFn>("ibv_free_device_list", "IBVERBS_1.1");
+    if (list && free_list)
+      if (ibv_device** devices = list(nullptr)) free_list(devices);
+  }
+  if (ImportFn own = __atomic_load_n(&g_import, __ATOMIC_ACQUIRE)) {
+    int ours = 0;
+    ibv_context* context = own(cmd_fd, &ours);
+    if (ours) return context;
+  }
+  const NextFn next = libibverbs_function<NextFn>("ibv_import_device", "IBVERBS_1.10");
+  if (!next) {
+    errno = ENOSYS;
+    return nullptr;
+  }
+  return next(cmd_fd);
+}
 
 __attribute__((visibility("default"))) ibv_comp_channel* ibv_create_comp_channel(
     ibv_context* context) {
