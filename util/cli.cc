@@ -518,6 +518,17 @@ bool ensure_class_dirs(const Paths& p, std::string* err) {
       return false;
     }
   }
+  // librdmacm reads the CM's ABI version here (without RDMA netlink); the marker tells the
+  // preload that the engine of this run dir is the host's RDMA CM (docs/spec/cm.md §1).
+  const std::string cm = p.sysfs + "/class/misc/rdma_cm";
+  if (read_first_line(cm + "/abi_version") != "4") {
+    fs::create_directories(cm, ec);
+    if (ec || !write_file(cm + "/abi_version", "4\n", err) ||
+        !write_file(cm + "/metaroce", "served by the MetaRoCE engine of this run dir\n", err)) {
+      if (ec) *err = describe("cannot create " + cm, ec.value());
+      return false;
+    }
+  }
   std::string abi = p.verbs_class + "/abi_version";
   if (read_first_line(abi) == kUverbsClassAbi) return true;
   std::string tmp = abi + ".tmp";
@@ -1592,7 +1603,7 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
     std::ostream& o = *ctx.out;
     if (json) {
       o << "{\"running\": true, \"pid\": " << info->pid << ", \"links\": " << info->links
-        << ", \"contexts\": [";
+        << ", \"cm_ids\": " << info->cm_ids << ", \"contexts\": [";
       for (size_t i = 0; i < sessions.size(); ++i) {
         const auto& x = sessions[i];
         o << (i ? ", " : "") << "{\"pid\": " << x.pid << ", \"link\": "
@@ -1603,7 +1614,7 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
       o << "]}\n";
     } else {
       o << "engine pid " << info->pid << " serves " << ctx.rundir << ": " << info->links
-        << " link(s), " << sessions.size() << " context(s)\n";
+        << " link(s), " << sessions.size() << " context(s), " << info->cm_ids << " CM id(s)\n";
       for (const auto& x : sessions)
         o << "  pid " << x.pid << "  " << hostif::get_name(x.link) << "  pds " << x.pds
           << "  mrs " << x.mrs << "  cqs " << x.cqs << "  srqs " << x.srqs << "  qps " << x.qps

@@ -166,7 +166,32 @@ Message reply_to(const Message& req, int status) {
 
 }  // namespace
 
-HostEngine::HostEngine(EngineOptions opt) : opt_(std::move(opt)) {
+HostEngine::HostEngine(EngineOptions opt)
+    : cm_(CmService::Env{
+          .links =
+              [this] {
+                std::vector<CmLinkInfo> out;
+                for (const auto& [name, l] : links_)
+                  if (!l->kdev)  // a kernel device's connections are the kernel's CM's
+                    out.push_back({name, l->cfg.ip, l->cfg.prefix, nic::node_guid_of(l->cfg),
+                                   l->nic->active_mtu()});
+                return out;
+              },
+          .send =
+              [this](const std::string& link, uint32_t peer, std::span<const uint8_t> msg,
+                     uint64_t token) {
+                auto it = links_.find(link);
+                if (it == links_.end()) {
+                  cm_.on_sent(token, false);
+                  return;
+                }
+                nic::Nic* nic = it->second->nic.get();
+                on_datapath([&] { nic->cm_send(peer, msg, token); });
+              },
+          .now = [this] { return now(); },
+          .log = [](const char* what) { log("%s", what); },
+      }),
+      opt_(std::move(opt)) {
   socket_path_ = opt_.rundir + "/" + hostif::kEngineSocket;
 }
 
@@ -493,6 +518,10 @@ void HostEngine::datapath_main() {
     for (Link* l : active_) {
       work |= l->layer->poll(t, timers);
       if (l->nic->take_port_change()) port_event(*l);
+      if (l->nic->has_cm_events() && !cm_wake_.exchange(true, std::memory_order_acq_rel)) {
+        uint64_t one = 1;
+        [[maybe_unused]] ssize_t w = write(control_wake_fd_, &one, sizeof(one));
+      }
       if (t >= l->next_publish) {
         l->next_publish = t + kPublishEvery;
         nic::publish_telemetry(*l->telemetry, *l->nic, *l->layer, l->sessions.load(),
@@ -585,7 +614,7 @@ void HostEngine::control_main() {
   std::vector<int> dead, gone_devices;
   while (!stop_.load(std::memory_order_acquire)) {
     epoll_event ev[32];
-    const int n = epoll_wait(epoll_fd_, ev, 32, 1000);
+    const int n = epoll_wait(epoll_fd_, ev, 32, cm_.wants_tick_soon() ? 20 : 1000);
     if (n < 0 && errno != EINTR) break;
     if (n == 0) {
       // Sessions of processes that exited, where no pidfd says so (a forked child may hold
@@ -613,6 +642,7 @@ void HostEngine::control_main() {
       } else if (fd == control_wake_fd_) {
         uint64_t drain;
         [[maybe_unused]] ssize_t r = read(control_wake_fd_, &drain, sizeof(drain));
+        cm_drain();
       } else if (fd == kernel_listener_) {
         while (auto notice = read_kernel_notice(kernel_listener_))
           if (notice->added) adopt(*notice);
@@ -630,6 +660,7 @@ void HostEngine::control_main() {
     dead.clear();
     for (int fd : gone_devices) kernel_device_gone(fd);
     gone_devices.clear();
+    cm_.tick();
   }
   // Shutdown: every context, then every link (each says goodbye while the others still run).
   std::vector<int> socks;
@@ -677,6 +708,7 @@ void HostEngine::reclaim(int sock) {
     pidfds_.erase(s.pidfd());
   }
   s.mark_gone();
+  if (s.cm_channel) cm_.close_channel(s.cm_channel);
   if (Link* link = s.link()) {
     on_datapath([&] { link->nic->release(&s); });
     link->sessions.fetch_sub(1);
@@ -700,6 +732,10 @@ bool HostEngine::handle(Session& s) {
     admin(s, req, &resp);
   } else if (req.header.op == Op::kHello) {
     hello(s, req, &resp);
+  } else if (req.header.op == Op::kCmOpen) {
+    cm_open(s, req, &resp);
+  } else if (req.header.op == Op::kCmCommand) {
+    cm_command(s, req, &resp);
   } else if (!s.link()) {
     resp = reply_to(req, EPROTO);  // kHello first
   } else {
@@ -737,6 +773,59 @@ static int take_fd(Message& m, size_t i) {
   const int fd = m.fds[i];
   m.fds[i] = -1;
   return fd;
+}
+
+// --- RDMA CM (docs/spec/cm.md) ---------------------------------------------------------------
+
+void HostEngine::cm_open(Session& s, Message& req, Message* resp) {
+  if (s.link() || s.cm_channel || req.fds.size() != 1 || !req.body.empty()) {
+    *resp = reply_to(req, EINVAL);
+    return;
+  }
+  const int fd = take_fd(req, 0);
+  int type = 0;
+  socklen_t len = sizeof(type);
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET) {
+    close(fd);
+    *resp = reply_to(req, EINVAL);
+    return;
+  }
+  hostif::CmOpenResp r;
+  r.channel = s.cm_channel = cm_.open_channel(fd);
+  *resp = reply_to(req, 0);
+  resp->set(r);
+}
+
+void HostEngine::cm_command(Session& s, const Message& req, Message* resp) {
+  hostif::CmCommandReq h;
+  const bool fits = req.body.size() >= sizeof(h);
+  if (fits) std::memcpy(&h, req.body.data(), sizeof(h));
+  const hostif::CmCommandReq* head = fits ? &h : nullptr;
+  if (!s.cm_channel || !head ||
+      req.body.size() != sizeof(hostif::CmCommandReq) + head->body_len + head->extra_len) {
+    *resp = reply_to(req, s.cm_channel ? EINVAL : EPROTO);
+    return;
+  }
+  const std::span<const uint8_t> all(req.body);
+  const auto body = all.subspan(sizeof(hostif::CmCommandReq), head->body_len);
+  const auto extra = all.subspan(sizeof(hostif::CmCommandReq) + head->body_len);
+  std::vector<uint8_t> out;
+  const int e = cm_.command(s.cm_channel, head->cmd, body, extra, head->out, &out);
+  *resp = reply_to(req, e);
+  if (!e) resp->body = std::move(out);
+}
+
+void HostEngine::cm_drain() {
+  cm_wake_.store(false, std::memory_order_release);
+  for (auto& [name, l] : links_) {
+    std::vector<nic::Nic::CmEvent> evs;
+    nic::Nic* nic = l->nic.get();
+    on_datapath([&] { evs = nic->take_cm_events(); });
+    for (auto& e : evs) {
+      if (e.kind == nic::Nic::CmEvent::kMessage) cm_.on_message(name, e.peer_ip, e.bytes);
+      else cm_.on_sent(e.token, e.kind == nic::Nic::CmEvent::kDelivered);
+    }
+  }
 }
 
 void HostEngine::hello(Session& s, Message& req, Message* resp) {
@@ -842,6 +931,7 @@ void HostEngine::admin(Session& s, const Message& req, Message* resp) {
       uint32_t contexts = 0;
       for (auto& [sock, x] : sessions_) contexts += x->link() != nullptr;
       info.sessions = contexts;
+      info.cm_ids = static_cast<uint32_t>(cm_.id_count());
       r.set(info);
       break;
     }

@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "datapath/engine/cm.h"
 #include "datapath/engine/kernel_device.h"
 #include "datapath/engine/session.h"
 #include "datapath/engine/shm.h"
@@ -137,6 +138,13 @@ class HostEngine {
   void kernel_device_gone(int fd);
   // kRegMr / kDeregMr of a kernel context: the region's pages mapped through the module.
   int reg_kernel_mr(Session& s, const hostif::RegMrReq& b, hostif::RegMrResp* m);
+  // The RDMA CM (docs/spec/cm.md): a channel's first message, its commands, and what the
+  // links' NICs received or could not deliver for it.
+  void cm_open(Session& s, hostif::Message& req, hostif::Message* resp);
+  void cm_command(Session& s, const hostif::Message& req, hostif::Message* resp);
+  void cm_drain();
+  CmService cm_;
+  std::atomic<bool> cm_wake_{false};  // the datapath asked the control thread to drain
 
   const EngineOptions opt_;
   std::string socket_path_;

@@ -75,6 +75,8 @@ class Session final : public nic::Owner {
   size_t ring_bytes() const { return ring_bytes_; }
   void set_channel(uint32_t cq_id, int fd);  // takes fd; -1 for a kernel context's channel
   void drop_channel(uint32_t cq_id);
+  // A librdmacm event channel (kCmOpen) rather than a device context: its CM channel number.
+  uint32_t cm_channel = 0;
 
  private:
   const int sock_;

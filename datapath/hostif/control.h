@@ -67,6 +67,10 @@ enum class Op : uint16_t {
   // Tag matching (verbs-mapping.md §19).
   kCreateTmSrq = 34,  // ibv_create_srq_ex of type TM (answered as kCreateSrq)
   kSrqTagOp = 35,     // one ibv_post_srq_ops operation, carried out before the answer
+  // RDMA CM (docs/spec/cm.md): a connection that opens with kCmOpen instead of kHello is one
+  // librdmacm event channel (a /dev/infiniband/rdma_cm file of the preload).
+  kCmOpen = 36,       // first message; fd: the channel's event socket. Answer: CmOpenResp
+  kCmCommand = 37,    // one ucma command: CmCommandReq, then its body, then `extra` bytes
   // Administration (uid 0, or the engine's own user: a user who runs an engine for a private run
   // dir administers it): what `metaroce link` and `metaroce engine` ask.
   kLinkOpen = 100,
@@ -111,6 +115,22 @@ struct HelloResp {
   uint32_t status_bytes = 0;
   uint32_t engine_pid = 0;
   uint32_t reserved[4] = {};
+};
+
+// kCmOpen's answer: the channel's number (what MIGRATE_ID names a channel by).
+struct CmOpenResp {
+  uint32_t channel = 0;
+  uint32_t reserved = 0;
+};
+// kCmCommand: the ucma header's command and response size, the body (the kernel's struct for
+// the command, as librdmacm wrote it after the header) and `extra` bytes (SET_OPTION's value).
+// The answer's body is the response (at most `out` bytes).
+struct CmCommandReq {
+  uint32_t cmd = 0;
+  uint16_t out = 0;
+  uint16_t body_len = 0;
+  uint16_t extra_len = 0;
+  uint16_t reserved[3] = {};
 };
 
 struct PdResp {
@@ -436,7 +456,7 @@ struct EngineInfoResp {
   uint32_t pid = 0;
   uint32_t links = 0;
   uint32_t sessions = 0;
-  uint32_t reserved = 0;
+  uint32_t cm_ids = 0;  // RDMA CM ids of every channel (docs/spec/cm.md)
 };
 struct SessionInfoReq {
   uint32_t index = 0;

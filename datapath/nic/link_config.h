@@ -90,6 +90,11 @@ std::optional<uint32_t> parse_ipv4(const std::string& text);  // "a.b.c.d" -> ho
 std::string format_ipv4(uint32_t ip);
 // IPv4-mapped IPv6 GID (::ffff:a.b.c.d) as 16 network-order bytes.
 void ipv4_to_gid(uint32_t ip, uint8_t gid[16]);
+// The device's node GUID (host order): the record's, or one derived from the IP.
+constexpr uint64_t node_guid_of(const LinkConfig& cfg) {
+  if (cfg.node_guid != 0) return cfg.node_guid;
+  return 0x020000fffe000000ull | (uint64_t{cfg.ip & 0xffffffu}) | (uint64_t{cfg.ip >> 24} << 48);
+}
 // The IPv4 inside an IPv4-mapped GID, or nullopt when the GID is not IPv4-mapped.
 std::optional<uint32_t> gid_to_ipv4(const uint8_t gid[16]);
 

@@ -21,6 +21,7 @@ using transport::Time;
 namespace {
 
 constexpr uint64_t kReadRespTag = uint64_t{1} << 63;
+constexpr uint64_t kCmTag = uint64_t{1} << 61;  // cm_send's messages (bits 62, 63 clear)
 constexpr uint32_t kEnginePathWindow = 64;       // packets: the transport's per-path maximum
 constexpr uint32_t kEngineConnWindowMax = 4096;  // packets: 16 MiB in flight at 4 KiB
 constexpr uint32_t kScratchBlock = 16384;
@@ -926,9 +927,48 @@ std::vector<uint32_t> Nic::take_resolve_requests() {
   return out;
 }
 
+// --- connection management --------------------------------------------------------------------
+
+bool Nic::cm_message(uint64_t c) const { return (c >> 61) == 1; }
+
+void Nic::cm_send(uint32_t peer_ip, std::span<const uint8_t> bytes, uint64_t token) {
+  if (bytes.empty() || bytes.size() > kCmMaxMessage || bytes.size() > active_mtu_) {
+    cm_events_.push_back({CmEvent::kFailed, peer_ip, token, {}});
+    return;
+  }
+  const uint64_t c = kCmTag | (cm_next_++ & ((uint64_t{1} << 61) - 1));
+  cm_out_[c] = CmOut{{bytes.begin(), bytes.end()}, peer_ip, token};
+  transport::MessageDesc m;
+  m.peer_ip = peer_ip;
+  m.dst_stream = kCmStream;
+  m.src_stream = kCmStream;
+  m.msn = cm_msn_[peer_ip]++;
+  m.op = transport::Op::kSend;
+  m.length = static_cast<uint32_t>(bytes.size());
+  m.cookie = c;
+  want_resolve(peer_ip);
+  engine_->submit(m);
+}
+
+void Nic::cm_done(uint64_t c, bool delivered) {
+  auto it = cm_out_.find(c);
+  if (it == cm_out_.end()) return;
+  cm_events_.push_back({delivered ? CmEvent::kDelivered : CmEvent::kFailed, it->second.peer_ip,
+                        it->second.token, {}});
+  cm_out_.erase(it);
+}
+
 // --- transport::Host ---------------------------------------------------------------------------
 
 void Nic::gather(uint64_t c, uint32_t offset, std::span<uint8_t> out) {
+  if (cm_message(c)) {
+    auto it = cm_out_.find(c);
+    if (it == cm_out_.end() || offset + out.size() > it->second.bytes.size())
+      std::memset(out.data(), 0, out.size());
+    else
+      std::memcpy(out.data(), it->second.bytes.data() + offset, out.size());
+    return;
+  }
   if ((c & kQpOwnTag) && !(c & kReadRespTag)) {
     if (QueuePair* qp = qp_of(static_cast<uint32_t>(c >> 32) & 0xffffff))
       qp->own_gather(static_cast<uint32_t>(c), offset, out);
@@ -959,6 +999,21 @@ void Nic::gather(uint64_t c, uint32_t offset, std::span<uint8_t> out) {
 }
 
 Syndrome Nic::deliver(const transport::Segment& seg) {
+  if (seg.dst_stream == kCmStream) {
+    // One packet each (cm_send); a copy seen twice is given twice, the CM is idempotent.
+    if (seg.src_stream != kCmStream || seg.op != transport::Op::kSend || seg.offset != 0 ||
+        seg.payload.size() != seg.total_length || seg.payload.empty()) {
+      counters_.cm_dropped++;
+      return Syndrome::kOk;
+    }
+    try {
+      cm_events_.push_back({CmEvent::kMessage, seg.peer_ip, 0,
+                            {seg.payload.begin(), seg.payload.end()}});
+    } catch (const std::bad_alloc&) {
+      return Syndrome::kRnr;  // comes again
+    }
+    return Syndrome::kOk;
+  }
   QueuePair* qp = qp_of(seg.dst_stream);
   // No such QP (destroyed, or never made): drop as a NIC does, without answering; a peer whose
   // QP still sends to it runs out of retries (IBV_WC_RETRY_EXC_ERR), as on RC hardware.
@@ -978,6 +1033,7 @@ int Nic::rnr_timer(uint32_t qpn) {
 }
 
 void Nic::message_acked(uint64_t c) {
+  if (cm_message(c)) return cm_done(c, true);
   if ((c & kQpOwnTag) && !(c & kReadRespTag)) {
     if (QueuePair* qp = qp_of(static_cast<uint32_t>(c >> 32) & 0xffffff))
       qp->own_acked(static_cast<uint32_t>(c));
@@ -992,6 +1048,7 @@ void Nic::message_acked(uint64_t c) {
 }
 
 void Nic::message_failed(uint64_t c, Syndrome why) {
+  if (cm_message(c)) return cm_done(c, false);
   if ((c & kQpOwnTag) && !(c & kReadRespTag)) {
     if (QueuePair* qp = qp_of(static_cast<uint32_t>(c >> 32) & 0xffffff))
       qp->own_failed(static_cast<uint32_t>(c), why);

@@ -88,6 +88,7 @@ struct NicCounters {
   // Raw Ethernet (verbs-mapping.md §18): frames sent by raw QPs, frames steered to one, and
   // frames steered to a QP that had no receive posted (dropped, as a NIC does).
   uint64_t raw_tx = 0, raw_rx = 0, raw_rx_no_recv = 0;
+  uint64_t cm_dropped = 0;  // CM messages that were not one packet of a SEND (docs/spec/cm.md)
 };
 
 // A frame a raw QP sent, for the link layer to put on the port (and loop back).
@@ -269,6 +270,24 @@ class Nic final : private transport::Host {
   // Frames raw QPs sent in the last poll_tx, for the link layer to transmit.
   std::vector<RawFrame> take_raw_frames() { return std::exchange(raw_out_, {}); }
 
+  // --- connection management (docs/spec/cm.md) ----------------------------------------------
+  // CM messages travel between engines as SEND messages of stream kCmStream to stream kCmStream
+  // (no QP has number 1), reliable and at most once like any message, each in one packet.
+  static constexpr uint32_t kCmStream = 1;
+  static constexpr uint32_t kCmMaxMessage = 256;  // fits the smallest verbs MTU
+  struct CmEvent {
+    enum Kind : uint8_t { kMessage, kDelivered, kFailed } kind = kMessage;
+    uint32_t peer_ip = 0;
+    uint64_t token = 0;          // kDelivered, kFailed: cm_send's
+    std::vector<uint8_t> bytes;  // kMessage
+  };
+  // Sends bytes (at most kCmMaxMessage) to the engine at peer_ip; whether the peer's transport
+  // took it comes back as a kDelivered or kFailed event naming token. Datapath thread.
+  void cm_send(uint32_t peer_ip, std::span<const uint8_t> bytes, uint64_t token);
+  // What arrived and what became of what was sent, since the last call. Datapath thread.
+  std::vector<CmEvent> take_cm_events() { return std::exchange(cm_events_, {}); }
+  bool has_cm_events() const { return !cm_events_.empty(); }
+
   // --- observation ---------------------------------------------------------------------------
   const transport::Engine& engine() const { return *engine_; }
   const NicCounters& counters() const { return counters_; }
@@ -315,6 +334,18 @@ class Nic final : private transport::Host {
   const transport::Segment* current_segment() const { return current_; }
 
  private:
+  struct CmOut {
+    std::vector<uint8_t> bytes;
+    uint32_t peer_ip = 0;
+    uint64_t token = 0;
+  };
+  std::unordered_map<uint64_t, CmOut> cm_out_;      // by cookie (kCmTag | sequence)
+  std::unordered_map<uint32_t, uint32_t> cm_msn_;   // next msn of stream kCmStream, per peer
+  uint64_t cm_next_ = 0;
+  std::vector<CmEvent> cm_events_;
+  bool cm_message(uint64_t c) const;  // a cookie of cm_send's
+  void cm_done(uint64_t c, bool delivered);
+
   struct ReadResponse {
     Memory* mem = nullptr;  // nullptr: engine memory
     uint64_t addr = 0;

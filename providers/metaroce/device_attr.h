@@ -31,10 +31,7 @@ inline constexpr uint8_t kLocalCaAckDelay = 15;  // 4.096 us * 2^15 ~ 134 ms: so
 
 // The node GUID in host order: the configured one, else one derived from the link's IPv4
 // (locally administered, so it cannot collide with a vendor GUID), never zero.
-constexpr uint64_t node_guid_of(const nic::LinkConfig& cfg) {
-  if (cfg.node_guid != 0) return cfg.node_guid;
-  return 0x020000fffe000000ull | (uint64_t{cfg.ip & 0xffffffu}) | (uint64_t{cfg.ip >> 24} << 48);
-}
+using nic::node_guid_of;
 
 // What one process may hold: its share of the link, within the link's own limits
 // (verbs-mapping.md §20). The engine refuses the next object with ENOMEM.

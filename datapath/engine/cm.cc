@@ -1,0 +1,962 @@
+// SPDX-License-Identifier: Apache-2.0
+// The engine's RDMA CM (docs/spec/cm.md): librdmacm's commands, the ids they name, and the CM
+// messages that carry connection requests between engines.
+#include "datapath/engine/cm.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <rdma/rdma_user_cm.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "datapath/nic/link_config.h"
+#include "datapath/wire/bytes.h"
+
+namespace metaroce::engine {
+namespace {
+
+using namespace std::chrono_literals;
+
+// librdmacm's event numbers (enum rdma_cm_event_type, rdma_cma.h).
+enum : uint32_t {
+  kEvAddrResolved = 0, kEvAddrError = 1, kEvRouteResolved = 2, kEvRouteError = 3,
+  kEvConnectRequest = 4, kEvConnectResponse = 5, kEvConnectError = 6, kEvUnreachable = 7,
+  kEvRejected = 8, kEvEstablished = 9, kEvDisconnected = 10, kEvDeviceRemoval = 11,
+};
+constexpr uint8_t kQptRc = 2, kQptUd = 4;   // ibv_qp_type
+constexpr uint32_t kUdpQkey = 0x01234567;  // RDMA_UDP_QKEY
+// Verbs values INIT_QP_ATTR answers with (enum ibv_qp_attr_mask, ibv_qp_state, ibv_access_flags).
+enum : uint32_t {
+  kMaskState = 1, kMaskAccess = 1 << 3, kMaskPkey = 1 << 4, kMaskPort = 1 << 5,
+  kMaskQkey = 1 << 6, kMaskAv = 1 << 7, kMaskPathMtu = 1 << 8, kMaskTimeout = 1 << 9,
+  kMaskRetry = 1 << 10, kMaskRnrRetry = 1 << 11, kMaskRqPsn = 1 << 12,
+  kMaskMaxQpRdAtomic = 1 << 13, kMaskMinRnr = 1 << 15, kMaskSqPsn = 1 << 16,
+  kMaskMaxDestRdAtomic = 1 << 17, kMaskDestQpn = 1 << 20,
+};
+enum : uint32_t { kQpsInit = 1, kQpsRtr = 2, kQpsRts = 3 };
+enum : uint32_t { kAccessRemoteWrite = 2, kAccessRemoteRead = 4, kAccessRemoteAtomic = 8 };
+constexpr uint8_t kMinRnrTimer = 12;   // 0.64 ms
+constexpr uint8_t kHopLimit = 64;
+// How long an exchange may wait for its answer (a passive side that never accepts, a peer
+// that never sends RTU): then UNREACHABLE, as the kernel's CM gives up on a REQ.
+constexpr transport::Time kExchangeTimeout = 30s;
+constexpr transport::Time kDreqTimeout = 2s;
+constexpr uint32_t kMaxIds = 65535;  // librdmacm's id map holds 2^16 entries
+
+// CM messages (docs/spec/cm.md §2).
+enum : uint8_t { kReq = 1, kRep = 2, kRtu = 3, kRej = 4, kDreq = 5, kDrep = 6, kSidrReq = 7, kSidrRep = 8 };
+constexpr uint8_t kCmVersion = 1;
+constexpr size_t kHeader = 40;
+constexpr size_t kMaxPrivate = 216;
+// Private data each message carries at most (the kernel's CM, less its 36-byte header where it
+// puts one: REQ and SIDR REQ).
+size_t private_limit(uint8_t type) {
+  switch (type) {
+    case kReq: return 56;
+    case kRep: return 196;
+    case kRej: return 148;
+    case kSidrReq: return 180;
+    case kSidrRep: return 136;
+    default: return kMaxPrivate;
+  }
+}
+// Reject reasons (IBTA CM REJ codes librdmacm reports as the event's status).
+constexpr uint8_t kRejInvalidService = 8, kRejConsumer = 28, kRejTimeout = 1;
+constexpr uint8_t kSidrOk = 0, kSidrReject = 1, kSidrNoListener = 2;
+
+struct Msg {
+  uint8_t type = 0;
+  uint16_t priv_len = 0;
+  uint32_t sender = 0, receiver = 0;
+  uint16_t ps = 0, port = 0;
+  uint32_t src_ip = 0;
+  uint16_t src_port = 0;
+  uint8_t resp_res = 0, init_depth = 0;
+  uint32_t qpn = 0, psn_or_qkey = 0;
+  uint8_t retry = 0, rnr = 0, flags = 0, status = 0;
+  uint32_t dst_ip = 0;
+  std::span<const uint8_t> priv;
+};
+constexpr uint8_t kFlagSrq = 1;
+
+std::vector<uint8_t> encode(const Msg& m) {
+  std::vector<uint8_t> b(kHeader + m.priv.size());
+  b[0] = m.type;
+  b[1] = kCmVersion;
+  wire::store_be16(&b[2], static_cast<uint16_t>(m.priv.size()));
+  wire::store_be32(&b[4], m.sender);
+  wire::store_be32(&b[8], m.receiver);
+  wire::store_be16(&b[12], m.ps);
+  wire::store_be16(&b[14], m.port);
+  wire::store_be32(&b[16], m.src_ip);
+  wire::store_be16(&b[20], m.src_port);
+  b[22] = m.resp_res;
+  b[23] = m.init_depth;
+  wire::store_be32(&b[24], m.qpn & 0xffffff);
+  wire::store_be32(&b[28], m.psn_or_qkey);
+  b[32] = m.retry;
+  b[33] = m.rnr;
+  b[34] = m.flags;
+  b[35] = m.status;
+  wire::store_be32(&b[36], m.dst_ip);
+  if (!m.priv.empty()) std::memcpy(&b[kHeader], m.priv.data(), m.priv.size());
+  return b;
+}
+
+bool decode(std::span<const uint8_t> b, Msg* m) {
+  if (b.size() < kHeader || b[1] != kCmVersion) return false;
+  m->type = b[0];
+  m->priv_len = wire::load_be16(&b[2]);
+  if (m->type < kReq || m->type > kSidrRep || kHeader + m->priv_len != b.size() ||
+      m->priv_len > private_limit(m->type))
+    return false;
+  m->sender = wire::load_be32(&b[4]);
+  m->receiver = wire::load_be32(&b[8]);
+  m->ps = wire::load_be16(&b[12]);
+  m->port = wire::load_be16(&b[14]);
+  m->src_ip = wire::load_be32(&b[16]);
+  m->src_port = wire::load_be16(&b[20]);
+  m->resp_res = b[22];
+  m->init_depth = b[23];
+  m->qpn = wire::load_be32(&b[24]) & 0xffffff;
+  m->psn_or_qkey = wire::load_be32(&b[28]);
+  m->retry = b[32];
+  m->rnr = b[33];
+  m->flags = b[34];
+  m->status = b[35];
+  m->dst_ip = wire::load_be32(&b[36]);
+  m->priv = b.subspan(kHeader);
+  return m->sender != 0;
+}
+
+template <typename T>
+bool read_body(std::span<const uint8_t> body, T* out) {
+  if (body.size() < sizeof(T)) return false;
+  std::memcpy(out, body.data(), sizeof(T));
+  return true;
+}
+
+// An IPv4 address and port from a sockaddr librdmacm passed (sockaddr_in inside a larger
+// buffer). False for other families.
+bool ipv4_of(const void* sa, uint32_t* ip, uint16_t* port) {
+  sockaddr_in in;
+  std::memcpy(&in, sa, sizeof(in));
+  if (in.sin_family != AF_INET) return false;
+  *ip = ntohl(in.sin_addr.s_addr);
+  *port = ntohs(in.sin_port);
+  return true;
+}
+void put_ipv4(void* sa, uint32_t ip, uint16_t port) {
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_addr.s_addr = htonl(ip);
+  in.sin_port = htons(port);
+  std::memcpy(sa, &in, sizeof(in));
+}
+
+uint8_t mtu_enum(uint32_t bytes) {  // enum ibv_mtu
+  uint8_t e = 1;
+  for (uint32_t b = 256; b < bytes && e < 5; b <<= 1) ++e;
+  return e;
+}
+
+uint32_t random_u32() {
+  uint32_t v = 0;
+  if (getrandom(&v, sizeof(v), 0) != sizeof(v)) v = static_cast<uint32_t>(::getpid()) * 2654435761u;
+  return v;
+}
+
+void resize_to(std::vector<uint8_t>* v, const void* p, size_t n, uint16_t out) {
+  v->assign(static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + std::min<size_t>(n, out));
+}
+
+}  // namespace
+
+// --- channels ----------------------------------------------------------------------------------
+
+uint32_t CmService::open_channel(int event_fd) {
+  uint32_t ch = next_channel_++;
+  if (ch == 0) ch = next_channel_++;
+  channels_[ch].fd = event_fd;
+  return ch;
+}
+
+void CmService::close_channel(uint32_t ch) {
+  auto it = channels_.find(ch);
+  if (it == channels_.end()) return;
+  std::vector<uint32_t> mine;
+  for (auto& [h, id] : ids_)
+    if (id.channel == ch) mine.push_back(h);
+  for (uint32_t h : mine)
+    if (auto i = ids_.find(h); i != ids_.end()) destroy(i->second, true);
+  if (it->second.fd >= 0) close(it->second.fd);
+  channels_.erase(ch);
+}
+
+void CmService::write_event(Channel& c, std::vector<uint8_t> ev) {
+  if (c.pending.empty() &&
+      ::send(c.fd, ev.data(), ev.size(), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(ev.size()))
+    return;
+  c.pending.push_back(std::move(ev));  // written by tick() once the application reads
+}
+
+bool CmService::wants_tick_soon() const {
+  for (const auto& [n, c] : channels_)
+    if (!c.pending.empty()) return true;
+  return false;
+}
+
+void CmService::event(Id& id, uint32_t type, int32_t status, std::span<const uint8_t> param,
+                      uint32_t owner) {
+  auto c = channels_.find(id.channel);
+  if (c == channels_.end()) return;
+  rdma_ucm_event_resp ev{};
+  ev.uid = id.uid;
+  ev.id = id.handle;
+  ev.event = type;
+  ev.status = static_cast<uint32_t>(status);
+  std::memcpy(&ev.param, param.data(), std::min(param.size(), sizeof(ev.param)));
+  ev.reserved = owner;  // the preload's to read (and zero): which id's count the event is in
+  const auto* p = reinterpret_cast<const uint8_t*>(&ev);
+  write_event(c->second, {p, p + sizeof(ev)});
+}
+
+// --- ids ---------------------------------------------------------------------------------------
+
+// Handles go round 1..65535 (librdmacm indexes a table by them), so that one is reused as late
+// as can be: an event of a destroyed id still in a socket is told apart by the preload.
+uint32_t CmService::new_handle() {
+  for (uint32_t i = 0; i < kMaxIds; ++i) {
+    next_handle_ = next_handle_ % kMaxIds + 1;
+    if (!ids_.count(next_handle_)) return next_handle_;
+  }
+  return 0;
+}
+
+CmService::Id& CmService::add(Id id) {
+  do {
+    id.comm = random_u32();
+  } while (id.comm == 0 || comms_.count(id.comm));
+  comms_[id.comm] = id.handle;
+  return ids_[id.handle] = std::move(id);
+}
+
+CmService::Id* CmService::find(uint32_t ch, uint32_t handle) {
+  auto it = ids_.find(handle);
+  return it == ids_.end() || it->second.channel != ch ? nullptr : &it->second;
+}
+
+CmService::Id* CmService::by_comm(uint32_t comm) {
+  auto c = comms_.find(comm);
+  if (c == comms_.end()) return nullptr;
+  auto it = ids_.find(c->second);
+  return it == ids_.end() ? nullptr : &it->second;
+}
+
+const CmLinkInfo* CmService::link_of_ip(const std::vector<CmLinkInfo>& links, uint32_t ip) const {
+  for (const auto& l : links)
+    if (l.ip == ip) return &l;
+  return nullptr;
+}
+
+// The link a destination is reached on: its own address, then the link whose subnet holds
+// it, then the only link there is.
+const CmLinkInfo* CmService::route(const std::vector<CmLinkInfo>& links, uint32_t dst) const {
+  if (auto* l = link_of_ip(links, dst)) return l;
+  for (const auto& l : links) {
+    const uint32_t mask = l.prefix == 0 ? 0 : ~uint32_t{0} << (32 - std::min<uint8_t>(l.prefix, 32));
+    if ((l.ip & mask) == (dst & mask)) return &l;
+  }
+  return links.size() == 1 ? &links[0] : nullptr;
+}
+
+bool CmService::port_taken(uint16_t ps, uint32_t ip, uint16_t port, const Id* except) const {
+  for (const auto& [h, id] : ids_) {
+    if (&id == except || id.ps != ps || id.src_port != port || id.listener != 0) continue;
+    if (id.state == State::kIdle) continue;
+    if (id.any || ip == 0 || id.src_ip == ip) {
+      if (except && except->reuse && id.reuse && id.state != State::kListening) continue;
+      return true;
+    }
+  }
+  return false;
+}
+
+uint16_t CmService::ephemeral(uint16_t ps, uint32_t ip) const {
+  const uint32_t start = random_u32();
+  for (uint32_t i = 0; i < 28232; ++i) {
+    const auto port = static_cast<uint16_t>(32768 + (start + i) % 28232);
+    if (!port_taken(ps, ip, port, nullptr)) return port;
+  }
+  return 0;
+}
+
+int CmService::bind(Id& id, uint32_t ip, uint16_t port) {
+  const auto links = env_.links();
+  std::string link;
+  if (ip != 0) {
+    const CmLinkInfo* l = link_of_ip(links, ip);
+    if (!l) return EADDRNOTAVAIL;
+    link = l->name;
+  }
+  if (port == 0) port = ephemeral(id.ps, ip);
+  if (port == 0) return EADDRINUSE;
+  if (port_taken(id.ps, ip, port, &id)) return EADDRINUSE;
+  id.src_ip = ip;
+  id.src_port = port;
+  id.any = ip == 0;
+  id.link = link;
+  id.state = State::kBound;
+  return 0;
+}
+
+void CmService::send(Id& id, uint8_t type, std::span<const uint8_t> priv, uint8_t reason) {
+  Msg m;
+  m.type = type;
+  m.sender = id.comm;
+  m.receiver = id.remote_comm;
+  m.ps = id.ps;
+  m.port = id.dst_port;
+  m.src_ip = id.src_ip;
+  m.src_port = id.src_port;
+  m.dst_ip = id.dst_ip;
+  m.resp_res = id.resp_res;
+  m.init_depth = id.init_depth;
+  m.qpn = id.local_qpn;
+  m.psn_or_qkey = type == kSidrRep ? id.qkey : id.local_psn;
+  m.retry = id.retry_count;
+  m.rnr = id.rnr_retry;
+  m.status = reason;
+  m.priv = priv.subspan(0, std::min(priv.size(), private_limit(type)));
+  const std::vector<uint8_t> bytes = encode(m);
+  env_.send(id.link, id.peer_ip, bytes, (uint64_t{id.comm} << 8) | type);
+}
+
+// Destroys an id; notify_peer: its connection (or the exchange under way) is ended towards
+// the peer first, as the kernel's CM does when an id is destroyed or its file closes.
+void CmService::destroy(Id& id, bool notify_peer) {
+  if (notify_peer) {
+    switch (id.state) {
+      case State::kEstablished:
+      case State::kRepRcvd:
+        send(id, kDreq, {});
+        break;
+      case State::kReqSent:
+      case State::kReqRcvd:
+      case State::kRepSent:
+        send(id, kRej, {}, kRejConsumer);
+        break;
+      case State::kSidrReqRcvd:
+        send(id, kSidrRep, {}, kSidrReject);
+        break;
+      default:
+        break;
+    }
+  }
+  comms_.erase(id.comm);
+  ids_.erase(id.handle);
+}
+
+std::vector<uint8_t> CmService::conn_param(const Id&, std::span<const uint8_t> priv, uint32_t qpn,
+                                           uint8_t resp_res, uint8_t init_depth, uint8_t retry,
+                                           uint8_t rnr, bool srq) const {
+  rdma_ucm_conn_param p{};
+  p.qp_num = qpn;
+  const size_t n = std::min(priv.size(), sizeof(p.private_data));
+  std::memcpy(p.private_data, priv.data(), n);
+  p.private_data_len = static_cast<uint8_t>(n);
+  p.responder_resources = resp_res;
+  p.initiator_depth = init_depth;
+  p.retry_count = retry;
+  p.rnr_retry_count = rnr;
+  p.srq = srq;
+  const auto* b = reinterpret_cast<const uint8_t*>(&p);
+  return {b, b + sizeof(p)};
+}
+
+std::vector<uint8_t> CmService::ud_param(const Id& id, std::span<const uint8_t> priv, uint32_t qpn,
+                                         uint32_t qkey) const {
+  rdma_ucm_ud_param p{};
+  p.qp_num = qpn;
+  p.qkey = qkey;
+  nic::ipv4_to_gid(id.peer_ip, p.ah_attr.grh.dgid);
+  p.ah_attr.grh.sgid_index = 0;
+  p.ah_attr.grh.hop_limit = kHopLimit;
+  p.ah_attr.grh.traffic_class = id.tos;
+  p.ah_attr.is_global = 1;
+  p.ah_attr.port_num = 1;
+  const size_t n = std::min(priv.size(), sizeof(p.private_data));
+  std::memcpy(p.private_data, priv.data(), n);
+  p.private_data_len = static_cast<uint8_t>(n);
+  const auto* b = reinterpret_cast<const uint8_t*>(&p);
+  return {b, b + sizeof(p)};
+}
+
+// --- queries -----------------------------------------------------------------------------------
+
+int CmService::query_route(const Id& id, uint16_t out, std::vector<uint8_t>* resp) const {
+  rdma_ucm_query_route_resp r{};
+  r.ibdev_index = ~0u;  // match the device by GUID
+  r.port_num = 1;
+  const auto links = env_.links();
+  const CmLinkInfo* l = id.link.empty() ? nullptr : link_of_ip(links, id.src_ip);
+  if (l) r.node_guid = htobe64(l->node_guid);
+  put_ipv4(&r.src_addr, id.src_ip, id.src_port);
+  if (id.dst_ip || id.dst_port) put_ipv4(&r.dst_addr, id.dst_ip, id.dst_port);
+  const bool routed = l && id.peer_ip != 0 &&
+                      id.state != State::kIdle && id.state != State::kBound &&
+                      id.state != State::kAddrResolved && id.state != State::kListening;
+  if (l) {
+    ib_user_path_rec& p = r.ib_route[0];
+    nic::ipv4_to_gid(id.src_ip, p.sgid);
+    nic::ipv4_to_gid(id.peer_ip ? id.peer_ip : id.dst_ip, p.dgid);
+    p.pkey = htons(0xffff);
+    p.mtu = mtu_enum(l->active_mtu);
+    p.hop_limit = kHopLimit;
+    p.traffic_class = id.tos;
+    p.numb_path = 1;
+    p.reversible = 1;
+    p.rate = 2;  // IB_RATE_2_5_GBPS: a value, not the link's speed (RoCE ignores it)
+    p.packet_life_time = 14;
+    p.mtu_selector = 2;
+    p.rate_selector = 2;
+    p.packet_life_time_selector = 2;
+  }
+  r.num_paths = routed ? 1 : 0;
+  resize_to(resp, &r, sizeof(r), out);
+  return 0;
+}
+
+int CmService::init_qp_attr(const Id& id, uint32_t state, uint16_t out,
+                            std::vector<uint8_t>* resp) const {
+  if (id.link.empty()) return EINVAL;
+  ib_uverbs_qp_attr a{};
+  a.qp_state = state;
+  a.port_num = 1;
+  a.pkey_index = 0;
+  const bool ud = id.qp_type == kQptUd;
+  if (state == kQpsInit) {
+    a.qp_attr_mask = kMaskState | kMaskPkey | kMaskPort;
+    if (ud) {
+      a.qp_attr_mask |= kMaskQkey;
+      a.qkey = id.ps == RDMA_PS_UDP ? kUdpQkey : id.qkey;
+    } else {
+      a.qp_attr_mask |= kMaskAccess;
+      a.qp_access_flags = kAccessRemoteWrite;
+      if (id.resp_res) a.qp_access_flags |= kAccessRemoteRead | kAccessRemoteAtomic;
+    }
+  } else if (state == kQpsRtr) {
+    if (ud) {
+      a.qp_attr_mask = kMaskState;
+    } else {
+      if (id.remote_qpn == 0) return EINVAL;  // no peer yet
+      a.qp_attr_mask = kMaskState | kMaskAv | kMaskPathMtu | kMaskDestQpn | kMaskRqPsn |
+                       kMaskMaxDestRdAtomic | kMaskMinRnr;
+      const auto links = env_.links();
+      const CmLinkInfo* l = link_of_ip(links, id.src_ip);
+      a.path_mtu = mtu_enum(l ? l->active_mtu : 1024);
+      a.dest_qp_num = id.remote_qpn;
+      a.rq_psn = id.remote_psn;
+      a.max_dest_rd_atomic = id.resp_res;
+      a.min_rnr_timer = kMinRnrTimer;
+      nic::ipv4_to_gid(id.peer_ip, a.ah_attr.grh.dgid);
+      a.ah_attr.grh.sgid_index = 0;
+      a.ah_attr.grh.hop_limit = kHopLimit;
+      a.ah_attr.grh.traffic_class = id.tos;
+      a.ah_attr.is_global = 1;
+      a.ah_attr.port_num = 1;
+    }
+  } else if (state == kQpsRts) {
+    a.qp_attr_mask = kMaskState | kMaskSqPsn;
+    a.sq_psn = ud ? 0 : id.local_psn;
+    if (!ud) {
+      a.qp_attr_mask |= kMaskTimeout | kMaskRetry | kMaskRnrRetry | kMaskMaxQpRdAtomic;
+      a.timeout = id.ack_timeout;
+      a.retry_cnt = id.retry_count;
+      a.rnr_retry = id.rnr_retry;
+      a.max_rd_atomic = id.init_depth;
+    }
+  } else {
+    return EINVAL;
+  }
+  resize_to(resp, &a, sizeof(a), out);
+  return 0;
+}
+
+// --- commands ----------------------------------------------------------------------------------
+
+int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
+                       std::span<const uint8_t> extra, uint16_t out, std::vector<uint8_t>* resp) {
+  resp->clear();
+  if (!channels_.count(ch)) return EBADF;
+  switch (cmd) {
+    case RDMA_USER_CM_CMD_CREATE_ID: {
+      rdma_ucm_create_id c;
+      if (!read_body(body, &c)) return EINVAL;
+      if (c.ps != RDMA_PS_TCP && c.ps != RDMA_PS_UDP && c.ps != RDMA_PS_IB &&
+          c.ps != RDMA_PS_IPOIB)
+        return EINVAL;
+      if (c.ps == RDMA_PS_IB || c.ps == RDMA_PS_IPOIB) return EAFNOSUPPORT;  // IB addressing
+      if ((c.ps == RDMA_PS_UDP) != (c.qp_type == kQptUd) || (c.qp_type != kQptRc && c.qp_type != kQptUd))
+        return EINVAL;
+      Id id;
+      id.handle = new_handle();
+      if (id.handle == 0) return ENOMEM;
+      id.channel = ch;
+      id.uid = c.uid;
+      id.ps = c.ps;
+      id.qp_type = c.qp_type;
+      add(id);
+      rdma_ucm_create_id_resp r{id.handle};
+      resize_to(resp, &r, sizeof(r), out);
+      return 0;
+    }
+    case RDMA_USER_CM_CMD_DESTROY_ID: {
+      rdma_ucm_destroy_id c;
+      if (!read_body(body, &c)) return EINVAL;
+      Id* id = find(ch, c.id);
+      if (!id) return EINVAL;
+      destroy(*id, true);
+      rdma_ucm_destroy_id_resp r{0};  // the preload counts what it delivered
+      resize_to(resp, &r, sizeof(r), out);
+      return 0;
+    }
+    case RDMA_USER_CM_CMD_BIND_IP: {
+      rdma_ucm_bind_ip c;
+      if (!read_body(body, &c)) return EINVAL;
+      Id* id = find(ch, c.id);
+      if (!id) return EINVAL;
+      if (id->state != State::kIdle) return EINVAL;
+      uint32_t ip;
+      uint16_t port;
+      if (!ipv4_of(&c.addr, &ip, &port)) return EAFNOSUPPORT;
+      return bind(*id, ip, port);
+    }
+    case RDMA_USER_CM_CMD_BIND:
+      return EAFNOSUPPORT;  // AF_IB addressing: librdmacm then uses BIND_IP and RESOLVE_IP
+    case RDMA_USER_CM_CMD_RESOLVE_IP: {
+      rdma_ucm_resolve_ip c;
+      if (!read_body(body, &c)) return EINVAL;
+      Id* id = find(ch, c.id);
+      if (!id) return EINVAL;
+      uint32_t dst, src = 0;
+      uint16_t dport, sport = 0;
+      if (!ipv4_of(&c.dst_addr, &dst, &dport)) return EAFNOSUPPORT;
+      const bool has_src = reinterpret_cast<const sockaddr*>(&c.src_addr)->sa_family == AF_INET;
+      if (has_src) ipv4_of(&c.src_addr, &src, &sport);
+      if (id->state != State::kIdle && id->state != State::kBound &&
+          id->state != State::kAddrResolved)
+        return EINVAL;
+      const auto links = env_.links();
+      const CmLinkInfo* l = nullptr;
+      if (id->state == State::kBound && !id->any) l = link_of_ip(links, id->src_ip);
+      else if (src) l = link_of_ip(links, src);
+      else l = route(links, dst);
+      if (!l) {
+        event(*id, kEvAddrError, -EHOSTUNREACH);
+        return 0;
+      }
+      if (id->state == State::kIdle || id->any) {
+        const uint16_t keep = id->state == State::kBound ? id->src_port : sport;
+        id->state = State::kIdle;
+        if (int e = bind(*id, l->ip, keep)) return e;
+      }
+      id->dst_ip = dst;
+      id->dst_port = dport;
+      id->peer_ip = dst;
+      id->state = State::kAddrResolved;
+      event(*id, kEvAddrResolved, 0);
+      return 0;
+    }
+    case RDMA_USER_CM_CMD_RESOLVE_ROUTE: {
+      rdma_ucm_resolve_route c;
+      if (!read_body(body, &c)) return EINVAL;
+      Id* id = find(ch, c.id);
+      if (!id) return EINVAL;
+      if (id->state != State::kAddrResolved && id->state != State::kRouteResolved) return EINVAL;
+      id->state = State::kRouteResolved;
+      event(*id, kEvRouteResolved, 0);
+      return 0;
+    }
+    case RDMA_USER_CM_CMD_QUERY_ROUTE: {
+      rdma_ucm_query c;
+      if (!read_body(body, &c)) return EINVAL;
+      Id* id = find(ch, c.id);
+      if (!id) return EINVAL;
+      return query_route(*id, out, resp);
+    }
+    case RDMA_USER_CM_CMD_QUERY:
+      return ENOSYS;  // the AF_IB queries; librdmacm without AF_IB asks QUERY_ROUTE
+    case RDMA_USER_CM_CMD_INIT_QP_ATTR: {
+      rdma_ucm_init_qp_attr c;
+      if (!read_body(body, &c)) return EINVAL;
+      Id* id = find(ch, c.id);
+      if (!id) return EINVAL;
+      return init_qp_attr(*id, c.qp_state, out, resp);
+    }
+    case RDMA_USER_CM_CMD_LISTEN: {
+      rdma_ucm_listen c;
+      if (!read_body(body, &c)) return EINVAL;
+      Id* id = find(ch, c.id);
+      if (!id) return EINVAL;
+      if (id->state == State::kIdle)
+        if (int e = bind(*id, 0, 0)) return e;
+      if (id->state != State::kBound && id->state != State::kListening) return EINVAL;
+      for (const auto& [h, other] : ids_)
+        if (&other != id && other.state == State::kListening && other.ps == id->ps &&
+            other.src_port == id->src_port && (other.any || id->any || other.src_ip == id->src_ip))
+          return EADDRINUSE;
+      id->state = State::kListening;
+      return 0;
+    }
+    case RDMA_USER_CM_CMD_CONNECT: {
+      rdma_ucm_connect c;
+      if (!read_body(body, &c)) return EINVAL;
+      Id* id = find(ch, c.id);
+      if (!id) return EINVAL;
+      if (id->state != State::kRouteResolved) return EINVAL;
+      const rdma_ucm_conn_param& p = c.conn_param;
+      const bool ud = id->qp_type == kQptUd;
+      if (p.private_data_len > private_limit(ud ? kSidrReq : kReq)) return EINVAL;
+      id->local_qpn = p.qp_num;
+      id->resp_res = p.responder_resources;
+      id->init_depth = p.initiator_depth;
+      id->retry_count = std::min<uint8_t>(p.retry_count, 7);
+      id->rnr_retry = std::min<uint8_t>(p.rnr_retry_count, 7);
+      id->local_psn = random_u32() & 0xffffff;
+      id->deadline = env_.now() + kExchangeTimeout;
+      id->state = ud ? State::kSidrReqSent : State::kReqSent;
+      send(*id, ud ? kSidrReq : kReq, {p.private_data, p.private_data_len});
+      return 0;
+    }
+    case RDMA_USER_CM_CMD_ACCEPT: {
+      rdma_ucm_accept c;
+      if (!read_body(body, &c)) return EINVAL;
+      Id* id = find(ch, c.id);
+      if (!id) return EINVAL;
+      const rdma_ucm_conn_param& p = c.conn_param;
+      if (id->state == State::kRepRcvd) {  // the active side, after CONNECT_RESPONSE: RTU
+        id->state = State::kEstablished;
+        id->deadline = transport::Time{0};
+        send(*id, kRtu, {});
+        return 0;
+      }
+      if (id->state == State::kSidrReqRcvd) {
+        if (p.private_data_len > private_limit(kSidrRep)) return EINVAL;
+        id->uid = c.uid;
+        id->local_qpn = p.qp_num;
+        id->qkey = p.qkey ? p.qkey : kUdpQkey;
+        id->state = State::kSidrDone;
+        send(*id, kSidrRep, {p.private_data, p.private_data_len}, kSidrOk);
+        return 0;
+      }
+      if (id->state != State::kReqRcvd) return EINVAL;
+      if (p.private_data_len > private_limit(kRep)) return EINVAL;
+      id->uid = c.uid;
+      if (p.valid) {
+        id->local_qpn = p.qp_num;
+        id->resp_res = p.responder_resources;
+        id->init_depth = p.initiator_depth;
+        id->rnr_retry = std::min<uint8_t>(p.rnr_retry_count, 7);
+      }
+      id->state = State::kRepSent;
+      id->deadline = env_.now() + kExchangeTimeout;
+      send(*id, kRep, {p.private_data, p.private_data_len});
+      return 0;
+    }
+    case RDMA_USER_CM_CMD_REJECT: {
+      rdma_ucm_reject c;
+      if (!read_body(body, &c)) return EINVAL;
+      Id* id = find(ch, c.id);
+      if (!id) return EINVAL;
+      if (id->state == State::kSidrReqRcvd) {
+        id->state = State::kRejected;
+        send(*id, kSidrRep, {c.private_data, std::min<size_t>(c.private_data_len, 136)}, kSidrReject);
+        return 0;
+      }
+      if (id->state != State::kReqRcvd && id->state != State::kRepRcvd) return EINVAL;
+      id->state = State::kRejected;
+      send(*id, kRej, {c.private_data, std::min<size_t>(c.private_data_len, 148)}, kRejConsumer);
+      return 0;
+    }
+    case RDMA_USER_CM_CMD_DISCONNECT: {
+      rdma_ucm_disconnect c;
+      if (!read_body(body, &c)) return EINVAL;
+      Id* id = find(ch, c.id);
+      if (!id) return EINVAL;
+      if (id->state == State::kEstablished || id->state == State::kRepRcvd) {
+        id->state = State::kDreqSent;
+        id->deadline = env_.now() + kDreqTimeout;
+        send(*id, kDreq, {});
+        return 0;
+      }
+      if (id->state == State::kDisconnected || id->state == State::kDreqSent) return 0;
+      return EINVAL;
+    }
+    case RDMA_USER_CM_CMD_NOTIFY: {
+      rdma_ucm_notify c;
+      if (!read_body(body, &c)) return EINVAL;
+      return find(ch, c.id) ? 0 : EINVAL;
+    }
+    case RDMA_USER_CM_CMD_SET_OPTION: {
+      rdma_ucm_set_option c;
+      if (!read_body(body, &c)) return EINVAL;
+      Id* id = find(ch, c.id);
+      if (!id) return EINVAL;
+      if (extra.size() != c.optlen) return EINVAL;
+      if (c.level != RDMA_OPTION_ID) return ENOSYS;  // RDMA_OPTION_IB_PATH: IB routing
+      switch (c.optname) {
+        case RDMA_OPTION_ID_TOS:
+          if (extra.size() != 1) return EINVAL;
+          id->tos = extra[0];
+          return 0;
+        case RDMA_OPTION_ID_REUSEADDR:
+        case RDMA_OPTION_ID_AFONLY: {
+          int v;
+          if (extra.size() != sizeof(v)) return EINVAL;
+          std::memcpy(&v, extra.data(), sizeof(v));
+          if (c.optname == RDMA_OPTION_ID_REUSEADDR) {
+            if (id->state != State::kIdle) return EINVAL;
+            id->reuse = v != 0;
+          }
+          return 0;
+        }
+        case RDMA_OPTION_ID_ACK_TIMEOUT:
+          if (extra.size() != 1 || extra[0] > 31) return EINVAL;
+          id->ack_timeout = extra[0];
+          return 0;
+        default:
+          return ENOSYS;
+      }
+    }
+    case RDMA_USER_CM_CMD_MIGRATE_ID: {
+      rdma_ucm_migrate_id c;
+      if (!read_body(body, &c)) return EINVAL;
+      // Written to the new channel; fd names the one the id is on (its number, from the preload).
+      Id* id = find(c.fd, c.id);
+      if (!id) return EINVAL;
+      id->channel = ch;
+      rdma_ucm_migrate_resp r{0};  // the preload counts what it delivered
+      resize_to(resp, &r, sizeof(r), out);
+      return 0;
+    }
+    case RDMA_USER_CM_CMD_JOIN_IP_MCAST:
+    case RDMA_USER_CM_CMD_JOIN_MCAST:
+    case RDMA_USER_CM_CMD_LEAVE_MCAST:
+      return ENOSYS;  // multicast is not offered (docs/spec/cm.md §4)
+    case RDMA_USER_CM_CMD_GET_OPTION:
+    default:
+      return ENOSYS;
+  }
+}
+
+// --- messages ----------------------------------------------------------------------------------
+
+void CmService::on_req(const std::string& link, uint32_t peer_ip, std::span<const uint8_t> b,
+                       bool sidr) {
+  Msg m;
+  decode(b, &m);
+  // A REQ seen again (the transport may give a packet twice) is the child it made.
+  for (const auto& [h, id] : ids_)
+    if (id.listener && id.peer_ip == peer_ip && id.remote_comm == m.sender) return;
+  const auto links = env_.links();
+  const CmLinkInfo* l = link_of_ip(links, m.dst_ip);
+  Id* listener = nullptr;
+  if (l && l->name == link)
+    for (auto& [h, id] : ids_)
+      if (id.state == State::kListening && id.ps == m.ps && id.src_port == m.port &&
+          (id.any || id.src_ip == m.dst_ip)) {
+        listener = &id;
+        break;
+      }
+  Id child;
+  child.comm = random_u32() | 1;  // for a rejection; add() gives a kept id its own
+  child.remote_comm = m.sender;
+  child.peer_ip = peer_ip;
+  child.link = link;
+  child.src_ip = m.dst_ip;
+  child.src_port = m.port;
+  child.dst_ip = m.src_ip;
+  child.dst_port = m.src_port;
+  child.ps = m.ps;
+  if (!listener) {
+    // Nobody listens there: the requester hears so (REJ, invalid service ID).
+    send(child, sidr ? kSidrRep : kRej, {}, sidr ? kSidrNoListener : kRejInvalidService);
+    return;
+  }
+  child.channel = listener->channel;
+  child.listener = listener->handle;
+  child.qp_type = listener->qp_type;
+  child.tos = listener->tos;
+  child.ack_timeout = listener->ack_timeout;
+  child.remote_qpn = m.qpn;
+  child.remote_psn = m.psn_or_qkey & 0xffffff;
+  child.resp_res = m.init_depth;  // what the requester will read from us
+  child.init_depth = m.resp_res;
+  child.retry_count = m.retry;
+  child.rnr_retry = m.rnr;
+  child.local_psn = random_u32() & 0xffffff;
+  child.state = sidr ? State::kSidrReqRcvd : State::kReqRcvd;
+  child.handle = new_handle();
+  if (child.handle == 0) {
+    send(child, sidr ? kSidrRep : kRej, {}, sidr ? kSidrReject : kRejConsumer);
+    return;
+  }
+  const uint64_t listen_uid = listener->uid;
+  const uint32_t listen_handle = listener->handle;
+  Id& c = add(child);
+  // The event names the listener's uid and the new id's handle (librdmacm makes the id then).
+  c.uid = listen_uid;
+  if (sidr)
+    event(c, kEvConnectRequest, 0, ud_param(c, m.priv, 0, 0), listen_handle);
+  else
+    event(c, kEvConnectRequest, 0,
+          conn_param(c, m.priv, m.qpn, m.init_depth, m.resp_res, m.retry, m.rnr,
+                     m.flags & kFlagSrq),
+          listen_handle);
+  c.uid = 0;  // until accept names it
+}
+
+void CmService::on_message(const std::string& link, uint32_t peer_ip, std::span<const uint8_t> b) {
+  Msg m;
+  if (!decode(b, &m)) {
+    env_.log("cm: a malformed CM message dropped");
+    return;
+  }
+  if (m.type == kReq || m.type == kSidrReq) {
+    on_req(link, peer_ip, b, m.type == kSidrReq);
+    return;
+  }
+  Id* id = by_comm(m.receiver);
+  if (!id || id->peer_ip != peer_ip) return;  // not ours (a stale or forged message)
+  if (id->remote_comm != 0 && id->remote_comm != m.sender) return;
+  switch (m.type) {
+    case kRep:
+      if (id->state != State::kReqSent) return;
+      id->remote_comm = m.sender;
+      id->remote_qpn = m.qpn;
+      id->remote_psn = m.psn_or_qkey & 0xffffff;
+      id->rnr_retry = m.rnr;
+      id->state = State::kRepRcvd;
+      id->deadline = transport::Time{0};
+      event(*id, kEvConnectResponse, 0,
+            conn_param(*id, m.priv, m.qpn, m.init_depth, m.resp_res, m.retry, m.rnr,
+                       m.flags & kFlagSrq));
+      return;
+    case kRtu:
+      if (id->state != State::kRepSent) return;
+      id->state = State::kEstablished;
+      id->deadline = transport::Time{0};
+      event(*id, kEvEstablished, 0, conn_param(*id, {}, id->remote_qpn, 0, 0, 0, 0, false));
+      return;
+    case kRej: {
+      const State was = id->state;
+      if (was != State::kReqSent && was != State::kRepSent && was != State::kReqRcvd &&
+          was != State::kRepRcvd)
+        return;
+      id->state = State::kRejected;
+      id->deadline = transport::Time{0};
+      // A child nobody accepted yet has no uid: librdmacm would drop the event anyway.
+      if (was != State::kReqRcvd)
+        event(*id, kEvRejected, m.status, conn_param(*id, m.priv, 0, 0, 0, 0, 0, false));
+      return;
+    }
+    case kDreq:
+      if (id->state == State::kEstablished || id->state == State::kRepRcvd ||
+          id->state == State::kRepSent) {
+        id->state = State::kDisconnected;
+        send(*id, kDrep, {});
+        event(*id, kEvDisconnected, 0);
+      } else if (id->state == State::kDreqSent) {  // both ended it at once
+        id->state = State::kDisconnected;
+        id->deadline = transport::Time{0};
+        send(*id, kDrep, {});
+        event(*id, kEvDisconnected, 0);
+      } else if (id->state == State::kDisconnected) {
+        send(*id, kDrep, {});
+      }
+      return;
+    case kDrep:
+      if (id->state != State::kDreqSent) return;
+      id->state = State::kDisconnected;
+      id->deadline = transport::Time{0};
+      event(*id, kEvDisconnected, 0);
+      return;
+    case kSidrRep:
+      if (id->state != State::kSidrReqSent) return;
+      id->deadline = transport::Time{0};
+      if (m.status != kSidrOk) {
+        id->state = State::kRejected;
+        event(*id, kEvUnreachable, m.status == kSidrNoListener ? -ECONNREFUSED : -EINVAL,
+              ud_param(*id, m.priv, 0, 0));
+        return;
+      }
+      id->remote_comm = m.sender;
+      id->remote_qpn = m.qpn;
+      id->remote_qkey = m.psn_or_qkey;
+      id->state = State::kSidrDone;
+      event(*id, kEvEstablished, 0, ud_param(*id, m.priv, m.qpn, m.psn_or_qkey));
+      return;
+    default:
+      return;
+  }
+}
+
+void CmService::on_sent(uint64_t token, bool delivered) {
+  if (delivered) return;
+  Id* id = by_comm(static_cast<uint32_t>(token >> 8));
+  if (!id) return;
+  const auto type = static_cast<uint8_t>(token);
+  // The peer's engine could not be reached: what waited for it ends now.
+  if ((type == kReq && id->state == State::kReqSent) ||
+      (type == kSidrReq && id->state == State::kSidrReqSent) ||
+      (type == kRep && id->state == State::kRepSent)) {
+    id->state = State::kRejected;
+    id->deadline = transport::Time{0};
+    event(*id, kEvUnreachable, -ETIMEDOUT);
+  } else if (type == kDreq && id->state == State::kDreqSent) {
+    id->state = State::kDisconnected;
+    id->deadline = transport::Time{0};
+    event(*id, kEvDisconnected, 0);
+  }
+}
+
+void CmService::tick() {
+  for (auto& [n, c] : channels_) {
+    while (!c.pending.empty()) {
+      const auto& ev = c.pending.front();
+      if (::send(c.fd, ev.data(), ev.size(), MSG_DONTWAIT | MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(ev.size()))
+        break;
+      c.pending.pop_front();
+    }
+  }
+  const transport::Time t = env_.now();
+  for (auto& [h, id] : ids_) {
+    if (id.deadline == transport::Time{0} || t < id.deadline) continue;
+    id.deadline = transport::Time{0};
+    switch (id.state) {
+      case State::kReqSent:
+      case State::kRepSent:
+        send(id, kRej, {}, kRejTimeout);
+        [[fallthrough]];
+      case State::kSidrReqSent:
+        id.state = State::kRejected;
+        event(id, kEvUnreachable, -ETIMEDOUT);
+        break;
+      case State::kDreqSent:
+        id.state = State::kDisconnected;
+        event(id, kEvDisconnected, 0);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+}  // namespace metaroce::engine
