@@ -220,7 +220,7 @@ void CmService::event(Id& id, uint32_t type, int32_t status, std::span<const uin
   ev.id = id.handle;
   ev.event = type;
   ev.status = static_cast<uint32_t>(status);
-  std::memcpy(&ev.param, param.data(), std::min(param.size(), sizeof(ev.param)));
+  if (!param.empty()) std::memcpy(&ev.param, param.data(), std::min(param.size(), sizeof(ev.param)));
   ev.reserved = owner;  // the preload's to read (and zero): which id's count the event is in
   const auto* p = reinterpret_cast<const uint8_t*>(&ev);
   write_event(c->second, {p, p + sizeof(ev)});
@@ -368,7 +368,7 @@ std::vector<uint8_t> CmService::conn_param(const Id&, std::span<const uint8_t> p
   rdma_ucm_conn_param p{};
   p.qp_num = qpn;
   const size_t n = std::min(priv.size(), sizeof(p.private_data));
-  std::memcpy(p.private_data, priv.data(), n);
+  if (n) std::memcpy(p.private_data, priv.data(), n);
   p.private_data_len = static_cast<uint8_t>(n);
   p.responder_resources = resp_res;
   p.initiator_depth = init_depth;
@@ -391,7 +391,7 @@ std::vector<uint8_t> CmService::ud_param(const Id& id, std::span<const uint8_t> 
   p.ah_attr.is_global = 1;
   p.ah_attr.port_num = 1;
   const size_t n = std::min(priv.size(), sizeof(p.private_data));
-  std::memcpy(p.private_data, priv.data(), n);
+  if (n) std::memcpy(p.private_data, priv.data(), n);
   p.private_data_len = static_cast<uint8_t>(n);
   const auto* b = reinterpret_cast<const uint8_t*>(&p);
   return {b, b + sizeof(p)};
