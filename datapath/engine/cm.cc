@@ -832,7 +832,16 @@ void CmService::on_message(const std::string& link, uint32_t peer_ip, std::span<
     on_req(link, peer_ip, b, m.type == kSidrReq);
     return;
   }
-  Id* id = by_comm(m.receiver);
+  Id* id = m.receiver ? by_comm(m.receiver) : nullptr;
+  if (!id && m.type == kRej) {
+    // A requester that gave up before our REP reached it does not know our id: the request
+    // it names is ours to forget.
+    for (auto& [h, x] : ids_)
+      if (x.listener && x.peer_ip == peer_ip && x.remote_comm == m.sender) {
+        id = &x;
+        break;
+      }
+  }
   if (!id || id->peer_ip != peer_ip) return;  // not ours (a stale or forged message)
   if (id->remote_comm != 0 && id->remote_comm != m.sender) return;
   switch (m.type) {
