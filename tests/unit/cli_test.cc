@@ -237,6 +237,11 @@ TEST_F(CliTest, AddCreatesExactlyTheSysfsTreeAndNode) {
       {"class", "<dir>"},
       {"class/infiniband_verbs", "<dir>"},
       {"class/infiniband_verbs/abi_version", "6\n"},
+      // The RDMA CM's ABI for librdmacm, and the marker for the preload (docs/spec/cm.md §1).
+      {"class/misc", "<dir>"},
+      {"class/misc/rdma_cm", "<dir>"},
+      {"class/misc/rdma_cm/abi_version", "4\n"},
+      {"class/misc/rdma_cm/metaroce", "served by the MetaRoCE engine of this run dir\n"},
       {"class/infiniband_verbs/uverbs0", "<dir>"},
       {"class/infiniband_verbs/uverbs0/ibdev", "mr0\n"},
       {"class/infiniband_verbs/uverbs0/dev", "1:7\n"},
@@ -393,10 +398,16 @@ TEST_F(CliTest, DelRemovesTreeAndRecordButKeepsNode) {
   ASSERT_EQ(run({"link", "del", "mr0"}), kExitOk) << err_.str();
   auto after = snapshot(ctx_.sysfs());
   // Only the shared skeleton stays.
-  EXPECT_EQ(after, (std::map<std::string, std::string>{{"class", "<dir>"},
-                                                       {"class/infiniband", "<dir>"},
-                                                       {"class/infiniband_verbs", "<dir>"},
-                                                       {"class/infiniband_verbs/abi_version", "6\n"}}));
+  const std::map<std::string, std::string> skeleton = {
+      {"class", "<dir>"},
+      {"class/infiniband", "<dir>"},
+      {"class/infiniband_verbs", "<dir>"},
+      {"class/infiniband_verbs/abi_version", "6\n"},
+      {"class/misc", "<dir>"},
+      {"class/misc/rdma_cm", "<dir>"},
+      {"class/misc/rdma_cm/abi_version", "4\n"},
+      {"class/misc/rdma_cm/metaroce", "served by the MetaRoCE engine of this run dir\n"}};
+  EXPECT_EQ(after, skeleton);
   EXPECT_EQ(snapshot(ctx_.dev_dir).size(), 2u) << "device nodes are shared and stay";
   EXPECT_EQ(run({"link", "del", "mr0"}), kExitError);
   expect_one_error_line();
