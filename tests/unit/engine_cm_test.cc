@@ -195,6 +195,27 @@ class CmTest : public ::testing::Test {
     return c;
   }
 
+  // Resolves id's address (kIpA:port) and route on b, and connects it (UD or RC by its port
+  // space); ADDR_RESOLVED and ROUTE_RESOLVED are read from bfd.
+  void resolve_and_connect(uint32_t bch, int bfd, uint32_t id, uint16_t port) {
+    rdma_ucm_resolve_ip r{};
+    r.id = id;
+    sockaddr_in dst{};
+    dst.sin_family = AF_INET;
+    dst.sin_addr.s_addr = htonl(kIpA);
+    dst.sin_port = htons(port);
+    std::memcpy(&r.dst_addr, &dst, sizeof(dst));
+    ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_RESOLVE_IP, r), 0);
+    rdma_ucm_resolve_route rr{id, 1000};
+    ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_RESOLVE_ROUTE, rr), 0);
+    rdma_ucm_connect cn{};
+    cn.id = id;
+    ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_CONNECT, cn), 0);
+    pump();
+    EXPECT_EQ(next_event(bfd)->event, kAddrResolved);
+    EXPECT_EQ(next_event(bfd)->event, kRouteResolved);
+  }
+
   ib_uverbs_qp_attr qp_attr(Engine& e, uint32_t ch, uint32_t id, uint32_t state) {
     rdma_ucm_init_qp_attr q{};
     q.id = id;
@@ -239,22 +260,7 @@ TEST_F(CmTest, NobodyListeningIsARejectionWithInvalidServiceId) {
   (void)ach;
   (void)afd;
   const uint32_t id = b.create(bch);
-  rdma_ucm_resolve_ip r{};
-  r.id = id;
-  sockaddr_in dst{};
-  dst.sin_family = AF_INET;
-  dst.sin_addr.s_addr = htonl(kIpA);
-  dst.sin_port = htons(9);
-  std::memcpy(&r.dst_addr, &dst, sizeof(dst));
-  ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_RESOLVE_IP, r), 0);
-  rdma_ucm_resolve_route rr{id, 1000};
-  ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_RESOLVE_ROUTE, rr), 0);
-  rdma_ucm_connect cn{};
-  cn.id = id;
-  ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_CONNECT, cn), 0);
-  pump();
-  next_event(bfd);  // ADDR_RESOLVED
-  next_event(bfd);  // ROUTE_RESOLVED
+  resolve_and_connect(bch, bfd, id, 9);
   auto ev = next_event(bfd);
   ASSERT_TRUE(ev);
   EXPECT_EQ(ev->event, kRejected);
@@ -298,22 +304,7 @@ TEST_F(CmTest, ARequestThePeersEngineNeverGotIsUnreachableAtOnce) {
   wire.lose = true;
   auto [bch, bfd] = b.channel();
   const uint32_t id = b.create(bch);
-  rdma_ucm_resolve_ip r{};
-  r.id = id;
-  sockaddr_in dst{};
-  dst.sin_family = AF_INET;
-  dst.sin_addr.s_addr = htonl(kIpA);
-  dst.sin_port = htons(7471);
-  std::memcpy(&r.dst_addr, &dst, sizeof(dst));
-  ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_RESOLVE_IP, r), 0);
-  rdma_ucm_resolve_route rr{id, 1000};
-  ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_RESOLVE_ROUTE, rr), 0);
-  rdma_ucm_connect cn{};
-  cn.id = id;
-  ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_CONNECT, cn), 0);
-  pump();
-  next_event(bfd);
-  next_event(bfd);
+  resolve_and_connect(bch, bfd, id, 7471);
   auto ev = next_event(bfd);
   ASSERT_TRUE(ev);
   EXPECT_EQ(ev->event, kUnreachable);

@@ -434,38 +434,35 @@ void forget(int fd) {
 
 extern "C" {
 
-__attribute__((visibility("default"))) int open(const char* path, int flags, ...) {
-  mode_t mode = 0;
-  if (flags & (O_CREAT | O_TMPFILE)) {
-    va_list ap;
-    va_start(ap, flags);
-    mode = va_arg(ap, mode_t);
-    va_end(ap);
-  }
+// open and open64: the rdma_cm path is ours where the run dir serves it, else libc's `name`.
+static int open_as(const char* name, OpenFn* real, const char* path, int flags, mode_t mode) {
   if (std::strcmp(path, kCmPath) == 0) {
     const int fd = open_channel(flags);
     if (fd != -2) return fd;
   }
+  if (!*real) *real = next<OpenFn>(name);
+  return (*real)(path, flags, mode);
+}
+
+#define METAROCE_MODE_ARG(flags, mode)              \
+  mode_t mode = 0;                                  \
+  if ((flags) & (O_CREAT | O_TMPFILE)) {            \
+    va_list ap;                                     \
+    va_start(ap, flags);                            \
+    mode = va_arg(ap, mode_t);                      \
+    va_end(ap);                                     \
+  }
+
+__attribute__((visibility("default"))) int open(const char* path, int flags, ...) {
+  METAROCE_MODE_ARG(flags, mode)
   static OpenFn real = nullptr;
-  if (!real) real = next<OpenFn>("open");
-  return real(path, flags, mode);
+  return open_as("open", &real, path, flags, mode);
 }
 
 __attribute__((visibility("default"))) int open64(const char* path, int flags, ...) {
-  mode_t mode = 0;
-  if (flags & (O_CREAT | O_TMPFILE)) {
-    va_list ap;
-    va_start(ap, flags);
-    mode = va_arg(ap, mode_t);
-    va_end(ap);
-  }
-  if (std::strcmp(path, kCmPath) == 0) {
-    const int fd = open_channel(flags);
-    if (fd != -2) return fd;
-  }
+  METAROCE_MODE_ARG(flags, mode)
   static OpenFn real = nullptr;
-  if (!real) real = next<OpenFn>("open64");
-  return real(path, flags, mode);
+  return open_as("open64", &real, path, flags, mode);
 }
 
 static int fake_stat(struct stat* st) {
