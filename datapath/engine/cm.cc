@@ -179,23 +179,28 @@ void resize_to(std::vector<uint8_t>* v, const void* p, size_t n, uint16_t out) {
 
 // --- channels ----------------------------------------------------------------------------------
 
-uint32_t CmService::open_channel(int event_fd) {
+uint32_t CmService::open_channel(int event_fd, uint32_t owner) {
   uint32_t ch = next_channel_++;
   if (ch == 0) ch = next_channel_++;
   channels_[ch].fd = event_fd;
+  channels_[ch].owner = owner;
   return ch;
 }
 
 void CmService::close_channel(uint32_t ch) {
   auto it = channels_.find(ch);
   if (it == channels_.end()) return;
-  std::vector<uint32_t> mine;
-  for (auto& [h, id] : ids_)
-    if (id.channel == ch) mine.push_back(h);
-  for (uint32_t h : mine)
-    if (auto i = ids_.find(h); i != ids_.end()) destroy(i->second, true);
+  std::vector<uint64_t> mine;
+  for (auto& [k, id] : ids_)
+    if (id.channel == ch) mine.push_back(k);
+  for (uint64_t k : mine)
+    if (auto i = ids_.find(k); i != ids_.end()) destroy(i->second, true);
+  const uint32_t owner = it->second.owner;
   if (it->second.fd >= 0) close(it->second.fd);
   channels_.erase(ch);
+  bool owner_left = false;
+  for (const auto& [n, c] : channels_) owner_left |= c.owner == owner;
+  if (!owner_left) next_handle_.erase(owner);
 }
 
 void CmService::write_event(Channel& c, std::vector<uint8_t> ev) {
@@ -230,10 +235,11 @@ void CmService::event(Id& id, uint32_t type, int32_t status, std::span<const uin
 
 // Handles go round 1..65535 (librdmacm indexes a table by them), so that one is reused as late
 // as can be: an event of a destroyed id still in a socket is told apart by the preload.
-uint32_t CmService::new_handle() {
+uint32_t CmService::new_handle(uint32_t owner) {
+  uint32_t& next = next_handle_[owner];
   for (uint32_t i = 0; i < kMaxIds; ++i) {
-    next_handle_ = next_handle_ % kMaxIds + 1;
-    if (!ids_.count(next_handle_)) return next_handle_;
+    next = next % kMaxIds + 1;
+    if (!ids_.count(key(owner, next))) return next;
   }
   return 0;
 }
@@ -242,12 +248,15 @@ CmService::Id& CmService::add(Id id) {
   do {
     id.comm = random_u32();
   } while (id.comm == 0 || comms_.count(id.comm));
-  comms_[id.comm] = id.handle;
-  return ids_[id.handle] = std::move(id);
+  const uint64_t k = key(id.owner, id.handle);
+  comms_[id.comm] = k;
+  return ids_[k] = std::move(id);
 }
 
 CmService::Id* CmService::find(uint32_t ch, uint32_t handle) {
-  auto it = ids_.find(handle);
+  auto c = channels_.find(ch);
+  if (c == channels_.end()) return nullptr;
+  auto it = ids_.find(key(c->second.owner, handle));
   return it == ids_.end() || it->second.channel != ch ? nullptr : &it->second;
 }
 
@@ -359,7 +368,7 @@ void CmService::destroy(Id& id, bool notify_peer) {
     }
   }
   comms_.erase(id.comm);
-  ids_.erase(id.handle);
+  ids_.erase(key(id.owner, id.handle));
 }
 
 std::vector<uint8_t> CmService::conn_param(const Id&, std::span<const uint8_t> priv, uint32_t qpn,
@@ -505,7 +514,8 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
       if ((c.ps == RDMA_PS_UDP) != (c.qp_type == kQptUd) || (c.qp_type != kQptRc && c.qp_type != kQptUd))
         return EINVAL;
       Id id;
-      id.handle = new_handle();
+      id.owner = channels_[ch].owner;
+      id.handle = new_handle(id.owner);
       if (id.handle == 0) return ENOMEM;
       id.channel = ch;
       id.uid = c.uid;
@@ -739,7 +749,7 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
       if (!read_body(body, &c)) return EINVAL;
       // Written to the new channel; fd names the one the id is on (its number, from the preload).
       Id* id = find(c.fd, c.id);
-      if (!id) return EINVAL;
+      if (!id || channels_[ch].owner != id->owner) return EINVAL;  // a process's own channels
       id->channel = ch;
       rdma_ucm_migrate_resp r{0};  // the preload counts what it delivered
       resize_to(resp, &r, sizeof(r), out);
@@ -802,7 +812,8 @@ void CmService::on_req(const std::string& link, uint32_t peer_ip, std::span<cons
   child.rnr_retry = m.rnr;
   child.local_psn = random_u32() & 0xffffff;
   child.state = sidr ? State::kSidrReqRcvd : State::kReqRcvd;
-  child.handle = new_handle();
+  child.owner = listener->owner;
+  child.handle = new_handle(child.owner);
   if (child.handle == 0) {
     send(child, sidr ? kSidrRep : kRej, {}, sidr ? kSidrReject : kRejConsumer);
     return;

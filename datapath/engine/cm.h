@@ -44,8 +44,9 @@ class CmService {
   };
   explicit CmService(Env env) : env_(std::move(env)) {}
 
-  // A new channel whose events go to event_fd (taken; a SOCK_SEQPACKET end). Its number.
-  uint32_t open_channel(int event_fd);
+  // A new channel of process `owner` whose events go to event_fd (taken; a SOCK_SEQPACKET
+  // end). Its number. Ids are numbered per owner (librdmacm's table of them is per process).
+  uint32_t open_channel(int event_fd, uint32_t owner = 0);
   // The channel's file was closed or its process died: every id of it is destroyed (peers hear
   // a disconnection or a rejection).
   void close_channel(uint32_t ch);
@@ -83,6 +84,7 @@ class CmService {
   };
   struct Id {
     uint32_t handle = 0;          // librdmacm's index for it: below 2^16 (its id map's size)
+    uint32_t owner = 0;           // the process of its channel: handles are per process
     uint32_t comm = 0;            // its communication id in CM messages (random)
     uint32_t channel = 0;
     uint64_t uid = 0;
@@ -108,6 +110,7 @@ class CmService {
   };
   struct Channel {
     int fd = -1;
+    uint32_t owner = 0;
     std::deque<std::vector<uint8_t>> pending;  // events the socket had no room for
   };
 
@@ -124,7 +127,8 @@ class CmService {
   void write_event(Channel& c, std::vector<uint8_t> ev);
   void send(Id& id, uint8_t type, std::span<const uint8_t> priv, uint8_t reason = 0);
   void destroy(Id& id, bool notify_peer);
-  uint32_t new_handle();
+  uint32_t new_handle(uint32_t owner);
+  static uint64_t key(uint32_t owner, uint32_t handle) { return (uint64_t{owner} << 32) | handle; }
   Id& add(Id id);  // a new id, given its handle and communication id
   std::vector<uint8_t> conn_param(const Id& id, std::span<const uint8_t> priv, uint32_t qpn,
                                   uint8_t resp_res, uint8_t init_depth, uint8_t retry,
@@ -137,10 +141,10 @@ class CmService {
 
   Env env_;
   std::unordered_map<uint32_t, Channel> channels_;
-  std::map<uint32_t, Id> ids_;  // by handle
-  std::unordered_map<uint32_t, uint32_t> comms_;  // communication id -> handle
+  std::map<uint64_t, Id> ids_;  // by key(owner, handle)
+  std::unordered_map<uint32_t, uint64_t> comms_;  // communication id -> key
   uint32_t next_channel_ = 1;
-  uint32_t next_handle_ = 0;
+  std::unordered_map<uint32_t, uint32_t> next_handle_;  // per owner
 };
 
 }  // namespace metaroce::engine

@@ -791,7 +791,7 @@ void HostEngine::cm_open(Session& s, Message& req, Message* resp) {
     return;
   }
   hostif::CmOpenResp r;
-  r.channel = s.cm_channel = cm_.open_channel(fd);
+  r.channel = s.cm_channel = cm_.open_channel(fd, static_cast<uint32_t>(s.peer_pid()));
   *resp = reply_to(req, 0);
   resp->set(r);
 }

@@ -57,10 +57,10 @@ class Engine {
         }) {}
 
   // A channel; returns (channel number, the socket events are read from).
-  std::pair<uint32_t, int> channel() {
+  std::pair<uint32_t, int> channel(uint32_t owner = 0) {
     int sv[2];
     EXPECT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
-    return {cm_.open_channel(sv[1]), sv[0]};
+    return {cm_.open_channel(sv[1], owner), sv[0]};
   }
 
   template <typename T>
@@ -364,6 +364,30 @@ TEST_F(CmTest, BindRefusesTakenPortsAndAddressesNoLinkHas) {
   rdma_ucm_join_mcast j{};
   j.id = x;
   EXPECT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_JOIN_MCAST, j), ENOSYS);
+}
+
+TEST_F(CmTest, IdsAreNumberedPerProcessAndNamedOnlyByTheirOwn) {
+  auto [p, pfd] = a.channel(100);
+  auto [q, qfd] = a.channel(200);
+  (void)pfd;
+  (void)qfd;
+  const uint32_t x = a.create(p), y = a.create(q);
+  EXPECT_EQ(x, y) << "each process numbers its own ids";
+  EXPECT_EQ(a.bind(p, x, kIpA, 7100), 0);
+  EXPECT_EQ(a.bind(q, y, kIpA, 7101), 0) << "process 200's id, not process 100's (bound)";
+  // Moving an id to a channel of another process is refused.
+  auto [p2, p2fd] = a.channel(100);
+  (void)p2fd;
+  rdma_ucm_migrate_id m{};
+  m.id = y;
+  m.fd = q;
+  EXPECT_EQ(a.cmd(p2, RDMA_USER_CM_CMD_MIGRATE_ID, m), EINVAL);
+  m.id = x;
+  m.fd = p;
+  EXPECT_EQ(a.cmd(p2, RDMA_USER_CM_CMD_MIGRATE_ID, m), 0);
+  rdma_ucm_listen l{x, 1};
+  EXPECT_EQ(a.cmd(p2, RDMA_USER_CM_CMD_LISTEN, l), 0) << "named on its new channel";
+  EXPECT_EQ(a.cmd(p, RDMA_USER_CM_CMD_LISTEN, l), EINVAL) << "and no longer on its old one";
 }
 
 TEST_F(CmTest, UdExchangeGivesTheRequesterThePeersQpAndQkey) {
