@@ -260,6 +260,11 @@ CmService::Id* CmService::find(uint32_t ch, uint32_t handle) {
   return it == ids_.end() || it->second.channel != ch ? nullptr : &it->second;
 }
 
+template <typename T>
+CmService::Id* CmService::id_of(uint32_t ch, std::span<const uint8_t> body, T* c) {
+  return read_body(body, c) ? find(ch, c->id) : nullptr;
+}
+
 CmService::Id* CmService::by_comm(uint32_t comm) {
   auto c = comms_.find(comm);
   if (c == comms_.end()) return nullptr;
@@ -528,8 +533,7 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
     }
     case RDMA_USER_CM_CMD_DESTROY_ID: {
       rdma_ucm_destroy_id c;
-      if (!read_body(body, &c)) return EINVAL;
-      Id* id = find(ch, c.id);
+      Id* id = id_of(ch, body, &c);
       if (!id) return EINVAL;
       destroy(*id, true);
       rdma_ucm_destroy_id_resp r{0};  // the preload counts what it delivered
@@ -538,8 +542,7 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
     }
     case RDMA_USER_CM_CMD_BIND_IP: {
       rdma_ucm_bind_ip c;
-      if (!read_body(body, &c)) return EINVAL;
-      Id* id = find(ch, c.id);
+      Id* id = id_of(ch, body, &c);
       if (!id) return EINVAL;
       if (id->state != State::kIdle) return EINVAL;
       uint32_t ip;
@@ -551,8 +554,7 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
       return EAFNOSUPPORT;  // AF_IB addressing: librdmacm then uses BIND_IP and RESOLVE_IP
     case RDMA_USER_CM_CMD_RESOLVE_IP: {
       rdma_ucm_resolve_ip c;
-      if (!read_body(body, &c)) return EINVAL;
-      Id* id = find(ch, c.id);
+      Id* id = id_of(ch, body, &c);
       if (!id) return EINVAL;
       uint32_t dst, src = 0;
       uint16_t dport, sport = 0;
@@ -585,8 +587,7 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
     }
     case RDMA_USER_CM_CMD_RESOLVE_ROUTE: {
       rdma_ucm_resolve_route c;
-      if (!read_body(body, &c)) return EINVAL;
-      Id* id = find(ch, c.id);
+      Id* id = id_of(ch, body, &c);
       if (!id) return EINVAL;
       if (id->state != State::kAddrResolved && id->state != State::kRouteResolved) return EINVAL;
       id->state = State::kRouteResolved;
@@ -595,8 +596,7 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
     }
     case RDMA_USER_CM_CMD_QUERY_ROUTE: {
       rdma_ucm_query c;
-      if (!read_body(body, &c)) return EINVAL;
-      Id* id = find(ch, c.id);
+      Id* id = id_of(ch, body, &c);
       if (!id) return EINVAL;
       return query_route(*id, out, resp);
     }
@@ -604,15 +604,13 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
       return ENOSYS;  // the AF_IB queries; librdmacm without AF_IB asks QUERY_ROUTE
     case RDMA_USER_CM_CMD_INIT_QP_ATTR: {
       rdma_ucm_init_qp_attr c;
-      if (!read_body(body, &c)) return EINVAL;
-      Id* id = find(ch, c.id);
+      Id* id = id_of(ch, body, &c);
       if (!id) return EINVAL;
       return init_qp_attr(*id, c.qp_state, out, resp);
     }
     case RDMA_USER_CM_CMD_LISTEN: {
       rdma_ucm_listen c;
-      if (!read_body(body, &c)) return EINVAL;
-      Id* id = find(ch, c.id);
+      Id* id = id_of(ch, body, &c);
       if (!id) return EINVAL;
       if (id->state == State::kIdle)
         if (int e = bind(*id, 0, 0)) return e;
@@ -626,8 +624,7 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
     }
     case RDMA_USER_CM_CMD_CONNECT: {
       rdma_ucm_connect c;
-      if (!read_body(body, &c)) return EINVAL;
-      Id* id = find(ch, c.id);
+      Id* id = id_of(ch, body, &c);
       if (!id) return EINVAL;
       if (id->state != State::kRouteResolved) return EINVAL;
       const rdma_ucm_conn_param& p = c.conn_param;
@@ -646,8 +643,7 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
     }
     case RDMA_USER_CM_CMD_ACCEPT: {
       rdma_ucm_accept c;
-      if (!read_body(body, &c)) return EINVAL;
-      Id* id = find(ch, c.id);
+      Id* id = id_of(ch, body, &c);
       if (!id) return EINVAL;
       const rdma_ucm_conn_param& p = c.conn_param;
       if (id->state == State::kRepRcvd) {  // the active side, after CONNECT_RESPONSE: RTU
@@ -681,8 +677,7 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
     }
     case RDMA_USER_CM_CMD_REJECT: {
       rdma_ucm_reject c;
-      if (!read_body(body, &c)) return EINVAL;
-      Id* id = find(ch, c.id);
+      Id* id = id_of(ch, body, &c);
       if (!id) return EINVAL;
       if (id->state == State::kSidrReqRcvd) {
         id->state = State::kRejected;
@@ -696,8 +691,7 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
     }
     case RDMA_USER_CM_CMD_DISCONNECT: {
       rdma_ucm_disconnect c;
-      if (!read_body(body, &c)) return EINVAL;
-      Id* id = find(ch, c.id);
+      Id* id = id_of(ch, body, &c);
       if (!id) return EINVAL;
       if (id->state == State::kEstablished || id->state == State::kRepRcvd) {
         id->state = State::kDreqSent;
@@ -715,8 +709,7 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
     }
     case RDMA_USER_CM_CMD_SET_OPTION: {
       rdma_ucm_set_option c;
-      if (!read_body(body, &c)) return EINVAL;
-      Id* id = find(ch, c.id);
+      Id* id = id_of(ch, body, &c);
       if (!id) return EINVAL;
       if (extra.size() != c.optlen) return EINVAL;
       if (c.level != RDMA_OPTION_ID) return ENOSYS;  // RDMA_OPTION_IB_PATH: IB routing

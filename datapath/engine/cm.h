@@ -115,6 +115,10 @@ class CmService {
   };
 
   Id* find(uint32_t ch, uint32_t handle);
+  // A command's structure read from body into *c, and the id of channel ch it names; nullptr
+  // when the body is short or names no id of the channel (EINVAL either way).
+  template <typename T>
+  Id* id_of(uint32_t ch, std::span<const uint8_t> body, T* c);
   Id* by_comm(uint32_t comm);  // ids are their own communication ids
   const CmLinkInfo* link_of_ip(const std::vector<CmLinkInfo>& links, uint32_t ip) const;
   const CmLinkInfo* route(const std::vector<CmLinkInfo>& links, uint32_t dst) const;
