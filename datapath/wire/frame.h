@@ -25,6 +25,13 @@ inline constexpr uint8_t kIpProtoUdp = 17;
 // The two ECN bits of the IPv4 TOS byte (RFC 3168).
 enum class Ecn : uint8_t { kNotEct = 0, kEct1 = 1, kEct0 = 2, kCe = 3 };
 
+// The Ethernet address an IPv4 group's frames go to: 01:00:5e and the group's low 23 bits
+// (RFC 1112 §6.4). group in host order.
+constexpr MacAddr multicast_mac(uint32_t group) {
+  return {0x01, 0x00, 0x5e, static_cast<uint8_t>((group >> 16) & 0x7f),
+          static_cast<uint8_t>(group >> 8), static_cast<uint8_t>(group)};
+}
+
 struct UdpFrameParams {
   MacAddr src_mac{};
   MacAddr dst_mac{};

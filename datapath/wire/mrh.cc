@@ -2,6 +2,8 @@
 // Encoding and validating decoding of the MetaRoCE header (docs/spec/wire.md §2-§4).
 #include "datapath/wire/mrh.h"
 
+#include <algorithm>
+
 #include "datapath/wire/bytes.h"
 
 namespace metaroce::wire {
@@ -235,6 +237,61 @@ DecodeError decode(std::span<const uint8_t> in, Packet& out) {
     if (s == 1 && t != 0 && (t & ~(kRnrTimerValid | kRnrTimerCodeMask)))
       return DecodeError::kBadField;
   }
+  return DecodeError::kNone;
+}
+
+size_t encode_datagram(std::span<uint8_t> out, const Datagram& d, uint32_t payload_len) {
+  if (out.size() < kDatagramHeadersLen || (d.src_qpn & ~kQpnMask)) return 0;
+  BaseHeader b;
+  b.opcode = d.with_imm ? Opcode::kDatagramImm : Opcode::kDatagram;
+  b.timestamp = d.timestamp;
+  encode_base(out, b);  // conn_id, token, path and sequence fields stay 0; path_count 1
+  uint8_t* p = out.data() + kBaseHeaderLen;
+  std::fill(p, p + kDataExtLen, uint8_t{0});
+  store_be32(p + data_off::kDstStream, kMulticastQpn);
+  store_be32(p + data_off::kSrcStream, d.src_qpn);
+  store_be32(p + data_off::kMsn, d.msn);
+  store_be32(p + data_off::kTotalLength, payload_len);
+  store_be32(p + data_off::kRkey, d.qkey);
+  store_be32(p + data_off::kImm, d.with_imm ? d.imm : 0);
+  store_be32(p + data_off::kPayloadLen, payload_len);
+  return kDatagramHeadersLen;
+}
+
+DecodeError decode_datagram(std::span<const uint8_t> in, Datagram& out) {
+  if (in.size() < kDatagramHeadersLen) return DecodeError::kTruncated;
+  const uint8_t* p = in.data();
+  if (p[base_off::kVersion] != kMrhVersion) return DecodeError::kBadVersion;
+  const uint8_t op = p[base_off::kOpcode];
+  if (op != static_cast<uint8_t>(Opcode::kDatagram) &&
+      op != static_cast<uint8_t>(Opcode::kDatagramImm))
+    return DecodeError::kBadOpcode;
+  const uint8_t* q = p + kBaseHeaderLen;
+  const uint32_t payload_len = load_be32(q + data_off::kPayloadLen);
+  if (payload_len != in.size() - kDatagramHeadersLen) return DecodeError::kLengthMismatch;
+  // Every field a connection gives meaning to is zero (path_count 1); the rest as spec §8.
+  const bool base_ok = load_be16(p + base_off::kFlags) == 0 &&
+                       load_be32(p + base_off::kConnId) == 0 &&
+                       load_be64(p + base_off::kToken) == 0 &&
+                       load_be16(p + base_off::kPathId) == 0 &&
+                       load_be16(p + base_off::kPathCount) == 1 &&
+                       load_be32(p + base_off::kPathSeq) == 0 &&
+                       load_be32(p + base_off::kAckFloor) == 0;
+  out.with_imm = op == static_cast<uint8_t>(Opcode::kDatagramImm);
+  out.src_qpn = load_be32(q + data_off::kSrcStream);
+  out.msn = load_be32(q + data_off::kMsn);
+  out.qkey = load_be32(q + data_off::kRkey);
+  out.imm = load_be32(q + data_off::kImm);
+  out.timestamp = load_be32(p + base_off::kTimestamp);
+  const bool data_ok = load_be32(q + data_off::kDstStream) == kMulticastQpn &&
+                       (out.src_qpn & ~kQpnMask) == 0 && load_be32(q + data_off::kRsn) == 0 &&
+                       load_be32(q + data_off::kOffset) == 0 &&
+                       load_be32(q + data_off::kTotalLength) == payload_len &&
+                       load_be64(q + data_off::kRemoteAddr) == 0 &&
+                       load_be32(q + data_off::kOrigSeq) == 0 &&
+                       (out.with_imm || out.imm == 0);
+  if (!base_ok || !data_ok) return DecodeError::kBadField;
+  out.payload = in.subspan(kDatagramHeadersLen);
   return DecodeError::kNone;
 }
 

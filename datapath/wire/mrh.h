@@ -70,6 +70,10 @@ enum class Opcode : uint8_t {
   kAtomicCmpSwp = 7,    // 16-byte payload: compare, swap (big-endian); answered by a READ_RESP
   kAtomicFetchAdd = 8,  // 16-byte payload: add, 0 (big-endian); answered by a READ_RESP
   kSendInv = 9,         // SEND with invalidate: rkey names what the receiver invalidates
+  // Multicast datagrams (spec §8): outside every connection, to an IPv4 group address; decoded
+  // by decode_datagram, never by decode (the transport drops them as unknown opcodes).
+  kDatagram = 10,
+  kDatagramImm = 11,
   kAck = 16,
   kProbe = 17,
 };
@@ -168,6 +172,29 @@ size_t encode_ack(std::span<uint8_t> out, const BaseHeader& base, const AckHeade
 
 // Parses and validates every field of one UDP payload.
 DecodeError decode(std::span<const uint8_t> in, Packet& out);
+
+// --- multicast datagrams (spec §8) ---------------------------------------------------------
+// A UD SEND to a multicast group: the base header and data extension of a data packet with
+// every connection field zero, sent once to the group's address, never acknowledged or
+// retransmitted. 80 bytes of headers, then the payload.
+inline constexpr uint32_t kMulticastQpn = 0xffffff;  // the destination QP of every datagram
+inline constexpr uint32_t kQpnMask = 0xffffff;
+struct Datagram {
+  bool with_imm = false;  // kDatagramImm
+  uint32_t src_qpn = 0;   // the sender's QP (24 bits)
+  uint32_t msn = 0;       // the sender QP's count of datagrams it sent to groups
+  uint32_t qkey = 0;
+  uint32_t imm = 0;       // network byte order as verbs hands it; 0 without with_imm
+  uint32_t timestamp = 0;
+  std::span<const uint8_t> payload;  // decode: after the headers
+};
+inline constexpr size_t kDatagramHeadersLen = kDataHeadersLen;
+// Writes the 80 bytes of headers for a payload of payload_len bytes; 0 when out is too small.
+size_t encode_datagram(std::span<uint8_t> out, const Datagram& d, uint32_t payload_len);
+// Parses and validates one UDP payload sent to a group address.
+DecodeError decode_datagram(std::span<const uint8_t> in, Datagram& out);
+// IPv4 multicast (224.0.0.0/4), host order.
+inline constexpr bool is_multicast_ipv4(uint32_t ip) { return (ip >> 28) == 0xe; }
 
 const char* to_string(DecodeError e);
 

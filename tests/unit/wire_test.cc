@@ -194,10 +194,95 @@ TEST(Mrh, WrongVersionAndUnknownOpcodeHaveTheirOwnReasons) {
     bad[0] = v;
     EXPECT_EQ(decode(bad, p), DecodeError::kBadVersion);
   }
-  for (uint8_t op : {0, 10, 15, 18, 255}) {
+  // 10 and 11 are multicast datagrams: never a connection's packet (decode_datagram's).
+  for (uint8_t op : {0, 10, 11, 15, 18, 255}) {
     auto bad = buf;
     bad[1] = op;
     EXPECT_EQ(decode(bad, p), DecodeError::kBadOpcode) << int{op};
+  }
+}
+
+// --- multicast datagrams (spec §8) --------------------------------------------------------
+
+std::vector<uint8_t> datagram(const Datagram& d, std::span<const uint8_t> payload) {
+  std::vector<uint8_t> b(kDatagramHeadersLen + payload.size());
+  EXPECT_EQ(encode_datagram(b, d, static_cast<uint32_t>(payload.size())), kDatagramHeadersLen);
+  std::copy(payload.begin(), payload.end(), b.begin() + kDatagramHeadersLen);
+  return b;
+}
+
+TEST(Datagram, RoundTripsWithAndWithoutImmediate) {
+  const uint8_t payload[5] = {1, 2, 3, 4, 5};
+  for (bool imm : {false, true}) {
+    Datagram d;
+    d.with_imm = imm;
+    d.src_qpn = 0xabcdef;
+    d.msn = 77;
+    d.qkey = 0x01234567;
+    d.imm = imm ? 0xdeadbeef : 0;
+    d.timestamp = 0x1234;
+    auto b = datagram(d, payload);
+    EXPECT_EQ(b[1], imm ? 11 : 10);
+    // Every connection field zero, path_count 1; the group's QP 0xffffff in dst_stream.
+    EXPECT_EQ(load_be32(&b[4]), 0u);
+    EXPECT_EQ(load_be64(&b[8]), 0u);
+    EXPECT_EQ(load_be16(&b[18]), 1u);
+    EXPECT_EQ(load_be32(&b[32]), kMulticastQpn);
+    Datagram out;
+    ASSERT_EQ(decode_datagram(b, out), DecodeError::kNone);
+    EXPECT_EQ(out.with_imm, imm);
+    EXPECT_EQ(out.src_qpn, d.src_qpn);
+    EXPECT_EQ(out.msn, 77u);
+    EXPECT_EQ(out.qkey, 0x01234567u);
+    EXPECT_EQ(out.imm, d.imm);
+    EXPECT_EQ(out.timestamp, 0x1234u);
+    ASSERT_EQ(out.payload.size(), 5u);
+    EXPECT_EQ(out.payload[4], 5);
+    // A connection's decoder refuses it: its opcode is not one of a connection's.
+    Packet p;
+    EXPECT_EQ(decode(b, p), DecodeError::kBadOpcode);
+  }
+  Datagram big;
+  big.src_qpn = 0x1000000;  // 25 bits
+  std::vector<uint8_t> b(kDatagramHeadersLen);
+  EXPECT_EQ(encode_datagram(b, big, 0), 0u);
+  EXPECT_EQ(encode_datagram(std::span<uint8_t>(b).first(79), Datagram{}, 0), 0u);
+}
+
+TEST(Datagram, EveryFieldOutsideTheSpecIsRefused) {
+  const uint8_t payload[3] = {7, 8, 9};
+  Datagram d;
+  d.src_qpn = 12;
+  d.qkey = 5;
+  const auto good = datagram(d, payload);
+  Datagram out;
+  ASSERT_EQ(decode_datagram(good, out), DecodeError::kNone);
+  for (size_t len = 0; len < kDatagramHeadersLen; ++len)
+    EXPECT_EQ(decode_datagram(std::span(good).first(len), out), DecodeError::kTruncated) << len;
+  auto bad = good;
+  bad[0] = 2;
+  EXPECT_EQ(decode_datagram(bad, out), DecodeError::kBadVersion);
+  for (uint8_t op : {1, 3, 4, 9, 12, 16, 17}) {
+    bad = good;
+    bad[1] = op;
+    EXPECT_EQ(decode_datagram(bad, out), DecodeError::kBadOpcode) << int{op};
+  }
+  bad = good;
+  bad.push_back(0);
+  EXPECT_EQ(decode_datagram(bad, out), DecodeError::kLengthMismatch);
+  // Base: flags, conn_id, token, path_id, path_count (!= 1), path_seq, ack_floor. Data:
+  // dst_stream (!= 0xffffff), src_stream past 24 bits, rsn, offset, total_length, remote_addr,
+  // imm without the opcode saying so, orig_seq.
+  struct Poke {
+    size_t at;
+    uint8_t value;
+  };
+  for (Poke k : {Poke{2, 1}, Poke{7, 1}, Poke{15, 1}, Poke{17, 1}, Poke{19, 2}, Poke{23, 1},
+                 Poke{31, 1}, Poke{35, 0xfe}, Poke{36, 1}, Poke{47, 1}, Poke{51, 1}, Poke{55, 9},
+                 Poke{63, 1}, Poke{71, 1}, Poke{79, 1}}) {
+    bad = good;
+    bad[k.at] = k.value;
+    EXPECT_EQ(decode_datagram(bad, out), DecodeError::kBadField) << k.at;
   }
 }
 
