@@ -247,7 +247,7 @@ std::string prometheus_text(
   for (const auto& [dev, s] : snaps)
     for (const auto& c : s->counters) names.insert(c.name);
   for (const std::string& n : names) {
-    const bool gauge = n == "contexts" || n == "qps";
+    const bool gauge = n == "contexts" || n == "qps" || n == "mcast_groups";
     const std::string metric = "metaroce_device_" + n + (gauge ? "" : "_total");
     o << "# HELP " << metric << " MetaRoCE device counter " << n
       << " (metaroce stat; docs/spec/wire.md §7)\n# TYPE " << metric

@@ -1203,6 +1203,19 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       if (!e) r.set(m);
       return done(e);
     }
+    case Op::kAttachMcast:
+    case Op::kDetachMcast: {
+      auto b = req.as<hostif::McastReq>();
+      if (!b) return done(EINVAL);
+      // A kernel context's QPs are the module's, which has no multicast (max_mcast_grp 0).
+      if (s.kernel()) return done(EOPNOTSUPP);
+      const bool attach = req.header.op == Op::kAttachMcast;
+      int e = 0;
+      on_datapath([&] {
+        e = attach ? nic.attach_mcast(&s, b->qpn, b->group) : nic.detach_mcast(&s, b->qpn, b->group);
+      });
+      return done(e);
+    }
     case Op::kDeallocMw: {
       auto b = req.as<hostif::IdReq>();
       if (!b) return done(EINVAL);

@@ -71,6 +71,9 @@ enum class Op : uint16_t {
   // librdmacm event channel (a /dev/infiniband/rdma_cm file of the preload).
   kCmOpen = 36,       // first message; fd: the channel's event socket. Answer: CmOpenResp
   kCmCommand = 37,    // one ucma command: CmCommandReq, then its body, then `extra` bytes
+  // Multicast (verbs-mapping.md §7): McastReq.
+  kAttachMcast = 38,  // ibv_attach_mcast
+  kDetachMcast = 39,  // ibv_detach_mcast
   // Administration (uid 0, or the engine's own user: a user who runs an engine for a private run
   // dir administers it): what `metaroce link` and `metaroce engine` ask.
   kLinkOpen = 100,
@@ -131,6 +134,11 @@ struct CmCommandReq {
   uint16_t body_len = 0;
   uint16_t extra_len = 0;
   uint16_t reserved[3] = {};
+};
+
+struct McastReq {  // kAttachMcast, kDetachMcast
+  uint32_t qpn = 0;
+  uint32_t group = 0;  // IPv4 multicast address, host order
 };
 
 struct PdResp {

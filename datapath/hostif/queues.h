@@ -41,6 +41,9 @@ inline constexpr uint32_t kMaxQps = 16384;
 inline constexpr uint32_t kMaxCqs = 16384;
 inline constexpr uint32_t kMaxSrqs = 16384;
 inline constexpr uint32_t kMaxPds = 65536;
+// Multicast (verbs-mapping.md §7): groups a device has members in, QPs attached to one group.
+inline constexpr uint32_t kMaxMcastGroups = 1024;
+inline constexpr uint32_t kMaxMcastQpAttach = 256;
 
 inline constexpr uint32_t kCqMagic = 0x5143524d;   // "MRCQ"
 inline constexpr uint32_t kQpMagic = 0x5051524d;   // "MRQP"

@@ -272,6 +272,11 @@ void LinkLayer::handle_frame(Time t, Plane& pl, const io::RxFrame& f) {
     if (p.arp.op == wire::ArpOp::kRequest) send_arp(pl, true, p.arp.sender_ip, p.arp.sender_mac);
     return;
   }
+  // A datagram to a multicast group (wire.md §8): the group's members here take it.
+  if (p.kind == wire::FrameKind::kMetaRoce && wire::is_multicast_ipv4(p.dst_ip) &&
+      p.dst_mac == wire::multicast_mac(p.dst_ip) &&
+      nic_.on_datagram(p.src_ip, p.dst_ip, p.payload))
+    return;
   if (p.kind != wire::FrameKind::kMetaRoce || !to_us || p.dst_ip != cfg_.ip) {
     // What the transport does not take, the flow rules of raw QPs may (verbs-mapping.md §18).
     if (nic_.on_raw_frame({f.data, f.len})) counters_.rx_raw++;
@@ -298,10 +303,47 @@ void LinkLayer::loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_pa
   loop_queue_.push_back(p);
 }
 
+void LinkLayer::send_datagram(RawFrame f) {
+  // One frame to the group's address, on the first plane in service: the fabric (or the peer
+  // of a point-to-point link) delivers it to every member; this device's own members take it
+  // from the loop below, as a NIC loops multicast back to its port.
+  const auto len = static_cast<uint32_t>(f.bytes.size());
+  Plane* out = nullptr;
+  for (Plane& pl : planes_)
+    if (!pl.udp && !pl.quiet && !pl.admin_down && pl.carrier) {
+      out = &pl;
+      break;
+    }
+  io::TxFrame t;
+  if (!out || !out->port->alloc_tx(t, kL2L4Header + len)) {
+    ++counters_.tx_mcast_dropped;  // as on a port that is down or out of buffers: a loss
+  } else {
+    wire::UdpFrameParams a;
+    a.src_mac = out->port->mac();
+    a.dst_mac = wire::multicast_mac(f.group);
+    a.src_ip = cfg_.ip;
+    a.dst_ip = f.group;
+    a.src_port = f.src_port;
+    a.dst_port = cfg_.udp_port;
+    a.ecn = wire::Ecn::kNotEct;  // no congestion control answers for a group's datagrams
+    wire::write_udp_headers({t.data, kL2L4Header}, a, len);
+    std::memcpy(t.data + kL2L4Header, f.bytes.data(), len);
+    t.len = kL2L4Header + len;
+    tap(*out, {t.data, t.len});
+    out->port->tx_burst({&t, 1});
+    ++counters_.tx_frames;
+  }
+  mcast_loop_queue_.push_back(std::move(f));
+}
+
 void LinkLayer::send_raw(std::vector<RawFrame> frames) {
   if (frames.empty() || planes_.empty()) return;
   Plane& pl = planes_[0];
   for (RawFrame& f : frames) {
+    if (f.group) {
+      send_datagram(std::move(f));
+      continue;
+    }
     io::TxFrame t;
     const auto len = static_cast<uint32_t>(f.bytes.size());
     if (pl.udp || pl.quiet || pl.admin_down || !pl.port->alloc_tx(t, len)) {
@@ -470,6 +512,11 @@ bool LinkLayer::poll(Time t, bool timers) {
       if (nic_.on_raw_frame(f.bytes)) counters_.rx_raw++;
     work = true;
   }
+  if (!mcast_loop_queue_.empty()) {
+    mcast_loop_batch_.swap(mcast_loop_queue_);
+    for (const RawFrame& f : mcast_loop_batch_) nic_.on_datagram(cfg_.ip, f.group, f.bytes);
+    work = true;
+  }
   // The frames' bytes are what the NIC writes into application memory: released after it did.
   nic_.end_rx(t);
   for (Plane& pl : planes_)
@@ -477,6 +524,7 @@ bool LinkLayer::poll(Time t, bool timers) {
   for (LoopPacket* p : loop_batch_) loop_free_.push_back(p);
   loop_batch_.clear();
   raw_loop_batch_.clear();
+  mcast_loop_batch_.clear();
   resolve(t);
   if (nic_.poll_tx(t, *sink_, timers)) work = true;
   send_raw(nic_.take_raw_frames());

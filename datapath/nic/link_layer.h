@@ -23,6 +23,7 @@ struct LinkCounters {
   uint64_t arp_requests = 0, arp_replies = 0;
   uint64_t rx_raw = 0;  // frames the flow rules steered to raw QPs (verbs-mapping.md §18)
   uint64_t tx_raw_dropped = 0;  // frames of raw QPs that could not leave (plane down, no buffer)
+  uint64_t tx_mcast_dropped = 0;  // datagrams to groups that could not leave (no plane, buffer)
 };
 
 class LinkLayer {
@@ -108,6 +109,8 @@ class LinkLayer {
   void loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_payload);
   // Frames raw QPs sent: onto plane 0, and back to this device's own flow rules.
   void send_raw(std::vector<RawFrame> frames);
+  // A datagram a UD QP sent to a multicast group (RawFrame::group).
+  void send_datagram(RawFrame f);
   void resolve(transport::Time now);
   // Asks the port for the peer's next hop on each Ethernet plane with a kernel interface;
   // returns whether some plane's next hop changed (its MAC must be found again).
@@ -124,6 +127,7 @@ class LinkLayer {
   std::vector<LoopPacket*> loop_queue_;
   std::vector<LoopPacket*> loop_batch_;
   std::vector<RawFrame> raw_loop_queue_, raw_loop_batch_;  // raw frames seen by our own flows
+  std::vector<RawFrame> mcast_loop_queue_, mcast_loop_batch_;  // datagrams our members take
   // Peers whose MAC some Ethernet plane still lacks: when they were first asked for, and last.
   struct Asking {
     transport::Time first = transport::Time::min(), last = transport::Time::min();

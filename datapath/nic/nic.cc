@@ -591,6 +591,7 @@ void Nic::forget_stream(uint32_t qpn) {
 
 void Nic::destroy_qp_now(QueuePair* qp) {
   forget_stream(qp->qpn());
+  if (qp->init().type == QpType::kUd) leave_groups(qp->qpn());
   if (qp->lane() >= kIsolatedLane) engine_->close_lane(qp->remote().ip, qp->lane());
   if (CompletionQueue* cq = qp->init().send_cq) cq->users--;
   if (CompletionQueue* cq = qp->init().recv_cq) cq->users--;
@@ -829,10 +830,90 @@ void Nic::finish_raw_sends() {
   for (RawTx& t : raw_pending_) {
     QueuePair* qp = qp_of(t.qpn);
     if (!qp || !qp->raw_sent(t.msn)) continue;
-    ++counters_.raw_tx;
+    ++(t.frame.group ? counters_.mcast_tx : counters_.raw_tx);
     raw_out_.push_back(std::move(t.frame));
   }
   raw_pending_.clear();
+}
+
+// --- multicast (verbs-mapping.md §7) ----------------------------------------------------------
+
+int Nic::attach_mcast(Owner* o, uint32_t qpn, uint32_t group) {
+  QueuePair* qp = qp_of(qpn);
+  if (!qp || qp->init().owner != o || qp->init().type != QpType::kUd ||
+      !wire::is_multicast_ipv4(group))
+    return EINVAL;
+  if (!raw_ethernet_) return EOPNOTSUPP;  // a UDP-socket link: the kernel owns its groups
+  auto it = groups_.find(group);
+  if (it == groups_.end() && groups_.size() >= hostif::kMaxMcastGroups) return ENOMEM;
+  try {
+    std::vector<uint32_t>& members = groups_[group];
+    if (std::find(members.begin(), members.end(), qpn) != members.end()) return 0;
+    if (members.size() >= hostif::kMaxMcastQpAttach) return ENOMEM;
+    members.push_back(qpn);
+  } catch (const std::bad_alloc&) {
+    return ENOMEM;
+  }
+  return 0;
+}
+
+int Nic::detach_mcast(Owner* o, uint32_t qpn, uint32_t group) {
+  QueuePair* qp = qp_of(qpn);
+  if (!qp || qp->init().owner != o || qp->init().type != QpType::kUd) return EINVAL;
+  auto it = groups_.find(group);
+  if (it == groups_.end()) return EINVAL;
+  auto m = std::find(it->second.begin(), it->second.end(), qpn);
+  if (m == it->second.end()) return EINVAL;
+  it->second.erase(m);
+  if (it->second.empty()) groups_.erase(it);
+  return 0;
+}
+
+void Nic::leave_groups(uint32_t qpn) {
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    std::erase(it->second, qpn);
+    it = it->second.empty() ? groups_.erase(it) : std::next(it);
+  }
+}
+
+bool Nic::on_datagram(uint32_t src_ip, uint32_t group, std::span<const uint8_t> udp_payload) {
+  auto it = groups_.find(group);
+  if (it == groups_.end()) {
+    ++counters_.mcast_rx_no_member;
+    return false;
+  }
+  wire::Datagram d;
+  if (wire::decode_datagram(udp_payload, d) != wire::DecodeError::kNone) {
+    ++counters_.mcast_rx_malformed;  // dropped and counted, as any malformed packet
+    return true;
+  }
+  ++counters_.mcast_rx;
+  transport::Segment seg;
+  seg.peer_ip = src_ip;
+  seg.op = d.with_imm ? transport::Op::kSendImm : transport::Op::kSend;
+  seg.dst_stream = wire::kMulticastQpn;
+  seg.src_stream = d.src_qpn;
+  seg.msn = d.msn;
+  seg.total_length = static_cast<uint32_t>(d.payload.size());
+  seg.rkey = d.qkey;
+  seg.imm = d.imm;
+  seg.payload = d.payload;
+  // A copy: a QP that leaves the group while taking the datagram does not disturb the walk.
+  group_scratch_.assign(it->second.begin(), it->second.end());
+  for (uint32_t qpn : group_scratch_)
+    if (QueuePair* qp = qp_of(qpn); qp && qp->deliver_group_datagram(seg, group))
+      ++counters_.mcast_rx_delivered;
+  return true;
+}
+
+uint8_t* Nic::datagram_tx_buffer(uint32_t qpn, uint32_t msn, uint32_t group, uint32_t len) {
+  uint8_t* p = raw_tx_buffer(qpn, msn, len);
+  if (!p) return nullptr;
+  RawFrame& f = raw_pending_.back().frame;
+  f.group = group;
+  // Spread groups and senders over a fabric's ECMP, as a connection's paths are (wire.md §8).
+  f.src_port = static_cast<uint16_t>(0xc000 | ((qpn * 2654435761u) >> 18));
+  return p;
 }
 
 bool Nic::on_raw_frame(std::span<const uint8_t> frame) {

@@ -89,11 +89,20 @@ struct NicCounters {
   // frames steered to a QP that had no receive posted (dropped, as a NIC does).
   uint64_t raw_tx = 0, raw_rx = 0, raw_rx_no_recv = 0;
   uint64_t cm_dropped = 0;  // CM messages that were not one packet of a SEND (docs/spec/cm.md)
+  // Multicast (verbs-mapping.md §7, wire.md §8): datagrams sent to groups; received for a
+  // group with members here, and how many receives they took; received for a group nobody
+  // here joined; malformed (dropped).
+  uint64_t mcast_tx = 0, mcast_rx = 0, mcast_rx_delivered = 0, mcast_rx_no_member = 0,
+           mcast_rx_malformed = 0;
 };
 
-// A frame a raw QP sent, for the link layer to put on the port (and loop back).
+// A frame a raw QP sent, for the link layer to put on the port (and loop back); or, with a
+// group, the UDP payload of a datagram a UD QP sent to that multicast group (wire.md §8), which
+// the link layer frames to the group's address and delivers to this device's members too.
 struct RawFrame {
   std::vector<uint8_t> bytes;
+  uint32_t group = 0;
+  uint16_t src_port = 0;
 };
 
 struct NicConfig {
@@ -270,6 +279,22 @@ class Nic final : private transport::Host {
   // Frames raw QPs sent in the last poll_tx, for the link layer to transmit.
   std::vector<RawFrame> take_raw_frames() { return std::exchange(raw_out_, {}); }
 
+  // --- multicast (verbs-mapping.md §7) -------------------------------------------------------
+  // ibv_attach_mcast/ibv_detach_mcast of o's UD QP qpn to the IPv4 group `group` (host order).
+  // EINVAL: not o's UD QP, not a multicast address; ENOMEM: kMaxMcastGroups groups or
+  // kMaxMcastQpAttach QPs in the group; EOPNOTSUPP: the link carries no Ethernet frames.
+  // Attaching twice is one attachment; detach: EINVAL when not attached.
+  int attach_mcast(Owner* o, uint32_t qpn, uint32_t group);
+  int detach_mcast(Owner* o, uint32_t qpn, uint32_t group);
+  uint32_t mcast_groups() const { return static_cast<uint32_t>(groups_.size()); }
+  // A datagram sent to group (from the port, or one of ours looped back): each QP attached to
+  // the group takes a copy. False when no QP here is attached to it (the flow rules of raw QPs
+  // may want the frame). Its bytes must stay valid until end_rx.
+  bool on_datagram(uint32_t src_ip, uint32_t group, std::span<const uint8_t> udp_payload);
+  // Where a UD QP's send WQE msn to group gathers its datagram (headers and payload, len
+  // bytes); handed to the link layer once read, as a raw QP's frame. nullptr without memory.
+  uint8_t* datagram_tx_buffer(uint32_t qpn, uint32_t msn, uint32_t group, uint32_t len);
+
   // --- connection management (docs/spec/cm.md) ----------------------------------------------
   // CM messages travel between engines as SEND messages of stream kCmStream to stream kCmStream
   // (no QP has number 1), reliable and at most once like any message, each in one packet.
@@ -433,6 +458,10 @@ class Nic final : private transport::Host {
     RawFrame frame;
   };
   std::vector<RawTx> raw_pending_;
+  // Multicast groups (host-order address) -> the QPs attached, in attach order.
+  std::unordered_map<uint32_t, std::vector<uint32_t>> groups_;
+  std::vector<uint32_t> group_scratch_;
+  void leave_groups(uint32_t qpn);
   std::vector<RawFrame> raw_out_;
   std::vector<uint32_t> steer_scratch_;
   void finish_raw_sends();

@@ -11,6 +11,7 @@
 #include <new>
 
 #include "datapath/nic/nic.h"
+#include "datapath/wire/mrh.h"
 
 namespace metaroce::nic {
 
@@ -413,6 +414,29 @@ bool QueuePair::drain() {
       }
       s.submitted = true;
       gather(s.msn, 0, {frame, s.length});
+      continue;
+    }
+    if (init_.type == QpType::kUd && wire::is_multicast_ipv4(w.ud_ip)) {
+      // A datagram to a group (verbs-mapping.md §7): one frame to the group's address, gathered
+      // now and handed to the link layer once read, outside every connection (wire.md §8). It
+      // completes once it leaves, as a datagram no member took is not the sender's error.
+      const uint32_t len = wire::kDatagramHeadersLen + s.length;
+      uint8_t* frame = nic_.datagram_tx_buffer(qpn_, s.msn, w.ud_ip, len);
+      if (!frame) {
+        s.failed = true;
+        s.status = WcStatus::kLocQpOpErr;
+        break;
+      }
+      wire::Datagram d;
+      d.with_imm = w.op == WqeOp::kSendImm;
+      d.src_qpn = qpn_;
+      d.msn = group_msn_++;
+      d.qkey = w.rkey;  // the provider put the Q_Key there (the QP's own for a high bit)
+      d.imm = w.imm;
+      d.timestamp = static_cast<uint32_t>(nic_.now().count());
+      wire::encode_datagram({frame, wire::kDatagramHeadersLen}, d, s.length);
+      s.submitted = true;
+      gather(s.msn, 0, {frame + wire::kDatagramHeadersLen, s.length});
       continue;
     }
     transport::MessageDesc m;
@@ -1269,15 +1293,22 @@ void QueuePair::deliver_raw(std::span<const uint8_t> frame) {
   complete_datagram(slot, c);
 }
 
-Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
+bool QueuePair::deliver_group_datagram(const transport::Segment& seg, uint32_t group) {
+  if (init_.type != QpType::kUd) return false;
+  return deliver_ud(seg, group) == Syndrome::kOk && delivered_;
+}
+
+Syndrome QueuePair::deliver_ud(const transport::Segment& seg, uint32_t group) {
   // Datagram semantics: what cannot be received is dropped and acknowledged, so the sender's
   // transport does not retry it (docs/spec/verbs-mapping.md §7).
+  delivered_ = false;
   if ((seg.op != Op::kSend && seg.op != Op::kSendImm) || seg.xrc) return Syndrome::kRemoteInvalid;
   if (seg.offset != 0 || seg.payload.size() != seg.total_length) return Syndrome::kRemoteInvalid;
   const QpState st = state_;
   if (st != QpState::kRtr && st != QpState::kRts) return Syndrome::kOk;
   if (seg.rkey != remote_.qkey) return Syndrome::kOk;  // the Q_Key travels in the rkey field
-  if (ud_seen_before(seg)) return Syndrome::kOk;
+  // A group's datagrams are sent once and never retransmitted: nothing to recognise again.
+  if (group == 0 && ud_seen_before(seg)) return Syndrome::kOk;
   Receive r;
   uint32_t slot = 0;
   if (!take_datagram_receive(&r, &slot)) return Syndrome::kOk;
@@ -1294,13 +1325,14 @@ Syndrome QueuePair::deliver_ud(const transport::Segment& seg) {
   } else {
     // The GRH must outlive this call: the write is carried out at the end of the pass.
     uint8_t* grh = nic_.scratch(kGrhLen);
-    make_grh(grh, seg.peer_ip, nic_.config().ip, seg.total_length);
+    make_grh(grh, seg.peer_ip, group ? group : nic_.config().ip, seg.total_length);
     WcStatus err = WcStatus::kSuccess;
     if (scatter(r, 0, {grh, kGrhLen}, &err) != Syndrome::kOk ||
         scatter(r, kGrhLen, seg.payload, &err) != Syndrome::kOk)
       c.status = err;
   }
   complete_datagram(slot, c);
+  delivered_ = true;
   return Syndrome::kOk;
 }
 

@@ -118,6 +118,9 @@ class QueuePair {
   // Raw packet QP (verbs-mapping.md §18): a frame steered to it takes its next receive (none
   // posted: dropped, as a NIC does); its bytes must live until the end of the pass.
   void deliver_raw(std::span<const uint8_t> frame);
+  // A UD QP attached to multicast group `group` (Nic::attach_mcast): a datagram sent to it.
+  // True when it took a receive.
+  bool deliver_group_datagram(const transport::Segment& seg, uint32_t group);
   // The frame of send WQE msn was gathered: it completes, unless it failed meanwhile (false).
   bool raw_sent(uint32_t msn);
   // A write deliver() queued could not be done: the memory under the region is gone.
@@ -220,7 +223,10 @@ class QueuePair {
   uint32_t sq_head() const { return ring_->sq_head.load(); }
   uint32_t rq_head() const { return ring_->rq_head.load(); }
 
-  transport::Syndrome deliver_ud(const transport::Segment& seg);
+  // group: the multicast group a datagram was sent to (its GRH names it), 0 for one sent to
+  // this QP.
+  transport::Syndrome deliver_ud(const transport::Segment& seg, uint32_t group = 0);
+  bool delivered_ = false;  // deliver_ud took a receive for the segment
   bool ud_seen_before(const transport::Segment& seg);
   // Datagrams (UD messages, raw frames) take receives in arrival order, with no numbering: the
   // next one of the SRQ or the QP's own queue (*slot: the SRQ's entry), or false when none is
@@ -321,6 +327,7 @@ class QueuePair {
   // XRC initiator: the same, per SRQ of the target's domain (§17); a map entry per SRQ named.
   std::unordered_map<uint32_t, uint32_t> xrc_rsn_;
   uint32_t next_wire_msn_ = 0;   // msn of the next message to the peer
+  uint32_t group_msn_ = 0;       // datagrams sent to multicast groups (wire.md §8)
   uint32_t rd_outstanding_ = 0;  // READ/atomic WQEs submitted and not yet retired
   bool rd_blocked_ = false;      // the next WQE waits for rd_outstanding_ < max_rd_atomic
   transport::Time response_progress_{};  // last response progress while rd_outstanding_ > 0

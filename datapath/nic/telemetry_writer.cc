@@ -93,6 +93,16 @@ void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link
   put("naks_sent_access", d.naks_access);
   put("rnr", d.rnr);
   put("memory_faults", d.memory_faults);
+  // Multicast (verbs-mapping.md §7): groups with members here now; datagrams sent to groups,
+  // received for groups with members, the receives they took, received for other groups,
+  // malformed; sent but not put on a port (no plane in service, no buffer).
+  put("mcast_groups", nic.mcast_groups());
+  put("mcast_tx", d.mcast_tx);
+  put("mcast_rx", d.mcast_rx);
+  put("mcast_rx_delivered", d.mcast_rx_delivered);
+  put("mcast_rx_no_member", d.mcast_rx_no_member);
+  put("mcast_rx_malformed", d.mcast_rx_malformed);
+  put("mcast_tx_dropped", l.tx_mcast_dropped);
   const transport::EngineStats& e = nic.engine().stats();
   put("tx_packets", e.tx_packets);
   put("tx_bytes", e.tx_bytes);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "datapath/hostif/control.h"
 #include "datapath/hostif/queues.h"
@@ -47,6 +48,13 @@ inline nic::Limits process_limits(const nic::LinkConfig& cfg) {
   return l;
 }
 
+// Whether plane 0 carries Ethernet frames: not a UDP-socket plane ("udp", "udp,iface=NAME";
+// nic::parse_udp_plane, which the provider's tests cannot link), and the link kernel-free.
+inline bool offers_multicast(const nic::LinkConfig& cfg) {
+  const std::string plane0 = cfg.devargs.substr(0, cfg.devargs.find(nic::kPlaneSeparator));
+  return cfg.kernel.empty() && plane0 != "udp" && !plane0.starts_with("udp,");
+}
+
 inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   const nic::Limits lim = process_limits(cfg);
   ibv_device_attr_ex ex;
@@ -81,6 +89,14 @@ inline ibv_device_attr_ex device_attr(const nic::LinkConfig& cfg) {
   // Responder atomics are atomic among themselves (the engine carries them out one at a time),
   // not with the host CPU's own accesses: IBV_ATOMIC_HCA, as verbs defines it.
   a.atomic_cap = IBV_ATOMIC_HCA;
+  // Multicast (verbs-mapping.md §7): UD QPs attached to IPv4 groups, where the link carries
+  // Ethernet frames (a UDP-socket plane 0 leaves groups to the kernel; a kernel device's QPs
+  // are the module's, which has none).
+  if (offers_multicast(cfg)) {
+    a.max_mcast_grp = static_cast<int>(hostif::kMaxMcastGroups);
+    a.max_mcast_qp_attach = static_cast<int>(hostif::kMaxMcastQpAttach);
+    a.max_total_mcast_qp_attach = static_cast<int>(hostif::kMaxMcastGroups * hostif::kMaxMcastQpAttach);
+  }
   a.max_pkeys = 1;
   a.max_ah = kMaxAh;
   a.max_srq = static_cast<int>(lim.srq);

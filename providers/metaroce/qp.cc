@@ -11,8 +11,10 @@
 #include <cerrno>
 #include <cstring>
 #include <new>
+#include <optional>
 
 #include "datapath/nic/link_config.h"
+#include "datapath/wire/mrh.h"
 #include "providers/metaroce/context.h"
 #include "providers/metaroce/convert.h"
 #include "providers/metaroce/device_attr.h"
@@ -640,6 +642,31 @@ ibv_qp* open_qp(ibv_context* context, ibv_qp_open_attr* attr) noexcept {
   qp->vqp.qp.state = qp->attr.qp_state;
   track(context, qp);
   return &qp->vqp.qp;
+}
+
+namespace {
+
+int mcast(ibv_qp* qp, const ibv_gid* gid, hostif::Op op) noexcept {
+  if (!qp || !gid || qp->qp_type != IBV_QPT_UD) return EINVAL;
+  // Only IPv4 groups: the device has no IPv6 address, so an IPv6 (or IB-style ff1x::) MGID
+  // names nothing it can send to or receive from.
+  const std::optional<uint32_t> group = nic::gid_to_ipv4(gid->raw);
+  if (!group || !wire::is_multicast_ipv4(*group)) return EINVAL;
+  hostif::Message resp;
+  const int err = engine_call(qp->context, op, hostif::McastReq{qp->qp_num, *group}, &resp);
+  // The engine gone took every attachment with it: a detach then has nothing left to undo.
+  if (err && engine_gone(err)) return op == hostif::Op::kDetachMcast ? 0 : err;
+  return err;
+}
+
+}  // namespace
+
+int attach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) noexcept {
+  return mcast(qp, gid, hostif::Op::kAttachMcast);
+}
+
+int detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) noexcept {
+  return mcast(qp, gid, hostif::Op::kDetachMcast);
 }
 
 int destroy_qp(ibv_qp* ibqp) noexcept {

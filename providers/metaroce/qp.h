@@ -66,6 +66,10 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) noexcept;
 // ibv_open_qp: another handle to an XRC target QP of a domain (verbs-mapping.md §17).
 ibv_qp* open_qp(ibv_context* context, ibv_qp_open_attr* attr) noexcept;
 int destroy_qp(ibv_qp* qp) noexcept;
+// ibv_attach_mcast/ibv_detach_mcast (verbs-mapping.md §7): a UD QP and an IPv4-mapped multicast
+// GID (::ffff:224.0.0.0/100); the LID is not looked at (Ethernet has none).
+int attach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t lid) noexcept;
+int detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t lid) noexcept;
 int modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) noexcept;
 int query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr* init_attr) noexcept;
 int bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) noexcept;

@@ -132,7 +132,7 @@ struct ContextOps {
   ibv_td* (*alloc_td)(ibv_context* context, ibv_td_init_attr* attr);
   void (*async_event)(ibv_context* context, ibv_async_event* event);
   UnusedOp attach_counters_point_flow;
-  UnusedOp attach_mcast;
+  int (*attach_mcast)(ibv_qp* qp, const ibv_gid* gid, uint16_t lid);
   int (*bind_mw)(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* mw_bind);
   int (*close_xrcd)(ibv_xrcd* xrcd);
   void (*cq_event)(ibv_cq* cq);
@@ -163,7 +163,7 @@ struct ContextOps {
   int (*destroy_rwq_ind_table)(ibv_rwq_ind_table* table);
   int (*destroy_srq)(ibv_srq* srq);
   int (*destroy_wq)(ibv_wq* wq);
-  UnusedOp detach_mcast;
+  int (*detach_mcast)(ibv_qp* qp, const ibv_gid* gid, uint16_t lid);
   void (*free_context)(ibv_context* context);
   UnusedOp free_dm;
   int (*get_srq_num)(ibv_srq* srq, uint32_t* srq_num);

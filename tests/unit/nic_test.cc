@@ -864,6 +864,120 @@ TEST_F(NicTest, UdDatagramLandsBehindAGrhAndWrongQkeyIsDropped) {
   EXPECT_EQ(b_.owner.events.size(), 0u);
 }
 
+TEST_F(NicTest, UdMulticastReachesEveryAttachedQpOnBothDevicesAndNoOther) {
+  constexpr uint32_t kGroup = 0xE6120001;  // 230.18.0.1
+  auto sender = extra_qp(a_, QpType::kUd, nullptr);
+  auto local = extra_qp(a_, QpType::kUd, nullptr);  // a member on the sender's own device
+  auto m1 = extra_qp(b_, QpType::kUd, nullptr);
+  auto m2 = extra_qp(b_, QpType::kUd, nullptr);
+  auto outsider = extra_qp(b_, QpType::kUd, nullptr);  // not attached
+  auto other_qkey = extra_qp(b_, QpType::kUd, nullptr);
+  for (TestQp* q : {sender.get(), local.get(), m1.get(), m2.get(), outsider.get()})
+    bring_up(*q, 0, 0, 0x01234567);
+  bring_up(*other_qkey, 0, 0, 0x5555);
+  // Attach: UD QPs of the caller, multicast addresses; twice is once.
+  EXPECT_EQ(nic(b_).attach_mcast(&b_.owner, b_.qp->qpn(), kGroup), EINVAL);  // an RC QP
+  EXPECT_EQ(nic(b_).attach_mcast(&b_.owner, m1->qpn(), kIpA), EINVAL);       // not a group
+  EXPECT_EQ(nic(b_).attach_mcast(&a_.owner, m1->qpn(), kGroup), EINVAL);     // not a_'s QP
+  EXPECT_EQ(nic(b_).attach_mcast(&b_.owner, 0xabcde, kGroup), EINVAL);       // no such QP
+  EXPECT_EQ(nic(b_).detach_mcast(&b_.owner, m1->qpn(), kGroup), EINVAL);     // not attached
+  for (TestQp* q : {m1.get(), m2.get(), other_qkey.get()})
+    ASSERT_EQ(nic(b_).attach_mcast(&b_.owner, q->qpn(), kGroup), 0);
+  ASSERT_EQ(nic(b_).attach_mcast(&b_.owner, m1->qpn(), kGroup), 0);
+  ASSERT_EQ(nic(a_).attach_mcast(&a_.owner, local->qpn(), kGroup), 0);
+  EXPECT_EQ(nic(b_).mcast_groups(), 1u);
+  std::vector<TestQp*> receivers = {local.get(), m1.get(), m2.get(), outsider.get(), other_qkey.get()};
+  auto post_receives = [&](uint64_t base) {
+    for (size_t i = 0; i < receivers.size(); ++i) {
+      Side& side = i == 0 ? a_ : b_;
+      RecvWqe r;
+      r.wr_id = base + i;
+      r.num_sge = 1;
+      r.sge[0] = sge(side, 20000 + i * 2000, 2000);
+      ASSERT_EQ(receivers[i]->post_recv(r), 0);
+    }
+  };
+  post_receives(100);
+  for (size_t i = 0; i < 700; ++i) a_.buf[i] = static_cast<uint8_t>(i * 7 + 1);
+  SendWqe s;
+  s.op = WqeOp::kSendImm;
+  s.imm = htonl(0x77);
+  s.signaled = true;
+  s.num_sge = 1;
+  s.sge[0] = sge(a_, 0, 700);
+  s.ud_ip = kGroup;
+  s.ud_qpn = 0xffffff;
+  s.ud_qkey = 0x01234567;
+  s.wr_id = 9;
+  ASSERT_EQ(sender->post_send(s), 0);
+  auto sc = run_until(a_, 2);  // the sender's completion and its own device's member's
+  ASSERT_EQ(sc.size(), 2u);
+  for (int i = 0; i < 200; ++i) step();
+  Cqe c[8];
+  const int nb = b_.cq->poll(8, c);
+  ASSERT_EQ(nb, 2);  // m1 and m2: once each (m1 attached twice), not the others
+  for (const Cqe& e : sc) {
+    EXPECT_EQ(e.status, WcStatus::kSuccess);
+    if (e.qp_num == local->qpn()) {
+      EXPECT_EQ(e.byte_len, kGrhLen + 700);
+      EXPECT_EQ(std::memcmp(a_.buf.data() + 20000 + kGrhLen, a_.buf.data(), 700), 0);
+    } else {
+      EXPECT_EQ(e.wr_id, 9u);
+    }
+  }
+  for (int i = 0; i < nb; ++i) {
+    EXPECT_EQ(c[i].status, WcStatus::kSuccess);
+    EXPECT_TRUE(c[i].qp_num == m1->qpn() || c[i].qp_num == m2->qpn());
+    EXPECT_EQ(c[i].src_qp, sender->qpn());
+    EXPECT_EQ(c[i].wc_flags, hostif::kWcGrh | hostif::kWcWithImm);
+    EXPECT_EQ(ntohl(c[i].imm), 0x77u);
+    EXPECT_EQ(c[i].byte_len, kGrhLen + 700);
+    const size_t at = 20000 + (c[i].wr_id - 100) * 2000;
+    EXPECT_EQ(std::memcmp(b_.buf.data() + at + kGrhLen, a_.buf.data(), 700), 0);
+    // The GRH's IPv4 header names the sender and the group it was sent to.
+    const uint8_t src[4] = {198, 18, 0, 1}, dst[4] = {230, 18, 0, 1};
+    EXPECT_EQ(std::memcmp(b_.buf.data() + at + 32, src, 4), 0);
+    EXPECT_EQ(std::memcmp(b_.buf.data() + at + 36, dst, 4), 0);
+  }
+  EXPECT_EQ(nic(b_).counters().mcast_rx, 1u);
+  EXPECT_EQ(nic(b_).counters().mcast_rx_delivered, 2u);
+  EXPECT_EQ(nic(a_).counters().mcast_tx, 1u);
+  // m2 leaves: the next datagram reaches m1 only; the one after that, with m1's QP destroyed
+  // (which leaves its groups), nobody but other_qkey's (which drops it for its Q_Key).
+  ASSERT_EQ(nic(b_).detach_mcast(&b_.owner, m2->qpn(), kGroup), 0);
+  EXPECT_EQ(nic(b_).detach_mcast(&b_.owner, m2->qpn(), kGroup), EINVAL);
+  RecvWqe r;
+  r.wr_id = 300;
+  r.num_sge = 1;
+  r.sge[0] = sge(b_, 40000, 2000);
+  ASSERT_EQ(m1->post_recv(r), 0);
+  r.wr_id = 301;
+  r.sge[0] = sge(b_, 42000, 2000);
+  ASSERT_EQ(m2->post_recv(r), 0);
+  s.wr_id = 10;
+  ASSERT_EQ(sender->post_send(s), 0);
+  ASSERT_EQ(run_until(a_, 1).size(), 1u);
+  for (int i = 0; i < 200; ++i) step();
+  ASSERT_EQ(b_.cq->poll(8, c), 1);
+  EXPECT_EQ(c[0].wr_id, 300u);
+  ASSERT_EQ(nic(b_).destroy_qp(&b_.owner, m1->qpn()), 0);
+  m1.reset();
+  EXPECT_EQ(nic(b_).mcast_groups(), 1u);  // other_qkey is still in it
+  ASSERT_EQ(nic(b_).detach_mcast(&b_.owner, other_qkey->qpn(), kGroup), 0);
+  EXPECT_EQ(nic(b_).mcast_groups(), 0u);
+  // A group nobody here joined: not taken (raw flows may want the frame); a malformed one to a
+  // group with members: dropped and counted.
+  ASSERT_EQ(nic(b_).attach_mcast(&b_.owner, m2->qpn(), kGroup), 0);
+  const uint8_t junk[90] = {1, 10};
+  EXPECT_FALSE(nic(b_).on_datagram(kIpA, 0xE6120002, junk));
+  EXPECT_EQ(nic(b_).counters().mcast_rx_no_member, 1u);
+  EXPECT_TRUE(nic(b_).on_datagram(kIpA, kGroup, junk));
+  EXPECT_EQ(nic(b_).counters().mcast_rx_malformed, 1u);
+  nic(b_).end_rx(clock_);
+  EXPECT_EQ(b_.cq->poll(8, c), 0);
+  EXPECT_EQ(b_.owner.events.size(), 0u);
+}
+
 TEST_F(NicTest, RetriesExhaustedPutTheQpInErrorAndRaiseQpFatal) {
   auto q = extra_qp(a_, QpType::kRc, nullptr);
   bring_up(*q, 0xC6120009, 0x123);  // nobody answers at .9

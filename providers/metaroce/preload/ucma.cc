@@ -34,6 +34,9 @@ namespace {
 constexpr const char* kCmPath = "/dev/infiniband/rdma_cm";
 constexpr int kMaxFd = 1 << 16;
 
+// Joins (multicast) are counted in the same table as ids, under their handle with this bit.
+constexpr uint32_t kJoinKey = 1u << 16;
+
 struct Count {
   uint32_t id;
   uint32_t delivered;  // events GET_EVENT handed out for it (DESTROY_ID, MIGRATE_ID report it)
@@ -234,17 +237,21 @@ ssize_t get_event(int fd, Channel* c, const rdma_ucm_get_event& g, uint16_t out,
       return -1;
     }
     // A connection request counts as an event of its listener (named in `reserved`), as the
-    // kernel counts it.
+    // kernel counts it; a multicast event counts for its id and its join (named there too).
     const bool request = ev.event == 4;  // RDMA_CM_EVENT_CONNECT_REQUEST
+    const bool joined = ev.event == 12 || ev.event == 13;  // RDMA_CM_EVENT_MULTICAST_*
     const uint32_t owner = request ? ev.reserved : ev.id;
+    const uint32_t join = joined ? kJoinKey | ev.reserved : 0;
     ev.reserved = 0;
     pthread_mutex_lock(&c->count_mu);
     Count* k = count_of(c, owner, true);
     if (request && k && !k->destroyed)
       if (Count* child = count_of(c, ev.id, true)) *child = {ev.id, 0, false};  // a new id
-    k = count_of(c, owner, true);  // the table may have moved
-    const bool drop = k && k->destroyed;
+    Count* j = join ? count_of(c, join, true) : nullptr;
+    k = count_of(c, owner, true);  // the table may have moved (found again: it adds nothing)
+    const bool drop = (k && k->destroyed) || (j && j->destroyed);  // a join left is gone
     if (k && !drop) ++k->delivered;
+    if (j && !drop) ++j->delivered;
     pthread_mutex_unlock(&c->count_mu);
     if (drop) {
       if (ev.event == 4) {  // its new id is nobody's: the requester hears it rejected
@@ -344,14 +351,14 @@ ssize_t command(int fd, Channel* c, const void* buf, size_t len) {
     id = m.id;
     m.fd = from->number;
     std::memcpy(req + sizeof(q), &m, sizeof(m));
-  } else if (h.cmd == RDMA_USER_CM_CMD_DESTROY_ID) {
-    rdma_ucm_destroy_id d;
+  } else if (h.cmd == RDMA_USER_CM_CMD_DESTROY_ID || h.cmd == RDMA_USER_CM_CMD_LEAVE_MCAST) {
+    rdma_ucm_destroy_id d;  // LEAVE_MCAST's too, naming the join
     if (body_len < sizeof(d)) {
       errno = EINVAL;
       return -1;
     }
     std::memcpy(&d, body, sizeof(d));
-    id = d.id;
+    id = h.cmd == RDMA_USER_CM_CMD_LEAVE_MCAST ? kJoinKey | (d.id & 0xffff) : d.id;
   }
   std::memcpy(req, &q, sizeof(q));
   uint8_t answer[512];
@@ -365,7 +372,8 @@ ssize_t command(int fd, Channel* c, const void* buf, size_t len) {
     errno = err;
     return -1;
   }
-  if (h.cmd == RDMA_USER_CM_CMD_DESTROY_ID || h.cmd == RDMA_USER_CM_CMD_MIGRATE_ID) {
+  if (h.cmd == RDMA_USER_CM_CMD_DESTROY_ID || h.cmd == RDMA_USER_CM_CMD_MIGRATE_ID ||
+      h.cmd == RDMA_USER_CM_CMD_LEAVE_MCAST) {
     // What was handed out for the id (the engine cannot know what was read): librdmacm waits
     // until it has acknowledged that many. A migrated id keeps its count on its new channel;
     // what the old one still holds of it is dropped there.
@@ -382,9 +390,12 @@ ssize_t command(int fd, Channel* c, const void* buf, size_t len) {
     }
     if (got >= sizeof(uint32_t)) std::memcpy(answer, &delivered, sizeof(delivered));
   }
-  if (h.cmd == RDMA_USER_CM_CMD_CREATE_ID && got >= sizeof(uint32_t)) {
+  const bool joined =
+      h.cmd == RDMA_USER_CM_CMD_JOIN_IP_MCAST || h.cmd == RDMA_USER_CM_CMD_JOIN_MCAST;
+  if ((h.cmd == RDMA_USER_CM_CMD_CREATE_ID || joined) && got >= sizeof(uint32_t)) {
     uint32_t fresh;  // a handle the engine gives again starts a new count
     std::memcpy(&fresh, answer, sizeof(fresh));
+    if (joined) fresh = kJoinKey | (fresh & 0xffff);
     pthread_mutex_lock(&c->count_mu);
     if (Count* k = count_of(c, fresh, true)) *k = {fresh, 0, false};
     pthread_mutex_unlock(&c->count_mu);
