@@ -16,6 +16,7 @@
 
 #include "datapath/nic/link_config.h"
 #include "datapath/wire/bytes.h"
+#include "datapath/wire/mrh.h"
 
 namespace metaroce::engine {
 namespace {
@@ -27,7 +28,10 @@ enum : uint32_t {
   kEvAddrResolved = 0, kEvAddrError = 1, kEvRouteResolved = 2, kEvRouteError = 3,
   kEvConnectRequest = 4, kEvConnectResponse = 5, kEvConnectError = 6, kEvUnreachable = 7,
   kEvRejected = 8, kEvEstablished = 9, kEvDisconnected = 10, kEvDeviceRemoval = 11,
+  kEvMulticastJoin = 12,
 };
+constexpr uint32_t kMulticastQpn = 0xffffff;
+constexpr uint16_t kJoinFull = 0, kJoinSendOnly = 1;  // RDMA_MC_JOIN_FLAG_*
 constexpr uint8_t kQptRc = 2, kQptUd = 4;   // ibv_qp_type
 constexpr uint32_t kUdpQkey = 0x01234567;  // RDMA_UDP_QKEY
 // Verbs values INIT_QP_ATTR answers with (enum ibv_qp_attr_mask, ibv_qp_state, ibv_access_flags).
@@ -372,8 +376,10 @@ void CmService::destroy(Id& id, bool notify_peer) {
         break;
     }
   }
+  const uint64_t k = key(id.owner, id.handle);
+  std::erase_if(mcs_, [k](const auto& m) { return m.second.id == k; });  // its joins go with it
   comms_.erase(id.comm);
-  ids_.erase(key(id.owner, id.handle));
+  ids_.erase(k);
 }
 
 std::vector<uint8_t> CmService::conn_param(const Id&, std::span<const uint8_t> priv, uint32_t qpn,
@@ -499,6 +505,89 @@ int CmService::init_qp_attr(const Id& id, uint32_t state, uint16_t out,
     return EINVAL;
   }
   resize_to(resp, &a, sizeof(a), out);
+  return 0;
+}
+
+// --- multicast ---------------------------------------------------------------------------------
+
+// JOIN_IP_MCAST and JOIN_MCAST (docs/spec/cm.md §3.4). On Ethernet a join asks nothing of the
+// fabric's subnet manager: as the kernel's CM does for RoCE, the answer is made here, and
+// the application's QP joins the group's traffic with ibv_attach_mcast (librdmacm calls it
+// when it reads the MULTICAST_JOIN event).
+int CmService::join(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body, uint16_t out,
+                    std::vector<uint8_t>* resp) {
+  Id* id = nullptr;
+  uint64_t uid = 0;
+  uint32_t group = 0;
+  uint16_t port = 0;
+  if (cmd == RDMA_USER_CM_CMD_JOIN_IP_MCAST) {
+    rdma_ucm_join_ip_mcast c;
+    if (!(id = id_of(ch, body, &c))) return EINVAL;
+    uid = c.uid;
+    if (!ipv4_of(&c.addr, &group, &port)) return EAFNOSUPPORT;
+  } else {
+    rdma_ucm_join_mcast c;
+    if (!(id = id_of(ch, body, &c))) return EINVAL;
+    uid = c.uid;
+    if (c.join_flags != kJoinFull && c.join_flags != kJoinSendOnly) return EINVAL;
+    const auto family = reinterpret_cast<const sockaddr*>(&c.addr)->sa_family;
+    if (family != AF_INET) return family == AF_INET6 || family == AF_IB ? EAFNOSUPPORT : EINVAL;
+    if (c.addr_size != sizeof(sockaddr_in)) return EINVAL;
+    ipv4_of(&c.addr, &group, &port);
+  }
+  // As the kernel: a UD id with a device, i.e. bound to an address or resolved.
+  if (id->qp_type != kQptUd || !((id->state == State::kBound && !id->any) ||
+                                 id->state == State::kAddrResolved))
+    return EINVAL;
+  if (!wire::is_multicast_ipv4(group)) return EINVAL;
+  uint32_t& next = next_mc_[id->owner];
+  uint32_t handle = 0;
+  for (uint32_t i = 0; i < kMaxIds && !handle; ++i) {
+    next = next % kMaxIds + 1;
+    if (!mcs_.count(key(id->owner, next))) handle = next;
+  }
+  if (!handle) return ENOMEM;
+  Mc& mc = mcs_[key(id->owner, handle)];
+  mc = {key(id->owner, id->handle), uid, handle, group};
+  rdma_ucm_create_id_resp r{handle};
+  resize_to(resp, &r, sizeof(r), out);
+  // The event names the group as an address handle does: a datagram to it is a UD SEND to QP
+  // 0xffffff at the group's GID, with the port space's Q_Key.
+  rdma_ucm_ud_param p{};
+  p.qp_num = kMulticastQpn;
+  p.qkey = kUdpQkey;
+  nic::ipv4_to_gid(group, p.ah_attr.grh.dgid);
+  p.ah_attr.grh.hop_limit = kHopLimit;
+  p.ah_attr.grh.traffic_class = id->tos;
+  p.ah_attr.is_global = 1;
+  p.ah_attr.port_num = 1;
+  auto c = channels_.find(id->channel);
+  if (c == channels_.end()) return 0;
+  rdma_ucm_event_resp ev{};
+  ev.uid = uid;
+  ev.id = id->handle;
+  ev.event = kEvMulticastJoin;
+  std::memcpy(&ev.param.ud, &p, sizeof(p));
+  ev.reserved = handle;  // the preload's to read (and zero): the join the event counts for
+  const auto* b = reinterpret_cast<const uint8_t*>(&ev);
+  write_event(c->second, {b, b + sizeof(ev)});
+  return 0;
+}
+
+// LEAVE_MCAST: the join ends; the preload answers how many of its events it handed out.
+int CmService::leave(uint32_t ch, std::span<const uint8_t> body, uint16_t out,
+                     std::vector<uint8_t>* resp) {
+  rdma_ucm_destroy_id c;
+  if (!read_body(body, &c)) return EINVAL;
+  auto chan = channels_.find(ch);
+  if (chan == channels_.end()) return EBADF;
+  auto it = mcs_.find(key(chan->second.owner, c.id));
+  if (it == mcs_.end()) return ENOENT;  // as the kernel: no such join
+  auto id = ids_.find(it->second.id);
+  if (id == ids_.end() || id->second.channel != ch) return EINVAL;  // another channel's
+  mcs_.erase(it);
+  rdma_ucm_destroy_id_resp r{0};
+  resize_to(resp, &r, sizeof(r), out);
   return 0;
 }
 
@@ -750,8 +839,9 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
     }
     case RDMA_USER_CM_CMD_JOIN_IP_MCAST:
     case RDMA_USER_CM_CMD_JOIN_MCAST:
+      return join(ch, cmd, body, out, resp);
     case RDMA_USER_CM_CMD_LEAVE_MCAST:
-      return ENOSYS;  // multicast is not offered (docs/spec/cm.md §4)
+      return leave(ch, body, out, resp);
     case RDMA_USER_CM_CMD_GET_OPTION:
     default:
       return ENOSYS;

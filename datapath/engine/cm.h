@@ -65,6 +65,7 @@ class CmService {
   void tick();
   bool wants_tick_soon() const;  // events wait for room in a channel's socket
   size_t id_count() const { return ids_.size(); }
+  size_t mc_count() const { return mcs_.size(); }  // multicast joins
   size_t channel_count() const { return channels_.size(); }
 
  private:
@@ -114,7 +115,19 @@ class CmService {
     std::deque<std::vector<uint8_t>> pending;  // events the socket had no room for
   };
 
+  // A multicast join of an id (JOIN_IP_MCAST/JOIN_MCAST; docs/spec/cm.md §3.4): what the
+  // MULTICAST_JOIN event names, and what LEAVE_MCAST ends. Handles are per process, as ids'.
+  struct Mc {
+    uint64_t id = 0;   // key of its id
+    uint64_t uid = 0;  // librdmacm's for it (its events carry it)
+    uint32_t handle = 0;
+    uint32_t group = 0;
+  };
+
   Id* find(uint32_t ch, uint32_t handle);
+  int join(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body, uint16_t out,
+           std::vector<uint8_t>* resp);
+  int leave(uint32_t ch, std::span<const uint8_t> body, uint16_t out, std::vector<uint8_t>* resp);
   // A command's structure read from body into *c, and the id of channel ch it names; nullptr
   // when the body is short or names no id of the channel (EINVAL either way).
   template <typename T>
@@ -149,6 +162,8 @@ class CmService {
   std::unordered_map<uint32_t, uint64_t> comms_;  // communication id -> key
   uint32_t next_channel_ = 1;
   std::unordered_map<uint32_t, uint32_t> next_handle_;  // per owner
+  std::map<uint64_t, Mc> mcs_;                          // by key(owner, handle)
+  std::unordered_map<uint32_t, uint32_t> next_mc_;      // per owner
 };
 
 }  // namespace metaroce::engine

@@ -360,10 +360,10 @@ TEST_F(CmTest, BindRefusesTakenPortsAndAddressesNoLinkHas) {
   (void)fd2;
   rdma_ucm_listen l{x, 1};
   EXPECT_EQ(a.cmd(ch2, RDMA_USER_CM_CMD_LISTEN, l), EINVAL);
-  // Commands of kinds not offered say so.
-  rdma_ucm_join_mcast j{};
-  j.id = x;
-  EXPECT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_JOIN_MCAST, j), ENOSYS);
+  // Commands of kinds not offered say so (QUERY: AF_IB's).
+  rdma_ucm_query q{};
+  q.id = x;
+  EXPECT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_QUERY, q), ENOSYS);
 }
 
 TEST_F(CmTest, IdsAreNumberedPerProcessAndNamedOnlyByTheirOwn) {
@@ -430,6 +430,79 @@ TEST_F(CmTest, UdExchangeGivesTheRequesterThePeersQpAndQkey) {
   EXPECT_EQ(est->param.ud.qp_num, 0x333u);
   EXPECT_EQ(est->param.ud.qkey, 0x01234567u);
   EXPECT_EQ(est->param.ud.ah_attr.grh.dgid[15], 1);
+}
+
+
+TEST_F(CmTest, MulticastJoinAnswersWithTheGroupsAddressAndLeaveEndsIt) {
+  auto [ch, fd] = a.channel(100);
+  auto join = [&](uint32_t c, uint32_t id, uint32_t group, uint64_t uid, uint32_t* handle,
+                  uint16_t flags = 0, bool extended = false) {
+    sockaddr_in in{};
+    in.sin_family = AF_INET;
+    in.sin_addr.s_addr = htonl(group);
+    std::vector<uint8_t> r;
+    int e;
+    if (extended) {
+      rdma_ucm_join_mcast j{};
+      j.uid = uid;
+      j.id = id;
+      j.addr_size = sizeof(in);
+      j.join_flags = flags;
+      std::memcpy(&j.addr, &in, sizeof(in));
+      e = a.cmd(c, RDMA_USER_CM_CMD_JOIN_MCAST, j, &r);
+    } else {
+      rdma_ucm_join_ip_mcast j{};
+      j.uid = uid;
+      j.id = id;
+      std::memcpy(&j.addr, &in, sizeof(in));
+      e = a.cmd(c, RDMA_USER_CM_CMD_JOIN_IP_MCAST, j, &r);
+    }
+    if (!e && handle) std::memcpy(handle, r.data(), sizeof(*handle));
+    return e;
+  };
+  constexpr uint32_t kGroup = 0xe6120001;  // 230.18.0.1
+  const uint32_t ud = a.create(ch, RDMA_PS_UDP, 5), rc = a.create(ch, RDMA_PS_TCP, 6);
+  uint32_t h = 0;
+  EXPECT_EQ(join(ch, ud, kGroup, 50, &h), EINVAL) << "an id with no address yet";
+  ASSERT_EQ(a.bind(ch, ud, kIpA, 7200), 0);
+  ASSERT_EQ(a.bind(ch, rc, kIpA, 7201), 0);
+  EXPECT_EQ(join(ch, rc, kGroup, 50, &h), EINVAL) << "an RC id";
+  EXPECT_EQ(join(ch, ud, kIpB, 50, &h), EINVAL) << "not a group address";
+  EXPECT_EQ(join(ch, ud, kGroup, 50, &h, 2, true), EINVAL) << "join flags unknown";
+  ASSERT_EQ(join(ch, ud, kGroup, 50, &h), 0);
+  auto ev = next_event(fd);
+  ASSERT_TRUE(ev);
+  EXPECT_EQ(ev->event, 12u);  // RDMA_CM_EVENT_MULTICAST_JOIN
+  EXPECT_EQ(ev->uid, 50u) << "the join's uid, which librdmacm finds the join by";
+  EXPECT_EQ(ev->id, ud);
+  EXPECT_EQ(ev->status, 0u);
+  EXPECT_EQ(ev->reserved, h) << "for the preload's count of the join's events";
+  EXPECT_EQ(ev->param.ud.qp_num, 0xffffffu);
+  EXPECT_EQ(ev->param.ud.qkey, 0x01234567u);
+  EXPECT_EQ(ev->param.ud.ah_attr.is_global, 1);
+  const uint8_t gid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 230, 18, 0, 1};
+  EXPECT_EQ(std::memcmp(ev->param.ud.ah_attr.grh.dgid, gid, 16), 0);
+  uint32_t h2 = 0;
+  ASSERT_EQ(join(ch, ud, kGroup + 1, 51, &h2, 1, true), 0) << "send-only, extended";
+  EXPECT_NE(h2, h);
+  ASSERT_TRUE(next_event(fd));
+  EXPECT_EQ(a.cm().mc_count(), 2u);
+  // Leave: a join of this channel; unknown ones are ENOENT, another channel's EINVAL.
+  auto [other, ofd] = a.channel(100);
+  (void)ofd;
+  rdma_ucm_destroy_id lv{};
+  lv.id = h;
+  EXPECT_EQ(a.cmd(other, RDMA_USER_CM_CMD_LEAVE_MCAST, lv), EINVAL);
+  ASSERT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_LEAVE_MCAST, lv), 0);
+  EXPECT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_LEAVE_MCAST, lv), ENOENT);
+  EXPECT_EQ(a.cm().mc_count(), 1u);
+  // Destroying the id ends its other join.
+  rdma_ucm_destroy_id d{};
+  d.id = ud;
+  ASSERT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_DESTROY_ID, d), 0);
+  EXPECT_EQ(a.cm().mc_count(), 0u);
+  lv.id = h2;
+  EXPECT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_LEAVE_MCAST, lv), ENOENT);
 }
 
 }  // namespace
