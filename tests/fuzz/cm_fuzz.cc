@@ -139,6 +139,7 @@ void one(FuzzedDataProvider& in) {
   w.cm.close_channel(ch[1]);
   check(w.cm.id_count() == 0, "ids left after their channels closed");
   check(w.cm.channel_count() == 0, "channels left after they closed");
+  check(w.cm.mc_count() == 0, "multicast joins left after their channels closed");
   close(a[0]);
   close(b[0]);
 }

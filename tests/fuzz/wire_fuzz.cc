@@ -118,12 +118,32 @@ void round_trip_frame(std::span<const uint8_t> in, const FrameInfo& f, uint16_t 
         "rebuilt frame's payload differs");
 }
 
+// A datagram decode_datagram() accepted (spec §8): its payload lies in the input, a
+// connection's decoder refuses it, and encoding its fields again gives the input's bytes.
+void round_trip_datagram(std::span<const uint8_t> in, const Datagram& d) {
+  check(d.payload.data() == in.data() + kDatagramHeadersLen &&
+            d.payload.size() == in.size() - kDatagramHeadersLen,
+        "datagram payload span");
+  Packet p;
+  check(decode(in, p) == DecodeError::kBadOpcode, "a datagram decoded as a connection's packet");
+  std::vector<uint8_t> out(kDatagramHeadersLen);
+  check(encode_datagram(out, d, static_cast<uint32_t>(d.payload.size())) == kDatagramHeadersLen,
+        "accepted datagram does not re-encode");
+  check(std::memcmp(out.data(), in.data(), kDatagramHeadersLen) == 0,
+        "datagram re-encodes differently");
+}
+
 void one_input(std::span<const uint8_t> in) {
-  // The whole input as a UDP payload.
+  // The whole input as a UDP payload, of a connection and of a group.
   Packet p;
   const DecodeError e = decode(in, p);
   check(e < DecodeError::kCount && to_string(e)[0] != '?', "decode error out of range");
   if (e == DecodeError::kNone) round_trip_mrh(in, p);
+  Datagram d;
+  const DecodeError de = decode_datagram(in, d);
+  check(de < DecodeError::kCount, "datagram decode error out of range");
+  check(de != DecodeError::kNone || e != DecodeError::kNone, "both decoders took one packet");
+  if (de == DecodeError::kNone) round_trip_datagram(in, d);
 
   // The whole input as an Ethernet frame; what it carries as a UDP payload.
   const FrameInfo f = parse_frame(in, kDefaultUdpPort);
@@ -136,6 +156,8 @@ void one_input(std::span<const uint8_t> in) {
   if (f.kind == FrameKind::kMetaRoce) {
     Packet q;
     if (decode(f.payload, q) == DecodeError::kNone) round_trip_mrh(f.payload, q);
+    Datagram g;
+    if (decode_datagram(f.payload, g) == DecodeError::kNone) round_trip_datagram(f.payload, g);
   }
 }
 

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# UD multicast (docs/spec/verbs-mapping.md §7, wire.md §8) with unmodified programs over two
+# devices joined by memif: librdmacm's mckey (RDMA CM joins, ibv_attach_mcast, datagrams to
+# QP 0xffffff) with members on the far device and on the sender's own device (the NIC's
+# loopback), perftest's UD latency test on a multicast group, the `metaroce stat` counters, and
+# a member killed with SIGKILL while attached: its attachments go with it, the other members
+# still receive. The group is 230.18.0.0/24's first address (organisation-local multicast, never
+# routed): a group has no address in 198.18.0.0/15, and nothing leaves the memif link.
+source "$(dirname "$0")/lib.sh"
+make_pair
+GROUP=230.18.0.1
+
+# stat_counter DEV NAME: a device counter from `metaroce stat --json` (published every 100 ms).
+stat_counter() {
+  "$METAROCE" stat "$1" --json | python3 -c '
+import json, sys
+print(json.load(sys.stdin)["counters"].get(sys.argv[1], 0))' "$2"
+}
+# start_member NAME DEV_IP QPS COUNT: an mckey receiver in the background, ready once joined.
+start_member() {
+  # Line-buffered: its "receiving data transfers" (all QPs joined and receives posted) is the cue.
+  timeout 60 stdbuf -oL mckey -m "$GROUP" -b "$2" -c "$3" -C "$4" -S 1000 >"$LOGDIR/$1" 2>&1 &
+  eval "PID_$1=$!"
+  PIDS+=("$!")
+  for _ in $(seq 300); do
+    grep -q "receiving data transfers" "$LOGDIR/$1" && return 0
+    sleep 0.1
+  done
+  cat "$LOGDIR/$1"
+  fail "$1 did not join $GROUP"
+}
+
+# (1) Members on both devices, the sender on mrB: 4 QPs on mrA (the wire), 2 on mrB (loopback).
+start_member far 198.18.0.1 4 100
+start_member near 198.18.0.2 2 100
+timeout 60 mckey -m "$GROUP" -b 198.18.0.2 -s -C 100 -S 1000 >"$LOGDIR/sender" 2>&1 ||
+  { cat "$LOGDIR/sender"; fail "the sender failed"; }
+for m in far near; do
+  pid_var="PID_$m"
+  wait "${!pid_var}" || { cat "$LOGDIR/$m"; fail "member $m did not receive its 100 datagrams per QP"; }
+  grep -q "data transfers complete" "$LOGDIR/$m" || fail "member $m: no 'data transfers complete'"
+done
+sleep 0.3
+[ "$(stat_counter mrA mcast_rx_delivered)" -ge 400 ] || fail "mrA counted fewer than 400 deliveries"
+[ "$(stat_counter mrB mcast_rx_delivered)" -ge 200 ] || fail "mrB counted fewer than 200 deliveries"
+[ "$(stat_counter mrB mcast_tx)" -ge 100 ] || fail "mrB counted fewer than 100 datagrams sent"
+for d in mrA mrB; do
+  [ "$(stat_counter $d mcast_groups)" -eq 0 ] || fail "$d still has groups after its members exited"
+done
+
+# (2) perftest's UD latency test on a group (-M: its IPv4-mapped GID): both sides attach.
+MGID=0:0:0:0:0:0:0:0:0:0:255:255:230:18:0:2
+run_pair send_lat_mcg 18690 90 -- ib_send_lat -c UD --mcg -M $MGID -x 0 -d mrA -p 18690 -n 1000 -s 512 \
+  -- ib_send_lat -c UD --mcg -M $MGID -x 0 -d mrB -p 18690 -n 1000 -s 512 127.0.0.1
+grep -qE '^ *512 +1000' "$LOGDIR/send_lat_mcg.client" || fail "ib_send_lat --mcg reported no result"
+
+# (3) A member killed while attached: its QPs' attachments go with it; the others still receive.
+start_member doomed 198.18.0.1 2 50
+start_member survivor 198.18.0.1 1 50
+sleep 0.3
+[ "$(stat_counter mrA mcast_groups)" -eq 1 ] || fail "mrA does not show the group of its members"
+before=$(stat_counter mrA mcast_rx_delivered)
+LD_PRELOAD= pkill -KILL -P "$PID_doomed" mckey || fail "no mckey to kill"  # timeout's child
+wait "$PID_doomed" 2>/dev/null || true
+timeout 60 mckey -m "$GROUP" -b 198.18.0.2 -s -C 50 -S 1000 >"$LOGDIR/sender2" 2>&1 ||
+  { cat "$LOGDIR/sender2"; fail "the second sender failed"; }
+wait "$PID_survivor" || { cat "$LOGDIR/survivor"; fail "the surviving member did not receive"; }
+sleep 0.3
+after=$(stat_counter mrA mcast_rx_delivered)
+[ $((after - before)) -eq 50 ] ||
+  fail "mrA delivered $((after - before)) datagrams after the kill, not the survivor's 50"
+for d in mrA mrB; do
+  [ "$(stat_counter $d mcast_groups)" -eq 0 ] || fail "$d kept a group of the killed member"
+done
+[ "$("$METAROCE" engine status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["cm_ids"])')" -eq 0 ] ||
+  fail "CM ids were left behind"
+echo "PASS multicast"
