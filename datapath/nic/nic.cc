@@ -852,6 +852,7 @@ int Nic::attach_mcast(Owner* o, uint32_t qpn, uint32_t group) {
     if (members.size() >= hostif::kMaxMcastQpAttach) return ENOMEM;
     members.push_back(qpn);
   } catch (const std::bad_alloc&) {
+    if (auto g = groups_.find(group); g != groups_.end() && g->second.empty()) groups_.erase(g);
     return ENOMEM;
   }
   return 0;

@@ -978,6 +978,27 @@ TEST_F(NicTest, UdMulticastReachesEveryAttachedQpOnBothDevicesAndNoOther) {
   EXPECT_EQ(b_.owner.events.size(), 0u);
 }
 
+TEST_F(NicTest, MulticastGroupsAndMembersAreBoundedAsQueryDeviceSays) {
+  auto q = extra_qp(b_, QpType::kUd, nullptr);
+  for (uint32_t g = 0; g < hostif::kMaxMcastGroups; ++g)
+    ASSERT_EQ(nic(b_).attach_mcast(&b_.owner, q->qpn(), 0xE7000000 + g), 0) << g;
+  EXPECT_EQ(nic(b_).attach_mcast(&b_.owner, q->qpn(), 0xE8000000), ENOMEM);
+  EXPECT_EQ(nic(b_).mcast_groups(), hostif::kMaxMcastGroups);
+  EXPECT_EQ(nic(b_).attach_mcast(&b_.owner, q->qpn(), 0xE7000000), 0) << "already attached";
+  ASSERT_EQ(nic(b_).destroy_qp(&b_.owner, q->qpn()), 0);
+  EXPECT_EQ(nic(b_).mcast_groups(), 0u) << "a destroyed QP leaves every group";
+  std::vector<std::unique_ptr<TestQp>> qps;
+  for (uint32_t i = 0; i <= hostif::kMaxMcastQpAttach; ++i) {
+    qps.push_back(std::make_unique<TestQp>(nic(b_), &b_.owner, b_.pd, *b_.cq, *b_.cq, caps(2, 1, 0),
+                                           QpType::kUd));
+    ASSERT_EQ(qps.back()->err, 0);
+    EXPECT_EQ(nic(b_).attach_mcast(&b_.owner, qps.back()->qpn(), 0xE7000001),
+              i < hostif::kMaxMcastQpAttach ? 0 : ENOMEM) << i;
+  }
+  for (auto& x : qps) ASSERT_EQ(nic(b_).destroy_qp(&b_.owner, x->qpn()), 0);
+  EXPECT_EQ(nic(b_).mcast_groups(), 0u);
+}
+
 TEST_F(NicTest, RetriesExhaustedPutTheQpInErrorAndRaiseQpFatal) {
   auto q = extra_qp(a_, QpType::kRc, nullptr);
   bring_up(*q, 0xC6120009, 0x123);  // nobody answers at .9
