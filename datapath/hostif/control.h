@@ -248,9 +248,12 @@ struct CreateQpReq {
   QpCaps caps;
   uint32_t xrcd = 0;
   uint32_t qpn = 0;     // kernel contexts: the kernel QP's number, which the NIC then uses
-  uint32_t reserved = 0;
+  uint32_t flags = 0;   // kQpBlockSelfMcast; other bits: EINVAL
   uint64_t handle = 0;  // element of its async events (its ibv_qp's address)
 };
+// CreateQpReq::flags: a UD QP takes no multicast datagram it sent itself
+// (IBV_QP_CREATE_BLOCK_SELF_MCAST_LB).
+inline constexpr uint32_t kQpBlockSelfMcast = 1;
 struct CreateQpResp {
   uint32_t qpn = 0;
   uint32_t bytes = 0;

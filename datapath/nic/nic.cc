@@ -398,6 +398,9 @@ int Nic::create_qp(Owner* o, const hostif::CreateQpReq& req, hostif::QpHeader* r
   init.type = req.type;
   init.sq_sig_all = req.sq_sig_all != 0;
   init.handle = req.handle;
+  if ((req.flags & ~hostif::kQpBlockSelfMcast) || (req.flags && req.type != QpType::kUd))
+    return EINVAL;
+  init.block_self_mcast = req.flags & hostif::kQpBlockSelfMcast;
   switch (req.type) {
     case QpType::kRaw:
     case QpType::kWq:
@@ -901,9 +904,12 @@ bool Nic::on_datagram(uint32_t src_ip, uint32_t group, std::span<const uint8_t> 
   seg.payload = d.payload;
   // A copy: a QP that leaves the group while taking the datagram does not disturb the walk.
   group_scratch_.assign(it->second.begin(), it->second.end());
-  for (uint32_t qpn : group_scratch_)
-    if (QueuePair* qp = qp_of(qpn); qp && qp->deliver_group_datagram(seg, group))
-      ++counters_.mcast_rx_delivered;
+  const bool ours = src_ip == cfg_.link.ip;  // looped back from this device's own QPs
+  for (uint32_t qpn : group_scratch_) {
+    QueuePair* qp = qp_of(qpn);
+    if (!qp || (ours && qpn == d.src_qpn && qp->init().block_self_mcast)) continue;
+    if (qp->deliver_group_datagram(seg, group)) ++counters_.mcast_rx_delivered;
+  }
   return true;
 }
 

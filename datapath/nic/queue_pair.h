@@ -41,6 +41,7 @@ struct QpInit {
   SharedReceiveQueue* srq = nullptr;  // receives come from here; the QP's own ring is unused
   QpType type = QpType::kRc;
   bool sq_sig_all = false;
+  bool block_self_mcast = false;      // UD: takes no multicast datagram it sent itself
   uint64_t handle = 0;                // the driver's name for the QP in async events
   uint32_t xrcd = 0;                  // kXrcTgt: its XRC domain
   std::shared_ptr<void> keep;         // kXrcTgt: what keeps its ring mapped (it outlives the

@@ -104,9 +104,13 @@ void init_qp(Qp* qp, ibv_context* context, void* qp_context, uint32_t qpn, void*
 
 // What the QP type needs of ibv_qp_init_attr_ex: 0 or the errno the kernel answers.
 int check_create(ibv_context* context, const ibv_qp_init_attr_ex* a) noexcept {
-  if ((a->comp_mask & ~kCreateMask) ||
-      ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags))
-    return EOPNOTSUPP;  // creation flags (and RSS, made elsewhere) are not offered
+  const uint32_t flags = (a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) ? a->create_flags : 0;
+  // Creation flags are not offered (RSS is made elsewhere), but for a UD QP of a kernel-free
+  // device not taking its own multicast datagrams back (verbs-mapping.md §7).
+  if ((a->comp_mask & ~kCreateMask) || (flags & ~IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) ||
+      (flags && state_of(context).kernel))
+    return EOPNOTSUPP;
+  if (flags && a->qp_type != IBV_QPT_UD) return EINVAL;
   switch (a->qp_type) {
     case IBV_QPT_XRC_RECV:
       // A target: its domain, nothing else (PD, CQs, SRQ and caps are not looked at).
@@ -196,6 +200,9 @@ Qp* create_any_qp(ibv_context* context, ibv_qp_init_attr_ex* a, bool wq = false)
              : target                         ? hostif::QpType::kXrcTgt
                                               : hostif::QpType::kRc;
   req.sq_sig_all = qp->sq_sig_all;
+  if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
+      (a->create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB))
+    req.flags |= hostif::kQpBlockSelfMcast;
   req.caps.max_send_wr = cap.max_send_wr;
   req.caps.max_recv_wr = std::max<uint32_t>(cap.max_recv_wr, 1);
   req.caps.max_send_sge = cap.max_send_sge;

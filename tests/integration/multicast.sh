@@ -3,9 +3,9 @@
 # UD multicast (docs/spec/verbs-mapping.md §7, wire.md §8) with unmodified programs over two
 # devices joined by memif: librdmacm's mckey (RDMA CM joins, ibv_attach_mcast, datagrams to
 # QP 0xffffff) with members on the far device and on the sender's own device (the NIC's
-# loopback), perftest's UD latency test on a multicast group, the `metaroce stat` counters, and
+# loopback; the sender's QP blocking its own copies), perftest's UD latency test on a multicast group, the `metaroce stat` counters, and
 # a member killed with SIGKILL while attached: its attachments go with it, the other members
-# still receive. The group is 230.18.0.0/24's first address (organisation-local multicast, never
+# still receive; and two-plane devices on the fabric emulator. The group is 230.18.0.0/24's first address (organisation-local multicast, never
 # routed): a group has no address in 198.18.0.0/15, and nothing leaves the memif link.
 source "$(dirname "$0")/lib.sh"
 make_pair
@@ -32,9 +32,10 @@ start_member() {
 }
 
 # (1) Members on both devices, the sender on mrB: 4 QPs on mrA (the wire), 2 on mrB (loopback).
+# The sender's QP is made with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB (-l): only its own copies stop.
 start_member far 198.18.0.1 4 100
 start_member near 198.18.0.2 2 100
-timeout 60 mckey -m "$GROUP" -b 198.18.0.2 -s -C 100 -S 1000 >"$LOGDIR/sender" 2>&1 ||
+timeout 60 mckey -m "$GROUP" -b 198.18.0.2 -s -l -C 100 -S 1000 >"$LOGDIR/sender" 2>&1 ||
   { cat "$LOGDIR/sender"; fail "the sender failed"; }
 for m in far near; do
   pid_var="PID_$m"
@@ -75,4 +76,19 @@ for d in mrA mrB; do
 done
 [ "$("$METAROCE" engine status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["cm_ids"])')" -eq 0 ] ||
   fail "CM ids were left behind"
+
+# (4) Two-plane devices on the fabric emulator (the same addresses, so the memif pair goes
+# first): its spine floods a group's frames to every other endpoint, as a switch that does not
+# snoop IGMP; the datagram leaves on one plane and reaches the member once.
+"$METAROCE" link del mrA >/dev/null
+"$METAROCE" link del mrB >/dev/null
+fabric_pair mcfab 2 2 11
+start_member fabric_member 198.18.0.1 2 100
+timeout 60 mckey -m "$GROUP" -b 198.18.0.2 -s -C 100 -S 1000 >"$LOGDIR/sender3" 2>&1 ||
+  { cat "$LOGDIR/sender3"; fail "the sender on the fabric failed"; }
+wait "$PID_fabric_member" || { cat "$LOGDIR/fabric_member"; fail "the fabric member did not receive"; }
+sleep 0.3
+[ "$(stat_counter fA mcast_rx_delivered)" -eq 200 ] ||
+  fail "fA delivered $(stat_counter fA mcast_rx_delivered) datagrams, not 2 QPs x 100"
+fabric_pair_stop mcfab
 echo "PASS multicast"

@@ -145,8 +145,10 @@ class TestSrq {
 class TestQp {
  public:
   // want_qpn: the number a kernel device chose (0: the NIC's own).
+  // flags: CreateQpReq::flags.
   TestQp(Nic& nic, Owner* o, uint32_t pd, TestCq& scq, TestCq& rcq, const hostif::QpCaps& caps,
-         hostif::QpType type = hostif::QpType::kRc, TestSrq* srq = nullptr, uint32_t want_qpn = 0)
+         hostif::QpType type = hostif::QpType::kRc, TestSrq* srq = nullptr, uint32_t want_qpn = 0,
+         uint32_t flags = 0)
       : nic_(nic), owner_(o), ring_(hostif::qp_layout(caps).bytes) {
     hostif::init_qp(ring_.mem, 0, type, caps);
     hostif::CreateQpReq req;
@@ -158,6 +160,7 @@ class TestQp {
     req.caps = caps;
     req.handle = reinterpret_cast<uintptr_t>(this);
     req.qpn = want_qpn;
+    req.flags = flags;
     err = nic.create_qp(o, req, header(), &qpn_);
   }
   // An XRC initiator (send queue only) of pd, completing into scq.

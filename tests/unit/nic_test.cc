@@ -978,6 +978,61 @@ TEST_F(NicTest, UdMulticastReachesEveryAttachedQpOnBothDevicesAndNoOther) {
   EXPECT_EQ(b_.owner.events.size(), 0u);
 }
 
+TEST_F(NicTest, BlockSelfMulticastLoopbackKeepsOnlyTheSendersOwnDatagramsFromIt) {
+  constexpr uint32_t kGroup = 0xE6120009;
+  auto make = [&](uint32_t flags, QpType type = QpType::kUd) {
+    return std::make_unique<TestQp>(nic(a_), &a_.owner, a_.pd, *a_.cq, *a_.cq, caps(8),
+                                    type, nullptr, 0, flags);
+  };
+  EXPECT_EQ(make(hostif::kQpBlockSelfMcast, QpType::kRc)->err, EINVAL) << "UD QPs only";
+  EXPECT_EQ(make(2)->err, EINVAL) << "unknown flags";
+  auto blocked = make(hostif::kQpBlockSelfMcast), open = make(0), other = make(0);
+  std::vector<TestQp*> all = {blocked.get(), open.get(), other.get()};
+  for (size_t i = 0; i < all.size(); ++i) {
+    ASSERT_EQ(all[i]->err, 0);
+    bring_up(*all[i], 0, 0, 0x77);
+    ASSERT_EQ(nic(a_).attach_mcast(&a_.owner, all[i]->qpn(), kGroup), 0);
+    for (uint64_t k = 0; k < 2; ++k) {
+      RecvWqe r;
+      r.wr_id = 1000 + i * 10 + k;
+      r.num_sge = 1;
+      r.sge[0] = sge(a_, 30000 + (i * 2 + k) * 1000, 1000);
+      ASSERT_EQ(all[i]->post_recv(r), 0);
+    }
+  }
+  auto send_from = [&](TestQp& q, uint64_t id) {
+    SendWqe s;
+    s.signaled = true;
+    s.num_sge = 1;
+    s.sge[0] = sge(a_, 0, 100);
+    s.ud_ip = kGroup;
+    s.ud_qpn = 0xffffff;
+    s.ud_qkey = 0x77;
+    s.wr_id = id;
+    ASSERT_EQ(q.post_send(s), 0);
+  };
+  // blocked's datagram: open and other take it, blocked does not. open's: all three.
+  send_from(*blocked, 1);
+  auto c1 = run_until(a_, 3);
+  send_from(*open, 2);
+  auto c2 = run_until(a_, 4);
+  for (int i = 0; i < 100; ++i) step();
+  Cqe extra[4];
+  EXPECT_EQ(a_.cq->poll(4, extra), 0);
+  auto receivers = [](const std::vector<Cqe>& cs) {
+    std::vector<uint32_t> q;
+    for (const Cqe& c : cs)
+      if (c.opcode == WcOpcode::kRecv) q.push_back(c.qp_num);
+    std::sort(q.begin(), q.end());
+    return q;
+  };
+  std::vector<uint32_t> want1 = {open->qpn(), other->qpn()}, want2 = {blocked->qpn(), open->qpn(), other->qpn()};
+  std::sort(want1.begin(), want1.end());
+  std::sort(want2.begin(), want2.end());
+  EXPECT_EQ(receivers(c1), want1);
+  EXPECT_EQ(receivers(c2), want2);
+}
+
 TEST_F(NicTest, MulticastGroupsAndMembersAreBoundedAsQueryDeviceSays) {
   auto q = extra_qp(b_, QpType::kUd, nullptr);
   for (uint32_t g = 0; g < hostif::kMaxMcastGroups; ++g)
