@@ -1052,6 +1052,10 @@ TEST_F(NicTest, MulticastGroupsAndMembersAreBoundedAsQueryDeviceSays) {
   }
   for (auto& x : qps) ASSERT_EQ(nic(b_).destroy_qp(&b_.owner, x->qpn()), 0);
   EXPECT_EQ(nic(b_).mcast_groups(), 0u);
+  // A link whose plane 0 is a UDP socket carries no Ethernet frames: the kernel owns its groups.
+  auto u = extra_qp(b_, QpType::kUd, nullptr);
+  nic(b_).set_raw_ethernet(false);
+  EXPECT_EQ(nic(b_).attach_mcast(&b_.owner, u->qpn(), 0xE7000001), EOPNOTSUPP);
 }
 
 TEST_F(NicTest, RetriesExhaustedPutTheQpInErrorAndRaiseQpFatal) {

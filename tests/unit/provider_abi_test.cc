@@ -295,6 +295,26 @@ TEST(DeviceAttr, ReportsTheNicLimitsAndANonZeroGuid) {
   EXPECT_NE(device_attr(cfg).orig_attr.node_guid, 0u);
 }
 
+TEST(DeviceAttr, MulticastOnlyWherePlaneZeroCarriesEthernetFrames) {
+  nic::LinkConfig cfg;
+  cfg.ip = 0x0a4d0001;
+  for (const char* devargs : {"net_memif0,role=server", "net_af_packet0,iface=v0;udp"}) {
+    cfg.devargs = devargs;
+    const ibv_device_attr a = device_attr(cfg).orig_attr;
+    EXPECT_EQ(a.max_mcast_grp, static_cast<int>(hostif::kMaxMcastGroups)) << devargs;
+    EXPECT_EQ(a.max_mcast_qp_attach, static_cast<int>(hostif::kMaxMcastQpAttach));
+    EXPECT_EQ(a.max_total_mcast_qp_attach, a.max_mcast_grp * a.max_mcast_qp_attach);
+  }
+  for (const char* devargs : {"udp", "udp,iface=eth1", "udp,iface=eth1;net_memif0"}) {
+    cfg.devargs = devargs;
+    EXPECT_EQ(device_attr(cfg).orig_attr.max_mcast_grp, 0) << devargs;
+  }
+  cfg.devargs = "net_memif0";
+  cfg.kernel = "veth0";  // a kernel device: the module's QPs
+  EXPECT_EQ(device_attr(cfg).orig_attr.max_mcast_grp, 0);
+  EXPECT_EQ(device_attr(cfg).orig_attr.max_total_mcast_qp_attach, 0);
+}
+
 TEST(DeviceAttr, PortIsEthernetWithTheLinksMtu) {
   ibv_port_attr up = port_attr(true, 1500);
   EXPECT_EQ(up.state, IBV_PORT_ACTIVE);
