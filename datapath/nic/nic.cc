@@ -1186,7 +1186,6 @@ void Nic::end_rx(Time now) {
 bool Nic::poll_tx(Time now, FrameSink& sink, bool timers) {
   now_ = now;
   bool work = false;
-  datagram_budget_ = kDatagramBurst;
   for (size_t i = 0; i < qp_list_.size(); ++i) {
     QueuePair* qp = qp_list_[i];
     work |= qp->drain();

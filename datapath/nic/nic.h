@@ -294,15 +294,6 @@ class Nic final : private transport::Host {
   // Where a UD QP's send WQE msn to group gathers its datagram (headers and payload, len
   // bytes); handed to the link layer once read, as a raw QP's frame. nullptr without memory.
   uint8_t* datagram_tx_buffer(uint32_t qpn, uint32_t msn, uint32_t group, uint32_t len);
-  // Datagrams to groups leave at most kDatagramBurst per pass (poll_tx), the burst a port
-  // takes, so that a sender cannot overrun its own port's queue: false when this pass's are
-  // spent (the WQE waits in its send queue for the next pass).
-  static constexpr uint32_t kDatagramBurst = 32;
-  bool take_datagram_slot() {
-    if (datagram_budget_ == 0) return false;
-    --datagram_budget_;
-    return true;
-  }
 
   // --- connection management (docs/spec/cm.md) ----------------------------------------------
   // CM messages travel between engines as SEND messages of stream kCmStream to stream kCmStream
@@ -470,7 +461,6 @@ class Nic final : private transport::Host {
   // Multicast groups (host-order address) -> the QPs attached, in attach order.
   std::unordered_map<uint32_t, std::vector<uint32_t>> groups_;
   std::vector<uint32_t> group_scratch_;
-  uint32_t datagram_budget_ = kDatagramBurst;
   void leave_groups(uint32_t qpn);
   std::vector<RawFrame> raw_out_;
   std::vector<uint32_t> steer_scratch_;

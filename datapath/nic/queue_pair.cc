@@ -361,10 +361,6 @@ bool QueuePair::drain() {
       rd_blocked_ = true;
       break;
     }
-    // A datagram to a group has no transport window to wait in: the device sends at most a
-    // burst of them per pass (its TX queue), and the rest wait here, in order, for the next.
-    if (init_.type == QpType::kUd && wire::is_multicast_ipv4(w.ud_ip) && !nic_.take_datagram_slot())
-      break;
     SendSlot& s = sq_slots_[sq_next_ & sq_mask_];
     s = SendSlot{};
     s.msn = sq_next_;
