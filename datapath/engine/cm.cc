@@ -30,7 +30,6 @@ enum : uint32_t {
   kEvRejected = 8, kEvEstablished = 9, kEvDisconnected = 10, kEvDeviceRemoval = 11,
   kEvMulticastJoin = 12,
 };
-constexpr uint32_t kMulticastQpn = 0xffffff;
 constexpr uint16_t kJoinFull = 0, kJoinSendOnly = 1;  // RDMA_MC_JOIN_FLAG_*
 constexpr uint8_t kQptRc = 2, kQptUd = 4;   // ibv_qp_type
 constexpr uint32_t kUdpQkey = 0x01234567;  // RDMA_UDP_QKEY
@@ -221,11 +220,11 @@ bool CmService::wants_tick_soon() const {
 }
 
 void CmService::event(Id& id, uint32_t type, int32_t status, std::span<const uint8_t> param,
-                      uint32_t owner) {
+                      uint32_t owner, uint64_t uid) {
   auto c = channels_.find(id.channel);
   if (c == channels_.end()) return;
   rdma_ucm_event_resp ev{};
-  ev.uid = id.uid;
+  ev.uid = uid ? uid : id.uid;
   ev.id = id.handle;
   ev.event = type;
   ev.status = static_cast<uint32_t>(status);
@@ -239,11 +238,14 @@ void CmService::event(Id& id, uint32_t type, int32_t status, std::span<const uin
 
 // Handles go round 1..65535 (librdmacm indexes a table by them), so that one is reused as late
 // as can be: an event of a destroyed id still in a socket is told apart by the preload.
-uint32_t CmService::new_handle(uint32_t owner) {
-  uint32_t& next = next_handle_[owner];
+// Joins are numbered the same way (LEAVE_MCAST names one by it). 0 when all are taken.
+template <typename T>
+uint32_t CmService::new_handle(uint32_t owner, const std::map<uint64_t, T>& taken,
+                               std::unordered_map<uint32_t, uint32_t>& next_of) {
+  uint32_t& next = next_of[owner];
   for (uint32_t i = 0; i < kMaxIds; ++i) {
     next = next % kMaxIds + 1;
-    if (!ids_.count(key(owner, next))) return next;
+    if (!taken.count(key(owner, next))) return next;
   }
   return 0;
 }
@@ -400,11 +402,11 @@ std::vector<uint8_t> CmService::conn_param(const Id&, std::span<const uint8_t> p
 }
 
 std::vector<uint8_t> CmService::ud_param(const Id& id, std::span<const uint8_t> priv, uint32_t qpn,
-                                         uint32_t qkey) const {
+                                         uint32_t qkey, uint32_t dst_ip) const {
   rdma_ucm_ud_param p{};
   p.qp_num = qpn;
   p.qkey = qkey;
-  nic::ipv4_to_gid(id.peer_ip, p.ah_attr.grh.dgid);
+  nic::ipv4_to_gid(dst_ip ? dst_ip : id.peer_ip, p.ah_attr.grh.dgid);
   p.ah_attr.grh.sgid_index = 0;
   p.ah_attr.grh.hop_limit = kHopLimit;
   p.ah_attr.grh.traffic_class = id.tos;
@@ -540,37 +542,17 @@ int CmService::join(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body, ui
                                  id->state == State::kAddrResolved))
     return EINVAL;
   if (!wire::is_multicast_ipv4(group)) return EINVAL;
-  uint32_t& next = next_mc_[id->owner];
-  uint32_t handle = 0;
-  for (uint32_t i = 0; i < kMaxIds && !handle; ++i) {
-    next = next % kMaxIds + 1;
-    if (!mcs_.count(key(id->owner, next))) handle = next;
-  }
+  const uint32_t handle = new_handle(id->owner, mcs_, next_mc_);
   if (!handle) return ENOMEM;
   Mc& mc = mcs_[key(id->owner, handle)];
   mc = {key(id->owner, id->handle), uid, handle, group};
   rdma_ucm_create_id_resp r{handle};
   resize_to(resp, &r, sizeof(r), out);
   // The event names the group as an address handle does: a datagram to it is a UD SEND to QP
-  // 0xffffff at the group's GID, with the port space's Q_Key.
-  rdma_ucm_ud_param p{};
-  p.qp_num = kMulticastQpn;
-  p.qkey = kUdpQkey;
-  nic::ipv4_to_gid(group, p.ah_attr.grh.dgid);
-  p.ah_attr.grh.hop_limit = kHopLimit;
-  p.ah_attr.grh.traffic_class = id->tos;
-  p.ah_attr.is_global = 1;
-  p.ah_attr.port_num = 1;
-  auto c = channels_.find(id->channel);
-  if (c == channels_.end()) return 0;
-  rdma_ucm_event_resp ev{};
-  ev.uid = uid;
-  ev.id = id->handle;
-  ev.event = kEvMulticastJoin;
-  std::memcpy(&ev.param.ud, &p, sizeof(p));
-  ev.reserved = handle;  // the preload's to read (and zero): the join the event counts for
-  const auto* b = reinterpret_cast<const uint8_t*>(&ev);
-  write_event(c->second, {b, b + sizeof(ev)});
+  // 0xffffff at the group's GID, with the port space's Q_Key. It counts for the join (its
+  // handle in `reserved`) and carries the join's uid.
+  event(*id, kEvMulticastJoin, 0, ud_param(*id, {}, wire::kMulticastQpn, kUdpQkey, group), handle,
+        uid);
   return 0;
 }
 
@@ -609,7 +591,7 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
         return EINVAL;
       Id id;
       id.owner = channels_[ch].owner;
-      id.handle = new_handle(id.owner);
+      id.handle = new_handle(id.owner, ids_, next_handle_);
       if (id.handle == 0) return ENOMEM;
       id.channel = ch;
       id.uid = c.uid;
@@ -896,7 +878,7 @@ void CmService::on_req(const std::string& link, uint32_t peer_ip, std::span<cons
   child.local_psn = random_u32() & 0xffffff;
   child.state = sidr ? State::kSidrReqRcvd : State::kReqRcvd;
   child.owner = listener->owner;
-  child.handle = new_handle(child.owner);
+  child.handle = new_handle(child.owner, ids_, next_handle_);
   if (child.handle == 0) {
     send(child, sidr ? kSidrRep : kRej, {}, sidr ? kSidrReject : kRejConsumer);
     return;

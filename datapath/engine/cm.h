@@ -138,20 +138,27 @@ class CmService {
   bool port_taken(uint16_t ps, uint32_t ip, uint16_t port, const Id* except) const;
   uint16_t ephemeral(uint16_t ps, uint32_t ip) const;
   int bind(Id& id, uint32_t ip, uint16_t port);
-  // owner: the id the event counts for when it is not id (a connection request: its listener).
+  // owner: the id the event counts for when it is not id (a connection request: its listener;
+  // a multicast event: its join). uid: the event's when not the id's (a join's; librdmacm's
+  // uids are its pointers, never 0).
   void event(Id& id, uint32_t type, int32_t status, std::span<const uint8_t> param = {},
-             uint32_t owner = 0);
+             uint32_t owner = 0, uint64_t uid = 0);
   void write_event(Channel& c, std::vector<uint8_t> ev);
   void send(Id& id, uint8_t type, std::span<const uint8_t> priv, uint8_t reason = 0);
   void destroy(Id& id, bool notify_peer);
-  uint32_t new_handle(uint32_t owner);
+  // A handle of owner's that `taken` (ids_, or mcs_ for joins) does not hold, going round
+  // 1..65535 from next_of[owner]; 0 when every one is taken.
+  template <typename T>
+  static uint32_t new_handle(uint32_t owner, const std::map<uint64_t, T>& taken,
+                             std::unordered_map<uint32_t, uint32_t>& next_of);
   static uint64_t key(uint32_t owner, uint32_t handle) { return (uint64_t{owner} << 32) | handle; }
   Id& add(Id id);  // a new id, given its handle and communication id
   std::vector<uint8_t> conn_param(const Id& id, std::span<const uint8_t> priv, uint32_t qpn,
                                   uint8_t resp_res, uint8_t init_depth, uint8_t retry,
                                   uint8_t rnr, bool srq) const;
+  // dst_ip: the address handle's destination when not the id's peer (a multicast group).
   std::vector<uint8_t> ud_param(const Id& id, std::span<const uint8_t> priv, uint32_t qpn,
-                                uint32_t qkey) const;
+                                uint32_t qkey, uint32_t dst_ip = 0) const;
   int query_route(const Id& id, uint16_t out, std::vector<uint8_t>* resp) const;
   int init_qp_attr(const Id& id, uint32_t state, uint16_t out, std::vector<uint8_t>* resp) const;
   void on_req(const std::string& link, uint32_t peer_ip, std::span<const uint8_t> m, bool sidr);

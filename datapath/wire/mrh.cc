@@ -2,8 +2,6 @@
 // Encoding and validating decoding of the MetaRoCE header (docs/spec/wire.md §2-§4).
 #include "datapath/wire/mrh.h"
 
-#include <algorithm>
-
 #include "datapath/wire/bytes.h"
 
 namespace metaroce::wire {
@@ -81,6 +79,48 @@ bool data_fields_ok(Opcode op, const DataHeader& d) {
   return true;
 }
 
+void load_base(const uint8_t* p, BaseHeader& b) {
+  b.version = p[base_off::kVersion];
+  b.opcode = static_cast<Opcode>(p[base_off::kOpcode]);
+  b.flags = load_be16(p + base_off::kFlags);
+  b.conn_id = load_be32(p + base_off::kConnId);
+  b.token = load_be64(p + base_off::kToken);
+  b.path_id = load_be16(p + base_off::kPathId);
+  b.path_count = load_be16(p + base_off::kPathCount);
+  b.path_seq = load_be32(p + base_off::kPathSeq);
+  b.timestamp = load_be32(p + base_off::kTimestamp);
+  b.ack_floor = load_be32(p + base_off::kAckFloor);
+}
+
+// The data extension's 48 bytes at p (not the XRC extension).
+void load_data_ext(const uint8_t* q, DataHeader& d) {
+  d.dst_stream = load_be32(q + data_off::kDstStream);
+  d.src_stream = load_be32(q + data_off::kSrcStream);
+  d.msn = load_be32(q + data_off::kMsn);
+  d.rsn = load_be32(q + data_off::kRsn);
+  d.offset = load_be32(q + data_off::kOffset);
+  d.total_length = load_be32(q + data_off::kTotalLength);
+  d.remote_addr = load_be64(q + data_off::kRemoteAddr);
+  d.rkey = load_be32(q + data_off::kRkey);
+  d.imm = load_be32(q + data_off::kImm);
+  d.payload_len = load_be32(q + data_off::kPayloadLen);
+  d.orig_seq = load_be32(q + data_off::kOrigSeq);
+}
+
+void store_data_ext(uint8_t* p, const DataHeader& d) {
+  store_be32(p + data_off::kDstStream, d.dst_stream);
+  store_be32(p + data_off::kSrcStream, d.src_stream);
+  store_be32(p + data_off::kMsn, d.msn);
+  store_be32(p + data_off::kRsn, d.rsn);
+  store_be32(p + data_off::kOffset, d.offset);
+  store_be32(p + data_off::kTotalLength, d.total_length);
+  store_be64(p + data_off::kRemoteAddr, d.remote_addr);
+  store_be32(p + data_off::kRkey, d.rkey);
+  store_be32(p + data_off::kImm, d.imm);
+  store_be32(p + data_off::kPayloadLen, d.payload_len);
+  store_be32(p + data_off::kOrigSeq, d.orig_seq);
+}
+
 }  // namespace
 
 NakRecord Packet::nak(size_t i) const {
@@ -118,17 +158,7 @@ size_t encode_data(std::span<uint8_t> out, const BaseHeader& b, const DataHeader
     return 0;
   encode_base(out, b);
   uint8_t* p = out.data() + kBaseHeaderLen;
-  store_be32(p + data_off::kDstStream, d.dst_stream);
-  store_be32(p + data_off::kSrcStream, d.src_stream);
-  store_be32(p + data_off::kMsn, d.msn);
-  store_be32(p + data_off::kRsn, d.rsn);
-  store_be32(p + data_off::kOffset, d.offset);
-  store_be32(p + data_off::kTotalLength, d.total_length);
-  store_be64(p + data_off::kRemoteAddr, d.remote_addr);
-  store_be32(p + data_off::kRkey, d.rkey);
-  store_be32(p + data_off::kImm, d.imm);
-  store_be32(p + data_off::kPayloadLen, d.payload_len);
-  store_be32(p + data_off::kOrigSeq, d.orig_seq);
+  store_data_ext(p, d);
   if (b.flags & kFlagXrc) store_be32(p + kDataExtLen, d.xrc_srqn);
   return len;
 }
@@ -163,18 +193,9 @@ DecodeError decode(std::span<const uint8_t> in, Packet& out) {
   if (in.size() < kBaseHeaderLen) return DecodeError::kTruncated;
   const uint8_t* p = in.data();
   BaseHeader& b = out.base;
-  b.version = p[base_off::kVersion];
+  load_base(p, b);
   if (b.version != kMrhVersion) return DecodeError::kBadVersion;
   if (!known_opcode(p[base_off::kOpcode])) return DecodeError::kBadOpcode;
-  b.opcode = static_cast<Opcode>(p[base_off::kOpcode]);
-  b.flags = load_be16(p + base_off::kFlags);
-  b.conn_id = load_be32(p + base_off::kConnId);
-  b.token = load_be64(p + base_off::kToken);
-  b.path_id = load_be16(p + base_off::kPathId);
-  b.path_count = load_be16(p + base_off::kPathCount);
-  b.path_seq = load_be32(p + base_off::kPathSeq);
-  b.timestamp = load_be32(p + base_off::kTimestamp);
-  b.ack_floor = load_be32(p + base_off::kAckFloor);
   if (!base_fields_ok(b)) return DecodeError::kBadField;
   out.payload = {};
   out.nak_bytes = {};
@@ -183,17 +204,7 @@ DecodeError decode(std::span<const uint8_t> in, Packet& out) {
     if (in.size() < kDataHeadersLen) return DecodeError::kTruncated;
     const uint8_t* q = p + kBaseHeaderLen;
     DataHeader& d = out.data;
-    d.dst_stream = load_be32(q + data_off::kDstStream);
-    d.src_stream = load_be32(q + data_off::kSrcStream);
-    d.msn = load_be32(q + data_off::kMsn);
-    d.rsn = load_be32(q + data_off::kRsn);
-    d.offset = load_be32(q + data_off::kOffset);
-    d.total_length = load_be32(q + data_off::kTotalLength);
-    d.remote_addr = load_be64(q + data_off::kRemoteAddr);
-    d.rkey = load_be32(q + data_off::kRkey);
-    d.imm = load_be32(q + data_off::kImm);
-    d.payload_len = load_be32(q + data_off::kPayloadLen);
-    d.orig_seq = load_be32(q + data_off::kOrigSeq);
+    load_data_ext(q, d);
     const size_t headers = data_headers_len(b.flags);
     d.xrc_srqn = 0;
     if (headers > kDataHeadersLen) {
@@ -246,51 +257,40 @@ size_t encode_datagram(std::span<uint8_t> out, const Datagram& d, uint32_t paylo
   b.opcode = d.with_imm ? Opcode::kDatagramImm : Opcode::kDatagram;
   b.timestamp = d.timestamp;
   encode_base(out, b);  // conn_id, token, path and sequence fields stay 0; path_count 1
-  uint8_t* p = out.data() + kBaseHeaderLen;
-  std::fill(p, p + kDataExtLen, uint8_t{0});
-  store_be32(p + data_off::kDstStream, kMulticastQpn);
-  store_be32(p + data_off::kSrcStream, d.src_qpn);
-  store_be32(p + data_off::kMsn, d.msn);
-  store_be32(p + data_off::kTotalLength, payload_len);
-  store_be32(p + data_off::kRkey, d.qkey);
-  store_be32(p + data_off::kImm, d.with_imm ? d.imm : 0);
-  store_be32(p + data_off::kPayloadLen, payload_len);
+  DataHeader x;         // rsn, offset, remote_addr, orig_seq stay 0
+  x.dst_stream = kMulticastQpn;
+  x.src_stream = d.src_qpn;
+  x.msn = d.msn;
+  x.total_length = x.payload_len = payload_len;
+  x.rkey = d.qkey;
+  x.imm = d.with_imm ? d.imm : 0;
+  store_data_ext(out.data() + kBaseHeaderLen, x);
   return kDatagramHeadersLen;
 }
 
 DecodeError decode_datagram(std::span<const uint8_t> in, Datagram& out) {
   if (in.size() < kDatagramHeadersLen) return DecodeError::kTruncated;
-  const uint8_t* p = in.data();
-  if (p[base_off::kVersion] != kMrhVersion) return DecodeError::kBadVersion;
-  const uint8_t op = p[base_off::kOpcode];
-  if (op != static_cast<uint8_t>(Opcode::kDatagram) &&
-      op != static_cast<uint8_t>(Opcode::kDatagramImm))
+  BaseHeader b;
+  load_base(in.data(), b);
+  if (b.version != kMrhVersion) return DecodeError::kBadVersion;
+  if (b.opcode != Opcode::kDatagram && b.opcode != Opcode::kDatagramImm)
     return DecodeError::kBadOpcode;
-  const uint8_t* q = p + kBaseHeaderLen;
-  const uint32_t payload_len = load_be32(q + data_off::kPayloadLen);
-  if (payload_len != in.size() - kDatagramHeadersLen) return DecodeError::kLengthMismatch;
+  DataHeader x;
+  load_data_ext(in.data() + kBaseHeaderLen, x);
+  if (x.payload_len != in.size() - kDatagramHeadersLen) return DecodeError::kLengthMismatch;
+  out.with_imm = b.opcode == Opcode::kDatagramImm;
   // Every field a connection gives meaning to is zero (path_count 1); the rest as spec §8.
-  const bool base_ok = load_be16(p + base_off::kFlags) == 0 &&
-                       load_be32(p + base_off::kConnId) == 0 &&
-                       load_be64(p + base_off::kToken) == 0 &&
-                       load_be16(p + base_off::kPathId) == 0 &&
-                       load_be16(p + base_off::kPathCount) == 1 &&
-                       load_be32(p + base_off::kPathSeq) == 0 &&
-                       load_be32(p + base_off::kAckFloor) == 0;
-  out.with_imm = op == static_cast<uint8_t>(Opcode::kDatagramImm);
-  out.src_qpn = load_be32(q + data_off::kSrcStream);
-  out.msn = load_be32(q + data_off::kMsn);
-  out.qkey = load_be32(q + data_off::kRkey);
-  out.imm = load_be32(q + data_off::kImm);
-  out.timestamp = load_be32(p + base_off::kTimestamp);
-  const bool data_ok = load_be32(q + data_off::kDstStream) == kMulticastQpn &&
-                       (out.src_qpn & ~kQpnMask) == 0 && load_be32(q + data_off::kRsn) == 0 &&
-                       load_be32(q + data_off::kOffset) == 0 &&
-                       load_be32(q + data_off::kTotalLength) == payload_len &&
-                       load_be64(q + data_off::kRemoteAddr) == 0 &&
-                       load_be32(q + data_off::kOrigSeq) == 0 &&
-                       (out.with_imm || out.imm == 0);
+  const bool base_ok = b.flags == 0 && b.conn_id == 0 && b.token == 0 && b.path_id == 0 &&
+                       b.path_count == 1 && b.path_seq == 0 && b.ack_floor == 0;
+  const bool data_ok = x.dst_stream == kMulticastQpn && (x.src_stream & ~kQpnMask) == 0 &&
+                       x.rsn == 0 && x.offset == 0 && x.total_length == x.payload_len &&
+                       x.remote_addr == 0 && x.orig_seq == 0 && (out.with_imm || x.imm == 0);
   if (!base_ok || !data_ok) return DecodeError::kBadField;
+  out.src_qpn = x.src_stream;
+  out.msn = x.msn;
+  out.qkey = x.rkey;
+  out.imm = x.imm;
+  out.timestamp = b.timestamp;
   out.payload = in.subspan(kDatagramHeadersLen);
   return DecodeError::kNone;
 }
