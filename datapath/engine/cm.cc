@@ -203,7 +203,10 @@ void CmService::close_channel(uint32_t ch) {
   channels_.erase(ch);
   bool owner_left = false;
   for (const auto& [n, c] : channels_) owner_left |= c.owner == owner;
-  if (!owner_left) next_handle_.erase(owner);
+  if (!owner_left) {
+    next_handle_.erase(owner);
+    next_mc_.erase(owner);  // joins are numbered per process too
+  }
 }
 
 void CmService::write_event(Channel& c, std::vector<uint8_t> ev) {
