@@ -1294,14 +1294,14 @@ void QueuePair::deliver_raw(std::span<const uint8_t> frame) {
 }
 
 bool QueuePair::deliver_group_datagram(const transport::Segment& seg, uint32_t group) {
-  if (init_.type != QpType::kUd) return false;
-  return deliver_ud(seg, group) == Syndrome::kOk && delivered_;
+  bool took = false;
+  if (init_.type == QpType::kUd) deliver_ud(seg, group, &took);
+  return took;
 }
 
-Syndrome QueuePair::deliver_ud(const transport::Segment& seg, uint32_t group) {
+Syndrome QueuePair::deliver_ud(const transport::Segment& seg, uint32_t group, bool* took) {
   // Datagram semantics: what cannot be received is dropped and acknowledged, so the sender's
   // transport does not retry it (docs/spec/verbs-mapping.md §7).
-  delivered_ = false;
   if ((seg.op != Op::kSend && seg.op != Op::kSendImm) || seg.xrc) return Syndrome::kRemoteInvalid;
   if (seg.offset != 0 || seg.payload.size() != seg.total_length) return Syndrome::kRemoteInvalid;
   const QpState st = state_;
@@ -1332,7 +1332,7 @@ Syndrome QueuePair::deliver_ud(const transport::Segment& seg, uint32_t group) {
       c.status = err;
   }
   complete_datagram(slot, c);
-  delivered_ = true;
+  if (took) *took = true;
   return Syndrome::kOk;
 }
 

@@ -225,9 +225,9 @@ class QueuePair {
   uint32_t rq_head() const { return ring_->rq_head.load(); }
 
   // group: the multicast group a datagram was sent to (its GRH names it), 0 for one sent to
-  // this QP.
-  transport::Syndrome deliver_ud(const transport::Segment& seg, uint32_t group = 0);
-  bool delivered_ = false;  // deliver_ud took a receive for the segment
+  // this QP. *took (when given) is set when the datagram took a receive.
+  transport::Syndrome deliver_ud(const transport::Segment& seg, uint32_t group = 0,
+                                 bool* took = nullptr);
   bool ud_seen_before(const transport::Segment& seg);
   // Datagrams (UD messages, raw frames) take receives in arrival order, with no numbering: the
   // next one of the SRQ or the QP's own queue (*slot: the SRQ's entry), or false when none is
