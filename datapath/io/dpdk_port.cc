@@ -428,9 +428,15 @@ class DpdkPort final : public Port {
     return true;
   }
 
-  void tx_burst(std::span<TxFrame> frames) override {
+  void tx_burst(std::span<TxFrame> frames) override { send(frames, false); }
+  uint32_t tx_try(std::span<TxFrame> frames) override { return send(frames, true); }
+
+  // One DPDK burst at a time. Where the link takes part of a burst, the rest of it is freed and
+  // counted dropped (keep false), or left with the caller and nothing more is offered (keep true).
+  uint32_t send(std::span<TxFrame> frames, bool keep) {
     ensure_registered();
     rte_mbuf* mbufs[kBurst];
+    uint32_t index[kBurst];
     uint64_t sent_frames = 0, sent_bytes = 0, dropped = 0;
     size_t i = 0;
     while (i < frames.size()) {
@@ -440,8 +446,8 @@ class DpdkPort final : public Port {
         TxFrame& f = frames[i];
         if (f.handle == nullptr) continue;
         auto* m = static_cast<rte_mbuf*>(f.handle);
-        f.handle = nullptr;
         if (f.len == 0) {  // an unused buffer given back
+          f.handle = nullptr;
           rte_pktmbuf_free(m);
           continue;
         }
@@ -449,20 +455,27 @@ class DpdkPort final : public Port {
         m->data_len = static_cast<uint16_t>(len);
         m->pkt_len = len;
         bytes[n] = len;
+        index[n] = static_cast<uint32_t>(i);
         mbufs[n++] = m;
       }
       if (n == 0) continue;
       const uint16_t sent = rte_eth_tx_burst(port_, 0, mbufs, n);
-      for (uint16_t k = 0; k < sent; ++k) sent_bytes += bytes[k];
+      for (uint16_t k = 0; k < sent; ++k) {
+        sent_bytes += bytes[k];
+        frames[index[k]].handle = nullptr;
+      }
       sent_frames += sent;
       if (sent < n) {
+        if (keep) break;
         rte_pktmbuf_free_bulk(mbufs + sent, n - sent);
+        for (uint16_t k = sent; k < n; ++k) frames[index[k]].handle = nullptr;
         dropped += n - sent;
       }
     }
     tx_frames_.fetch_add(sent_frames, std::memory_order_relaxed);
     tx_bytes_.fetch_add(sent_bytes, std::memory_order_relaxed);
     if (dropped != 0) tx_dropped_.fetch_add(dropped, std::memory_order_relaxed);
+    return static_cast<uint32_t>(sent_frames);
   }
 
   // The memif PMD of DPDK 22.11 signals RX on a per-queue eventfd but exposes it through no

@@ -150,16 +150,26 @@ class MemPort final : public Port {
     return true;
   }
 
-  void tx_burst(std::span<TxFrame> frames) override {
+  void tx_burst(std::span<TxFrame> frames) override { send(frames, false); }
+  uint32_t tx_try(std::span<TxFrame> frames) override { return send(frames, true); }
+
+  // With keep, the frames from the first one the full queue cannot take stay the caller's.
+  uint32_t send(std::span<TxFrame> frames, bool keep) {
+    size_t taken = frames.size();
     uint64_t sent = 0, bytes = 0, dropped = 0, missed = 0;
     bool queued = false;
     {
       std::lock_guard lock(out_.mu);
       const size_t cap = out_.ring.size();
-      for (TxFrame& f : frames) {
+      for (size_t i = 0; i < frames.size(); ++i) {
+        TxFrame& f = frames[i];
         const uint32_t len = std::min(f.len, tx_pool_.frame_size());
         if (len == 0) continue;  // an unused buffer given back: freed below
         if (out_.count == cap) {
+          if (keep) {
+            taken = i;
+            break;
+          }
           ++dropped;  // the bounded queue is full: the frame never reaches the wire
           continue;
         }
@@ -179,7 +189,7 @@ class MemPort final : public Port {
         queued = true;
       }
     }
-    for (TxFrame& f : frames) {
+    for (TxFrame& f : frames.first(taken)) {
       if (f.handle != nullptr) tx_pool_.give(from_handle(f.handle));
       f.handle = nullptr;
     }
@@ -188,6 +198,7 @@ class MemPort final : public Port {
     stats_.tx_bytes.fetch_add(bytes, std::memory_order_relaxed);
     if (dropped != 0) stats_.tx_dropped.fetch_add(dropped, std::memory_order_relaxed);
     if (missed != 0) out_.rx_missed.fetch_add(missed, std::memory_order_relaxed);
+    return static_cast<uint32_t>(sent);
   }
 
   int rx_wait_fd() override { return in_.event_fd; }

@@ -77,6 +77,14 @@ class Port {
   // tx_dropped. A frame with len 0 is freed unsent (how a caller gives back a buffer it did not
   // use). The port owns the frames afterwards.
   virtual void tx_burst(std::span<TxFrame> frames) = 0;
+  // Sends the frames in order while the link has room and returns how many it took; those it did
+  // not take stay the caller's (handles kept, nothing counted), to be offered again or given back.
+  // How a NIC's own datagrams wait for room instead of being lost (link_layer.cc, send_raw).
+  // Ports that cannot tell take every frame.
+  virtual uint32_t tx_try(std::span<TxFrame> frames) {
+    tx_burst(frames);
+    return static_cast<uint32_t>(frames.size());
+  }
   // A descriptor that becomes readable when frames arrive, or -1 if the backend has none; the
   // progress thread sleeps on it when idle. rx_arm() must be called before sleeping on it.
   virtual int rx_wait_fd() = 0;

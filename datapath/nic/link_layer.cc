@@ -303,21 +303,28 @@ void LinkLayer::loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_pa
   loop_queue_.push_back(p);
 }
 
-void LinkLayer::send_datagram(RawFrame f) {
-  // One frame to the group's address, on the first plane in service: the fabric (or the peer
-  // of a point-to-point link) delivers it to every member; this device's own members take it
-  // from the loop below, as a NIC loops multicast back to its port.
-  const auto len = static_cast<uint32_t>(f.bytes.size());
+bool LinkLayer::put_raw(const RawFrame& f, bool* lost) {
+  // A datagram goes to the group's address on the first plane in service: the fabric (or the
+  // peer of a point-to-point link) delivers it to every member. A raw QP's frame is whole already
+  // and goes on plane 0.
   Plane* out = nullptr;
-  for (Plane& pl : planes_)
-    if (!pl.udp && !pl.quiet && !pl.admin_down && pl.carrier) {
-      out = &pl;
-      break;
-    }
+  if (f.group) {
+    for (Plane& pl : planes_)
+      if (!pl.udp && !pl.quiet && !pl.admin_down && pl.carrier && pl.link) {
+        out = &pl;
+        break;
+      }
+  } else if (!planes_.empty()) {
+    Plane& pl = planes_[0];
+    if (!pl.udp && !pl.quiet && !pl.admin_down && pl.link) out = &pl;
+  }
+  *lost = out == nullptr;  // as on a port that is down: the frame is lost, its WQE completes
+  if (!out) return true;
+  const auto len = static_cast<uint32_t>(f.bytes.size());
+  const uint32_t size = f.group ? kL2L4Header + len : len;
   io::TxFrame t;
-  if (!out || !out->port->alloc_tx(t, kL2L4Header + len)) {
-    ++counters_.tx_mcast_dropped;  // as on a port that is down or out of buffers: a loss
-  } else {
+  if (!out->port->alloc_tx(t, size)) return false;
+  if (f.group) {
     wire::UdpFrameParams a;
     a.src_mac = out->port->mac();
     a.dst_mac = wire::multicast_mac(f.group);
@@ -328,36 +335,50 @@ void LinkLayer::send_datagram(RawFrame f) {
     a.ecn = wire::Ecn::kNotEct;  // no congestion control answers for a group's datagrams
     wire::write_udp_headers({t.data, kL2L4Header}, a, len);
     std::memcpy(t.data + kL2L4Header, f.bytes.data(), len);
-    t.len = kL2L4Header + len;
-    tap(*out, {t.data, t.len});
-    out->port->tx_burst({&t, 1});
-    ++counters_.tx_frames;
+  } else {
+    std::memcpy(t.data, f.bytes.data(), len);
   }
-  mcast_loop_queue_.push_back(std::move(f));
+  t.len = size;
+  if (out->port->tx_try({&t, 1}) == 0) {
+    t.len = 0;  // given back unsent
+    out->port->tx_burst({&t, 1});
+    return false;
+  }
+  tap(*out, {t.data, size});
+  ++counters_.tx_frames;
+  return true;
 }
 
-void LinkLayer::send_raw(std::vector<RawFrame> frames) {
-  if (frames.empty() || planes_.empty()) return;
-  Plane& pl = planes_[0];
-  for (RawFrame& f : frames) {
-    if (f.group) {
-      send_datagram(std::move(f));
-      continue;
+bool LinkLayer::send_raw(Time now) {
+  if (raw_backlog_.empty()) return false;
+  // A port that has had no room for this long is taken as stuck (a peer that stopped reading):
+  // its frames are lost from then on, so that no WQE waits forever.
+  constexpr auto kStuck = std::chrono::milliseconds(100);
+  const bool stuck = raw_blocked_since_ != Time::min() && now - raw_blocked_since_ > kStuck;
+  raw_left_.clear();
+  // At most a burst a pass, so that a long backlog does not hold up receiving.
+  while (!raw_backlog_.empty() && raw_left_.size() < kRxBurst) {
+    RawFrame& f = raw_backlog_.front();
+    bool lost = false;
+    if (!put_raw(f, &lost)) {
+      if (!stuck) {
+        if (raw_blocked_since_ == Time::min()) raw_blocked_since_ = now;
+        break;
+      }
+      lost = true;
+    } else if (!lost) {
+      raw_blocked_since_ = Time::min();
     }
-    io::TxFrame t;
-    const auto len = static_cast<uint32_t>(f.bytes.size());
-    if (pl.udp || pl.quiet || pl.admin_down || !pl.port->alloc_tx(t, len)) {
-      ++counters_.tx_raw_dropped;  // as on a port that is down or out of buffers: a loss
-    } else {
-      std::memcpy(t.data, f.bytes.data(), len);
-      t.len = len;
-      tap(pl, {t.data, t.len});
-      pl.port->tx_burst({&t, 1});
-      ++counters_.tx_frames;
-    }
-    // A NIC loops what it sends back to its own rules, as it does a multicast frame.
-    raw_loop_queue_.push_back(std::move(f));
+    if (lost) ++(f.group ? counters_.tx_mcast_dropped : counters_.tx_raw_dropped);
+    raw_left_.emplace_back(f.qpn, f.msn);
+    // A NIC loops what it sends back to its own rules and multicast members, sent or not.
+    (f.group ? mcast_loop_queue_ : raw_loop_queue_).push_back(std::move(f));
+    raw_backlog_.pop_front();
   }
+  if (raw_backlog_.empty()) raw_blocked_since_ = Time::min();  // the next frames wait again
+  if (raw_left_.empty()) return false;
+  nic_.raw_frames_left(raw_left_);
+  return true;
 }
 
 bool LinkLayer::route(uint32_t peer) {
@@ -461,6 +482,7 @@ void LinkLayer::check_planes(Time t) {
   for (size_t i = 0; i < planes_.size(); ++i) {
     Plane& pl = planes_[i];
     const bool link = pl.port->link_up();
+    pl.link = link;
     pl.carrier_seen |= link;
     port |= !pl.admin_down && (link || !pl.carrier_seen);
     // One plane: nothing to move its traffic to; its link state is the goodbye logic's.
@@ -527,7 +549,8 @@ bool LinkLayer::poll(Time t, bool timers) {
   mcast_loop_batch_.clear();
   resolve(t);
   if (nic_.poll_tx(t, *sink_, timers)) work = true;
-  send_raw(nic_.take_raw_frames());
+  for (RawFrame& f : nic_.take_raw_frames()) raw_backlog_.push_back(std::move(f));
+  if (send_raw(t) || !raw_backlog_.empty()) work = true;
   return work;
 }
 

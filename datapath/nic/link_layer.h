@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -22,8 +23,10 @@ struct LinkCounters {
   uint64_t rx_frames = 0, tx_frames = 0, rx_drop_malformed = 0, rx_drop_not_ours = 0;
   uint64_t arp_requests = 0, arp_replies = 0;
   uint64_t rx_raw = 0;  // frames the flow rules steered to raw QPs (verbs-mapping.md §18)
-  uint64_t tx_raw_dropped = 0;  // frames of raw QPs that could not leave (plane down, no buffer)
-  uint64_t tx_mcast_dropped = 0;  // datagrams to groups that could not leave (no plane, buffer)
+  // Frames of raw QPs, and datagrams to groups, that could not leave: their plane was down, or
+  // the port had had no room for 100 ms (LinkLayer::send_raw).
+  uint64_t tx_raw_dropped = 0;
+  uint64_t tx_mcast_dropped = 0;
 };
 
 class LinkLayer {
@@ -87,6 +90,7 @@ class LinkLayer {
     bool admin_down = false;
     bool carrier = true;
     bool carrier_seen = false;    // its port's link was up once
+    bool link = true;             // its port's link at the last check (check_planes)
     bool reported_up = true;      // what the NIC was last told
     transport::Time quiet_since{};
     std::array<io::RxFrame, kRxBurst> rx;  // this pass's frames, held until the NIC placed them
@@ -107,10 +111,11 @@ class LinkLayer {
   void handle_frame(transport::Time now, Plane& pl, const io::RxFrame& f);
   static std::optional<uint8_t> goodbye_kind(const io::RxFrame& f);
   void loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_payload);
-  // Frames raw QPs sent: onto plane 0, and back to this device's own flow rules.
-  void send_raw(std::vector<RawFrame> frames);
-  // A datagram a UD QP sent to a multicast group (RawFrame::group).
-  void send_datagram(RawFrame f);
+  // Frames raw QPs sent (onto plane 0, and back to this device's own flow rules) and UD QPs'
+  // datagrams to groups, in the order posted, as the ports have room. True if any left.
+  bool send_raw(transport::Time now);
+  // Puts f on its plane; false when the port has no room for it now.
+  bool put_raw(const RawFrame& f, bool* lost);
   void resolve(transport::Time now);
   // Asks the port for the peer's next hop on each Ethernet plane with a kernel interface;
   // returns whether some plane's next hop changed (its MAC must be found again).
@@ -128,6 +133,10 @@ class LinkLayer {
   std::vector<LoopPacket*> loop_batch_;
   std::vector<RawFrame> raw_loop_queue_, raw_loop_batch_;  // raw frames seen by our own flows
   std::vector<RawFrame> mcast_loop_queue_, mcast_loop_batch_;  // datagrams our members take
+  // Frames of raw and UD QPs waiting for room on their port, oldest first; the WQEs that left.
+  std::deque<RawFrame> raw_backlog_;
+  std::vector<std::pair<uint32_t, uint32_t>> raw_left_;
+  transport::Time raw_blocked_since_ = transport::Time::min();
   // Peers whose MAC some Ethernet plane still lacks: when they were first asked for, and last.
   struct Asking {
     transport::Time first = transport::Time::min(), last = transport::Time::min();

@@ -816,27 +816,36 @@ void Nic::queue_read(Memory* m, uint64_t addr, std::span<uint8_t> out, uint32_t 
 
 uint8_t* Nic::raw_tx_buffer(uint32_t qpn, uint32_t msn, uint32_t len) {
   try {
-    RawTx t;
-    t.qpn = qpn;
-    t.msn = msn;
-    t.frame.bytes.resize(len);
-    raw_pending_.push_back(std::move(t));
+    RawFrame f;
+    f.qpn = qpn;
+    f.msn = msn;
+    f.bytes.resize(len);
+    raw_pending_.push_back(std::move(f));
   } catch (const std::bad_alloc&) {
     return nullptr;
   }
-  return raw_pending_.back().frame.bytes.data();
+  return raw_pending_.back().bytes.data();
 }
 
 // The frames whose reads this pass did are complete: each one whose WQE did not fail (its
-// memory could not be read) goes to the link layer, and its WQE completes.
+// memory could not be read) goes to the link layer. The WQE completes when the frame leaves
+// (raw_frames_left): a sender faster than its port waits for room in the send queue, as on a
+// NIC, instead of losing what the port had no room for (the queue's depth bounds the frames).
 void Nic::finish_raw_sends() {
-  for (RawTx& t : raw_pending_) {
-    QueuePair* qp = qp_of(t.qpn);
-    if (!qp || !qp->raw_sent(t.msn)) continue;
-    ++(t.frame.group ? counters_.mcast_tx : counters_.raw_tx);
-    raw_out_.push_back(std::move(t.frame));
+  for (RawFrame& f : raw_pending_) {
+    QueuePair* qp = qp_of(f.qpn);
+    if (!qp || !qp->raw_ready(f.msn)) continue;
+    ++(f.group ? counters_.mcast_tx : counters_.raw_tx);
+    raw_out_.push_back(std::move(f));
   }
   raw_pending_.clear();
+}
+
+void Nic::raw_frames_left(std::span<const std::pair<uint32_t, uint32_t>> qpn_msn) {
+  // A QP destroyed meanwhile is not asked: its frames, gathered already, still leave.
+  for (const auto& [qpn, msn] : qpn_msn)
+    if (QueuePair* qp = qp_of(qpn)) qp->raw_sent(msn);
+  publish_completions();
 }
 
 // --- multicast (verbs-mapping.md §7) ----------------------------------------------------------
@@ -916,7 +925,7 @@ bool Nic::on_datagram(uint32_t src_ip, uint32_t group, std::span<const uint8_t> 
 uint8_t* Nic::datagram_tx_buffer(uint32_t qpn, uint32_t msn, uint32_t group, uint32_t len) {
   uint8_t* p = raw_tx_buffer(qpn, msn, len);
   if (!p) return nullptr;
-  RawFrame& f = raw_pending_.back().frame;
+  RawFrame& f = raw_pending_.back();
   f.group = group;
   // Spread groups and senders over a fabric's ECMP, as a connection's paths are (wire.md §8).
   f.src_port = static_cast<uint16_t>(0xc000 | ((qpn * 2654435761u) >> 18));

@@ -99,10 +99,12 @@ struct NicCounters {
 // A frame a raw QP sent, for the link layer to put on the port (and loop back); or, with a
 // group, the UDP payload of a datagram a UD QP sent to that multicast group (wire.md §8), which
 // the link layer frames to the group's address and delivers to this device's members too.
+// A frame a raw QP sent, or a UD QP's datagram to a group: its WQE completes once it left.
 struct RawFrame {
   std::vector<uint8_t> bytes;
   uint32_t group = 0;
   uint16_t src_port = 0;
+  uint32_t qpn = 0, msn = 0;  // the sender's QP and WQE
 };
 
 struct NicConfig {
@@ -278,6 +280,8 @@ class Nic final : private transport::Host {
   bool on_raw_frame(std::span<const uint8_t> frame);
   // Frames raw QPs sent in the last poll_tx, for the link layer to transmit.
   std::vector<RawFrame> take_raw_frames() { return std::exchange(raw_out_, {}); }
+  // Those frames that left (or were lost, as on a port that is down): each one's WQE completes.
+  void raw_frames_left(std::span<const std::pair<uint32_t, uint32_t>> qpn_msn);
 
   // --- multicast (verbs-mapping.md §7) -------------------------------------------------------
   // ibv_attach_mcast/ibv_detach_mcast of o's UD QP qpn to the IPv4 group `group` (host order).
@@ -453,11 +457,7 @@ class Nic final : private transport::Host {
   FlowTable flows_;
   std::unordered_map<uint32_t, Owner*> flow_owner_;
   bool raw_ethernet_ = true;
-  struct RawTx {
-    uint32_t qpn = 0, msn = 0;
-    RawFrame frame;
-  };
-  std::vector<RawTx> raw_pending_;
+  std::vector<RawFrame> raw_pending_;
   // Multicast groups (host-order address) -> the QPs attached, in attach order.
   std::unordered_map<uint32_t, std::vector<uint32_t>> groups_;
   std::vector<uint32_t> group_scratch_;

@@ -1263,9 +1263,14 @@ uint64_t QueuePair::room_of(const Receive& r) {
   return room;
 }
 
+bool QueuePair::raw_ready(uint32_t msn) const {
+  const SendSlot& s = sq_slots_[msn & sq_mask_];
+  return s.msn == msn && s.submitted && !s.failed && !s.acked && state_ == QpState::kRts;
+}
+
 bool QueuePair::raw_sent(uint32_t msn) {
+  if (!raw_ready(msn)) return false;
   SendSlot& s = sq_slots_[msn & sq_mask_];
-  if (s.msn != msn || !s.submitted || s.failed || s.acked || state_ != QpState::kRts) return false;
   s.acked = true;
   retire_sends();
   return true;

@@ -122,7 +122,9 @@ class QueuePair {
   // A UD QP attached to multicast group `group` (Nic::attach_mcast): a datagram sent to it.
   // True when it took a receive.
   bool deliver_group_datagram(const transport::Segment& seg, uint32_t group);
-  // The frame of send WQE msn was gathered: it completes, unless it failed meanwhile (false).
+  // The frame of send WQE msn was gathered: true unless the WQE failed meanwhile (or the QP).
+  bool raw_ready(uint32_t msn) const;
+  // ... and it left the port: the WQE completes (false when it failed meanwhile).
   bool raw_sent(uint32_t msn);
   // A write deliver() queued could not be done: the memory under the region is gone.
   void placement_failed(uint32_t msn);

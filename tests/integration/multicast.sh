@@ -3,10 +3,12 @@
 # UD multicast (docs/spec/verbs-mapping.md §7, wire.md §8) with unmodified programs over two
 # devices joined by memif: librdmacm's mckey (RDMA CM joins, ibv_attach_mcast, datagrams to
 # QP 0xffffff) with members on the far device and on the sender's own device (the NIC's
-# loopback; the sender's QP blocking its own copies), perftest's UD latency test on a multicast group, the `metaroce stat` counters, and
+# loopback; the sender's QP blocking its own copies), 4000 datagrams posted at once, perftest's
+# UD latency test on a multicast group, the `metaroce stat` counters, and
 # a member killed with SIGKILL while attached: its attachments go with it, the other members
-# still receive; and two-plane devices on the fabric emulator. The group is 230.18.0.0/24's first address (organisation-local multicast, never
-# routed): a group has no address in 198.18.0.0/15, and nothing leaves the memif link.
+# still receive; and two-plane devices on the fabric emulator. The group is 230.18.0.0/24's
+# first address (organisation-local multicast, never routed): a group has no address in
+# 198.18.0.0/15, and nothing leaves the memif link.
 source "$(dirname "$0")/lib.sh"
 make_pair
 GROUP=230.18.0.1
@@ -49,6 +51,17 @@ sleep 0.3
 for d in mrA mrB; do
   [ "$(stat_counter $d mcast_groups)" -eq 0 ] || fail "$d still has groups after its members exited"
 done
+
+# (1b) A bulk: the sender posts 4000 datagrams at once and exits, faster than its port drains.
+# They wait in the device for room on the link (a datagram's WQE completes once it left), so the
+# member gets every one (before, the port's ring overflowed: 1,056 of 4,000 arrived), and the
+# sender's destroying its QP right after posting loses none of what it posted.
+rx0=$(stat_counter mrA mcast_rx)
+start_member bulk 198.18.0.1 1 4000
+timeout 60 mckey -m "$GROUP" -b 198.18.0.2 -s -C 4000 -S 1000 >"$LOGDIR/bulk_sender" 2>&1 ||
+  { cat "$LOGDIR/bulk_sender"; fail "the bulk sender failed"; }
+wait "$PID_bulk" || { cat "$LOGDIR/bulk"; fail "the member got $(( $(stat_counter mrA mcast_rx) - rx0 )) of 4000 datagrams"; }
+[ "$(stat_counter mrB mcast_tx_dropped)" -eq 0 ] || fail "mrB dropped datagrams it sent"
 
 # (2) perftest's UD latency test on a group (-M: its IPv4-mapped GID): both sides attach to that
 # one group, so each also takes its own datagrams back (the NIC's loopback, as on a NIC that

@@ -1033,6 +1033,96 @@ TEST_F(NicTest, BlockSelfMulticastLoopbackKeepsOnlyTheSendersOwnDatagramsFromIt)
   EXPECT_EQ(receivers(c2), want2);
 }
 
+// A sender faster than its port: datagrams to a group wait in the device for room on the link
+// and each WQE completes when its frame left, none lost while the far end drains; a far end that
+// stops draining for more than 100 ms loses the rest, so that no WQE waits forever.
+TEST_F(NicTest, GroupDatagramsWaitForRoomOnThePortAndCompleteAsTheyLeave) {
+  io::MemLinkConfig lc;
+  lc.queue_frames = 16;
+  build(lc);
+  constexpr uint32_t kGroup = 0xE6120005;
+  constexpr int kN = 60;
+  auto sender = extra_qp(a_, QpType::kUd, nullptr);
+  auto member = extra_qp(b_, QpType::kUd, nullptr);
+  bring_up(*sender, 0, 0, 0x11);
+  bring_up(*member, 0, 0, 0x11);
+  ASSERT_EQ(nic(b_).attach_mcast(&b_.owner, member->qpn(), kGroup), 0);
+  for (int i = 0; i < kN; ++i) a_.buf[i * 100] = static_cast<uint8_t>(i + 1);
+  auto post_all = [&](uint64_t base) {
+    for (int i = 0; i < kN; ++i) {
+      RecvWqe r;
+      r.wr_id = base + i;
+      r.num_sge = 1;
+      r.sge[0] = sge(b_, 100000 + i * 200, 200);
+      ASSERT_EQ(member->post_recv(r), 0);
+    }
+    for (int i = 0; i < kN; ++i) {
+      SendWqe s;
+      s.signaled = true;
+      s.num_sge = 1;
+      s.sge[0] = sge(a_, i * 100, 100);
+      s.ud_ip = kGroup;
+      s.ud_qpn = 0xffffff;
+      s.ud_qkey = 0x11;
+      s.wr_id = base + i;
+      ASSERT_EQ(sender->post_send(s), 0);
+    }
+  };
+  auto progress_a_only = [&](int passes, std::chrono::microseconds each) {
+    std::vector<Cqe> got;
+    for (int i = 0; i < passes; ++i) {
+      clock_ += each;
+      a_.dev->progress(clock_);
+      Cqe c[8];
+      const int n = a_.cq->poll(8, c);
+      got.insert(got.end(), c, c + n);
+    }
+    return got;
+  };
+  const auto& link_a = a_.dev->layer->counters();
+  post_all(1000);
+  // The far device does not poll: the link holds 16 frames (an ARP request may be one of them),
+  // and as many WQEs complete, in order.
+  auto first = progress_a_only(50, std::chrono::microseconds(10));
+  ASSERT_GE(first.size(), 15u);
+  ASSERT_LE(first.size(), 16u);
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(first[i].wr_id, 1000 + i);
+    EXPECT_EQ(first[i].status, WcStatus::kSuccess);
+  }
+  EXPECT_EQ(link_a.tx_mcast_dropped, 0u);
+  // Both poll: the rest leave as the far end takes what arrived; every datagram arrives once.
+  std::vector<Cqe> sends = first, recvs;
+  for (int i = 0; i < 20000 && (sends.size() < kN || recvs.size() < kN); ++i) {
+    step();
+    Cqe c[8];
+    int n = a_.cq->poll(8, c);
+    sends.insert(sends.end(), c, c + n);
+    n = b_.cq->poll(8, c);
+    recvs.insert(recvs.end(), c, c + n);
+  }
+  ASSERT_EQ(sends.size(), size_t{kN});
+  ASSERT_EQ(recvs.size(), size_t{kN});
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(sends[i].wr_id, 1000u + i);
+    EXPECT_EQ(recvs[i].status, WcStatus::kSuccess);
+    EXPECT_EQ(recvs[i].byte_len, kGrhLen + 100);
+    EXPECT_EQ(b_.buf[100000 + (recvs[i].wr_id - 1000) * 200 + kGrhLen], i + 1);
+  }
+  EXPECT_EQ(link_a.tx_mcast_dropped, 0u);
+  EXPECT_EQ(nic(b_).counters().mcast_rx_delivered, uint64_t{kN});
+  // The far device stops polling for good: what the link holds leaves, the rest are lost once
+  // the port had no room for 100 ms, and every WQE completes.
+  post_all(2000);
+  auto stuck = progress_a_only(300, std::chrono::milliseconds(1));
+  EXPECT_EQ(stuck.size(), size_t{kN});
+  for (const Cqe& c : stuck) EXPECT_EQ(c.status, WcStatus::kSuccess);
+  auto late = run_until(b_, kN, 2000);
+  EXPECT_GE(late.size(), 15u);
+  EXPECT_LE(late.size(), 16u);
+  EXPECT_EQ(link_a.tx_mcast_dropped, kN - late.size());
+}
+
 TEST_F(NicTest, MulticastGroupsAndMembersAreBoundedAsQueryDeviceSays) {
   auto q = extra_qp(b_, QpType::kUd, nullptr);
   for (uint32_t g = 0; g < hostif::kMaxMcastGroups; ++g)
