@@ -339,12 +339,16 @@ bool LinkLayer::put_raw(const RawFrame& f, bool* lost) {
     std::memcpy(t.data, f.bytes.data(), len);
   }
   t.len = size;
+  // Captured once taken (a frame offered again is not seen twice); the port owns the buffer
+  // then, so a capture keeps a copy.
+  const bool capturing = capture_ && capture_->wants(static_cast<uint8_t>(out - planes_.data()));
+  if (capturing) tap_copy_.assign(t.data, t.data + size);
   if (out->port->tx_try({&t, 1}) == 0) {
     t.len = 0;  // given back unsent
     out->port->tx_burst({&t, 1});
     return false;
   }
-  tap(*out, {t.data, size});
+  if (capturing) tap(*out, tap_copy_);
   ++counters_.tx_frames;
   return true;
 }

@@ -137,6 +137,7 @@ class LinkLayer {
   std::deque<RawFrame> raw_backlog_;
   std::vector<std::pair<uint32_t, uint32_t>> raw_left_;
   transport::Time raw_blocked_since_ = transport::Time::min();
+  std::vector<uint8_t> tap_copy_;
   // Peers whose MAC some Ethernet plane still lacks: when they were first asked for, and last.
   struct Asking {
     transport::Time first = transport::Time::min(), last = transport::Time::min();
