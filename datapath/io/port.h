@@ -80,7 +80,7 @@ class Port {
   // Sends the frames in order while the link has room and returns how many it took; those it did
   // not take stay the caller's (handles kept, nothing counted), to be offered again or given back.
   // How a NIC's own datagrams wait for room instead of being lost (link_layer.cc, send_raw).
-  // Ports that cannot tell take every frame.
+  // Every frame has its len set (none is given back here). Ports that cannot tell take all.
   virtual uint32_t tx_try(std::span<TxFrame> frames) {
     tx_burst(frames);
     return static_cast<uint32_t>(frames.size());

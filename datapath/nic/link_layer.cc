@@ -303,7 +303,7 @@ void LinkLayer::loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_pa
   loop_queue_.push_back(p);
 }
 
-bool LinkLayer::put_raw(const RawFrame& f, bool* lost) {
+LinkLayer::Put LinkLayer::put_raw(const RawFrame& f) {
   // A datagram goes to the group's address on the first plane in service: the fabric (or the
   // peer of a point-to-point link) delivers it to every member. A raw QP's frame is whole already
   // and goes on plane 0.
@@ -318,12 +318,11 @@ bool LinkLayer::put_raw(const RawFrame& f, bool* lost) {
     Plane& pl = planes_[0];
     if (!pl.udp && !pl.quiet && !pl.admin_down && pl.link) out = &pl;
   }
-  *lost = out == nullptr;  // as on a port that is down: the frame is lost, its WQE completes
-  if (!out) return true;
+  if (!out) return Put::kLost;
   const auto len = static_cast<uint32_t>(f.bytes.size());
   const uint32_t size = f.group ? kL2L4Header + len : len;
   io::TxFrame t;
-  if (!out->port->alloc_tx(t, size)) return false;
+  if (!out->port->alloc_tx(t, size)) return Put::kNoRoom;
   if (f.group) {
     wire::UdpFrameParams a;
     a.src_mac = out->port->mac();
@@ -346,11 +345,11 @@ bool LinkLayer::put_raw(const RawFrame& f, bool* lost) {
   if (out->port->tx_try({&t, 1}) == 0) {
     t.len = 0;  // given back unsent
     out->port->tx_burst({&t, 1});
-    return false;
+    return Put::kNoRoom;
   }
   if (capturing) tap(*out, tap_copy_);
   ++counters_.tx_frames;
-  return true;
+  return Put::kLeft;
 }
 
 bool LinkLayer::send_raw(Time now) {
@@ -363,17 +362,15 @@ bool LinkLayer::send_raw(Time now) {
   // At most a burst a pass, so that a long backlog does not hold up receiving.
   while (!raw_backlog_.empty() && raw_left_.size() < kRxBurst) {
     RawFrame& f = raw_backlog_.front();
-    bool lost = false;
-    if (!put_raw(f, &lost)) {
-      if (!stuck) {
-        if (raw_blocked_since_ == Time::min()) raw_blocked_since_ = now;
-        break;
-      }
-      lost = true;
-    } else if (!lost) {
-      raw_blocked_since_ = Time::min();
+    const Put put = put_raw(f);
+    if (put == Put::kNoRoom && !stuck) {
+      if (raw_blocked_since_ == Time::min()) raw_blocked_since_ = now;
+      break;
     }
-    if (lost) ++(f.group ? counters_.tx_mcast_dropped : counters_.tx_raw_dropped);
+    if (put == Put::kLeft)
+      raw_blocked_since_ = Time::min();
+    else  // lost; its WQE completes all the same
+      ++(f.group ? counters_.tx_mcast_dropped : counters_.tx_raw_dropped);
     raw_left_.emplace_back(f.qpn, f.msn);
     // A NIC loops what it sends back to its own rules and multicast members, sent or not.
     (f.group ? mcast_loop_queue_ : raw_loop_queue_).push_back(std::move(f));

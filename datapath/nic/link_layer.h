@@ -114,8 +114,10 @@ class LinkLayer {
   // Frames raw QPs sent (onto plane 0, and back to this device's own flow rules) and UD QPs'
   // datagrams to groups, in the order posted, as the ports have room. True if any left.
   bool send_raw(transport::Time now);
-  // Puts f on its plane; false when the port has no room for it now.
-  bool put_raw(const RawFrame& f, bool* lost);
+  // Puts f on its plane: it left, it is lost (no plane can carry it, as on a port that is down),
+  // or its port has no room for it now.
+  enum class Put { kLeft, kLost, kNoRoom };
+  Put put_raw(const RawFrame& f);
   void resolve(transport::Time now);
   // Asks the port for the peer's next hop on each Ethernet plane with a kernel interface;
   // returns whether some plane's next hop changed (its MAC must be found again).

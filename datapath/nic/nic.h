@@ -99,7 +99,7 @@ struct NicCounters {
 // A frame a raw QP sent, for the link layer to put on the port (and loop back); or, with a
 // group, the UDP payload of a datagram a UD QP sent to that multicast group (wire.md §8), which
 // the link layer frames to the group's address and delivers to this device's members too.
-// A frame a raw QP sent, or a UD QP's datagram to a group: its WQE completes once it left.
+// Its WQE (qpn, msn) completes once it left.
 struct RawFrame {
   std::vector<uint8_t> bytes;
   uint32_t group = 0;
