@@ -67,8 +67,8 @@ struct MessageDesc {
   // The QP's retry limits (verbs retry_cnt and timeout, congestion.md §4.5). The message fails
   // with kRetryExceeded once one of its packets has timed out retry_cnt times, on whatever paths,
   // and the peer has said nothing on any path for `timeout`; at the latest after timeout *
-  // (retry_cnt + 1) of such silence. kEngineRetries: EngineConfig::max_retries. timeout 0: the
-  // count alone decides.
+  // (retry_cnt + 1) of such silence, once the packet was resent (retry_cnt > 0).
+  // kEngineRetries: EngineConfig::max_retries. timeout 0: the count alone decides.
   static constexpr uint8_t kEngineRetries = 0xff;
   uint8_t retry_cnt = kEngineRetries;
   Time timeout{0};

@@ -1957,15 +1957,20 @@ bool EngineImpl::suspect(Time now, Connection& c, uint16_t path) {
 // The QP's retry limits (§4.5): retry_cnt timeouts of one packet, and the peer silent on every
 // path for at least `timeout` (since the message left or since the connection's last ACK
 // progress, whichever is later); in any case once it has been silent for timeout *
-// (retry_cnt + 1). Silence, not the message's age: under heavy random loss a packet may time out
-// many times while the peer keeps answering for the others, and that is not an unreachable peer.
+// (retry_cnt + 1), provided the packet was resent at least once (retry_cnt > 0). Silence, not
+// the message's age: under heavy random loss a packet may time out many times while the peer
+// keeps answering for the others, and that is not an unreachable peer. And silence to a resend:
+// timers that ran late (the engine off the CPU) leave a long silence nobody asked the peer to
+// break, and failing there failed QPs of a loaded host without a single retransmission.
 bool EngineImpl::out_of_retries(const Connection& c, const TxDesc& d, Time now) const {
   const detail::MsgSlot& s = slots_[d.slot];
   const uint32_t limit =
       s.m.retry_cnt == MessageDesc::kEngineRetries ? cfg_.max_retries : s.m.retry_cnt;
   if (s.m.timeout <= Time{0}) return d.rto_retries >= limit;
   const Time silent = now - Time(std::max(s.first_tx_ns, c.last_progress_ns));
-  if (silent >= s.m.timeout * (int64_t{limit} + 1)) return true;
+  if (silent >= s.m.timeout * (int64_t{limit} + 1) && d.rto_retries >= std::min(limit, 1u)) {
+    return true;
+  }
   return d.rto_retries >= limit && silent >= s.m.timeout;
 }
 

@@ -113,6 +113,15 @@ TEST(StallGuard, TimersWaitAfterAStallUntilAQuietPassOrTheLimit) {
   while (!g.begin(t += microseconds(5))) ++held;
   EXPECT_EQ(held, StallGuard::kPasses);
   EXPECT_EQ(g.stalls(), 2u);
+  // Every pass after a stall, none quiet (a host that deschedules the engine between any two
+  // passes): the stalls do not extend the wait, and the timers still run once every kPasses + 1
+  // passes. (Re-arming the wait at each stall held them for as long as this went on.)
+  int fired = 0;
+  for (int i = 0; i < 10 * (StallGuard::kPasses + 1); ++i) fired += g.begin(t += milliseconds(1));
+  EXPECT_EQ(fired, 10);
+  EXPECT_EQ(g.stalls(), 2u + 10 * (StallGuard::kPasses + 1));
+  g.quiet();
+  EXPECT_TRUE(g.begin(t += microseconds(5)));
   // A 1 ms nap woken on time, or early, is no stall; woken 3 ms late, it is.
   const transport::Time nap_start = t;
   g.napped(nap_start + milliseconds(1), nap_start + milliseconds(1) + microseconds(20));
@@ -121,7 +130,7 @@ TEST(StallGuard, TimersWaitAfterAStallUntilAQuietPassOrTheLimit) {
   EXPECT_TRUE(g.begin(t += microseconds(50)));
   g.napped(t + milliseconds(1), t + milliseconds(4));
   EXPECT_FALSE(g.begin(t += milliseconds(4)));
-  EXPECT_EQ(g.stalls(), 3u);
+  EXPECT_EQ(g.stalls(), 13u + 10 * StallGuard::kPasses);
   // Limit 0: never.
   StallGuard off(transport::Time::zero(), t);
   EXPECT_TRUE(off.begin(t += std::chrono::seconds(1)));

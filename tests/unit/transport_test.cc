@@ -150,7 +150,7 @@ class Fabric {
     for (int i = 0; i < 2; ++i) node[i].e->poll_tx(now, *sink[i]);
     Time next = Time::max();
     if (!wire_.empty()) next = wire_.begin()->first;
-    for (auto& n : node) next = std::min(next, n.e->next_deadline());
+    for (auto& n : node) next = std::min(next, std::max(n.e->next_deadline(), timers_held_until));
     if (next == Time::max()) return false;
     now = std::max(now, next);
     while (!wire_.empty() && wire_.begin()->first <= now) {
@@ -162,7 +162,7 @@ class Fabric {
       node[to].e->on_packet(now, node[s.from].ip, s.sport, s.ce, s.bytes, s.plane);
     }
     for (auto& n : node) {
-      if (n.e->next_deadline() <= now) n.e->on_timer(now);
+      if (n.e->next_deadline() <= now && now >= timers_held_until) n.e->on_timer(now);
     }
     return true;
   }
@@ -185,6 +185,7 @@ class Fabric {
   Node node[2];
   EngineConfig cfg;
   Time now{0};
+  Time timers_held_until{0};  // no engine's timers fire before (its owner stalled), packets do
   Time delay = 10us;
   std::function<Time(const Sent&)> extra_delay;
   std::function<Fate(const Sent&)> fate;
@@ -2391,6 +2392,41 @@ TEST(PathFailure, AStreamThatIsGoneFailsAfterItsTimeoutWhileTheConnectionLives) 
   EXPECT_LE(stream1_packets, 8u * 16);
   EXPECT_GT(msn, 20u) << "stream 2 did not progress meanwhile";
   EXPECT_GT(f.node[1].e->stats().drop_unreachable, 0u);
+}
+
+TEST(PathFailure, APacketIsResentBeforeItsQpGivesUpEvenIfTheTimersRanLate) {
+  // The engine's owner did not run the timers for longer than the QP's timeout x (retry_cnt + 1)
+  // (a host that kept the engine off the CPU; the engine's stall guard holding them): the peer
+  // was not silent, nobody asked it again. The lost packet must be resent and its message
+  // complete, not fail with RETRY_EXC at the first expiry with no retransmission at all (what a
+  // loaded host's failover test met: 742 ms of "silence", 0 retries).
+  Fabric f;
+  f.submit(0, 2, 0, 100);
+  f.run();  // RTT samples
+  MessageDesc m;
+  m.peer_ip = kIpB;
+  m.dst_stream = 1001;
+  m.src_stream = 1;
+  m.op = Op::kWrite;
+  m.length = 100;
+  m.cookie = uint64_t{1} << 40;
+  m.retry_cnt = 7;
+  m.timeout = 2ms;
+  f.node[0].host.outgoing[m.cookie] = std::vector<uint8_t>(m.length, 3);
+  bool dropped = false;
+  f.fate = [&](const Sent& s) {
+    if (dropped || s.from != 0 || !wire::is_data_opcode(s.pkt.base.opcode)) return Fate::kDeliver;
+    dropped = true;
+    return Fate::kDrop;
+  };
+  f.timers_held_until = f.now + 20ms;  // more than 2 ms x (7 + 1)
+  f.node[0].e->submit(m);
+  f.run(f.now + 1s);
+  ASSERT_TRUE(dropped);
+  EXPECT_TRUE(f.node[0].host.failed.empty()) << "failed without a resend";
+  ASSERT_EQ(f.node[0].host.acked.size(), 2u);
+  EXPECT_EQ(f.node[0].host.acked.back(), m.cookie);
+  EXPECT_GE(f.node[0].e->stats().timeouts, 1u);
 }
 
 TEST(PathFailure, AStreamThatAppearsLateStillGetsItsMessage) {
