@@ -2347,6 +2347,23 @@ TEST(PathFailure, LastAnsweredTracksAcceptedDataOnly) {
   EXPECT_EQ(f.node[1].e->last_answered(), accepted);
 }
 
+// A WRITE of `length` bytes (each `fill`) from node 0's stream 1 to node 1's stream 1001 with
+// its QP's retry limits (retry_cnt 7, `timeout`), under a cookie apart from Fabric::submit's.
+constexpr uint64_t kQpLimitsCookie = uint64_t{1} << 40;
+void submit_with_qp_limits(Fabric& f, uint32_t length, uint8_t fill, Time timeout) {
+  MessageDesc m;
+  m.peer_ip = kIpB;
+  m.dst_stream = 1001;
+  m.src_stream = 1;
+  m.op = Op::kWrite;
+  m.length = length;
+  m.cookie = kQpLimitsCookie;
+  m.retry_cnt = 7;
+  m.timeout = timeout;
+  f.node[0].host.outgoing[m.cookie] = std::vector<uint8_t>(length, fill);
+  f.node[0].e->submit(m);
+}
+
 TEST(PathFailure, AStreamThatIsGoneFailsAfterItsTimeoutWhileTheConnectionLives) {
   // One connection, two streams (QPs of two processes): stream 1's QP at the receiver is gone,
   // stream 2 keeps the connection busy and answered. Stream 1's message must fail with
@@ -2358,26 +2375,15 @@ TEST(PathFailure, AStreamThatIsGoneFailsAfterItsTimeoutWhileTheConnectionLives) 
   f.node[1].host.verdict = [](const Segment& s) {
     return s.src_stream == 1 ? Syndrome::kUnreachable : Syndrome::kOk;
   };
-  MessageDesc m;
-  m.peer_ip = kIpB;
-  m.dst_stream = 1001;
-  m.src_stream = 1;
-  m.op = Op::kWrite;
-  m.length = 8 * kMtu;
-  constexpr uint64_t kCookie = uint64_t{1} << 40;  // apart from Fabric::submit's
-  m.cookie = kCookie;
-  m.retry_cnt = 7;
-  m.timeout = 2ms;
-  f.node[0].host.outgoing[kCookie] = std::vector<uint8_t>(m.length, 1);
   const Time start = f.now;
-  f.node[0].e->submit(m);
+  submit_with_qp_limits(f, 8 * kMtu, 1, 2ms);
   uint32_t msn = 1;
   Time failed_at = Time::max();
   while (f.now < start + 200ms && failed_at == Time::max()) {
     if (f.node[0].host.acked.size() + 2 > msn) f.submit(0, 2, msn++, 4096);  // stream 2 stays busy
     if (!f.step()) break;
     for (auto& [cookie, why] : f.node[0].host.failed)
-      if (cookie == kCookie) {
+      if (cookie == kQpLimitsCookie) {
         EXPECT_EQ(why, Syndrome::kRetryExceeded);
         failed_at = f.now;
       }
@@ -2403,16 +2409,6 @@ TEST(PathFailure, APacketIsResentBeforeItsQpGivesUpEvenIfTheTimersRanLate) {
   Fabric f;
   f.submit(0, 2, 0, 100);
   f.run();  // RTT samples
-  MessageDesc m;
-  m.peer_ip = kIpB;
-  m.dst_stream = 1001;
-  m.src_stream = 1;
-  m.op = Op::kWrite;
-  m.length = 100;
-  m.cookie = uint64_t{1} << 40;
-  m.retry_cnt = 7;
-  m.timeout = 2ms;
-  f.node[0].host.outgoing[m.cookie] = std::vector<uint8_t>(m.length, 3);
   bool dropped = false;
   f.fate = [&](const Sent& s) {
     if (dropped || s.from != 0 || !wire::is_data_opcode(s.pkt.base.opcode)) return Fate::kDeliver;
@@ -2420,12 +2416,12 @@ TEST(PathFailure, APacketIsResentBeforeItsQpGivesUpEvenIfTheTimersRanLate) {
     return Fate::kDrop;
   };
   f.timers_held_until = f.now + 20ms;  // more than 2 ms x (7 + 1)
-  f.node[0].e->submit(m);
+  submit_with_qp_limits(f, 100, 3, 2ms);
   f.run(f.now + 1s);
   ASSERT_TRUE(dropped);
   EXPECT_TRUE(f.node[0].host.failed.empty()) << "failed without a resend";
   ASSERT_EQ(f.node[0].host.acked.size(), 2u);
-  EXPECT_EQ(f.node[0].host.acked.back(), m.cookie);
+  EXPECT_EQ(f.node[0].host.acked.back(), kQpLimitsCookie);
   EXPECT_GE(f.node[0].e->stats().timeouts, 1u);
 }
 
@@ -2435,17 +2431,7 @@ TEST(PathFailure, AStreamThatAppearsLateStillGetsItsMessage) {
   Fabric f;
   bool exists = false;
   f.node[1].host.verdict = [&](const Segment&) { return exists ? Syndrome::kOk : Syndrome::kUnreachable; };
-  MessageDesc m;
-  m.peer_ip = kIpB;
-  m.dst_stream = 1001;
-  m.src_stream = 1;
-  m.op = Op::kWrite;
-  m.length = 3 * kMtu;
-  m.cookie = uint64_t{1} << 40;
-  m.retry_cnt = 7;
-  m.timeout = 5ms;
-  f.node[0].host.outgoing[m.cookie] = std::vector<uint8_t>(m.length, 2);
-  f.node[0].e->submit(m);
+  submit_with_qp_limits(f, 3 * kMtu, 2, 5ms);
   f.run(f.now + 4ms);
   EXPECT_TRUE(f.node[0].host.acked.empty());
   exists = true;
@@ -2463,17 +2449,7 @@ TEST(PathFailure, TheQpsTimeoutBoundsWhenRetriesRunOut) {
   for (Time timeout : {Time(1ms), Time(40ms)}) {
     Fabric f(cfg);
     f.fate = [](const Sent& s) { return s.from == 0 ? Fate::kDrop : Fate::kDeliver; };
-    MessageDesc m;
-    m.peer_ip = kIpB;
-    m.dst_stream = 1000;
-    m.src_stream = 1;
-    m.op = Op::kWrite;
-    m.length = 0;
-    m.cookie = 77;
-    m.retry_cnt = 7;
-    m.timeout = timeout;
-    f.node[0].host.outgoing[77] = {};
-    f.node[0].e->submit(m);
+    submit_with_qp_limits(f, 0, 0, timeout);
     Time failed_at = Time::max();
     while (f.now < 1s && f.step()) {
       if (!f.node[0].host.failed.empty()) {
