@@ -121,19 +121,29 @@ echo "failover: paths failed or timed out on hosts 0 and 2: $f0 -> $f1"
 [ "$f1" -gt "$f0" ] || fail "the link went down after the transfer, or MetaRoCE never noticed"
 # Operator tools. A core link flaps under a ping-pong while the UDP host captures its frames
 # and logs its path events: probes and failover copies join the capture.
-tb_exec $TB 2 "$METAROCE" capture rn2 -w "$LOGDIR/flap.pcap" -s 256 -d 4 2>"$LOGDIR/capture_flap" &
+# Both run until the flaps are over (-d: a bound should the test lose them).
+tb_exec $TB 2 "$METAROCE" capture rn2 -w "$LOGDIR/flap.pcap" -s 256 -d 60 2>"$LOGDIR/capture_flap" &
 CAP=$!
-tb_exec $TB 2 "$METAROCE" events rn2 -d 4 >"$LOGDIR/events" &
+tb_exec $TB 2 "$METAROCE" events rn2 -d 60 >"$LOGDIR/events" &
 EV=$!
 sleep 0.3
-# Mid-run (a connection exists only while QPs ride it), the Prometheus export too.
-( sleep 0.5; tb_exec $TB 2 "$METAROCE" export >"$LOGDIR/metrics"
+# Mid-run (a connection exists only while QPs ride it), the Prometheus export too; the links
+# flap once it shows the connection's paths (a loaded host may take seconds to connect).
+PATH_LINE='^metaroce_path_tx_packets_total{device="rn2",peer="198.18.1.1"'
+( for _ in $(seq 200); do
+    sleep 0.1
+    tb_exec $TB 2 "$METAROCE" export >"$LOGDIR/metrics"
+    grep -q "$PATH_LINE" "$LOGDIR/metrics" && break
+  done
   sleep 0.2; tb_link $TB 0 2 0 down; tb_link $TB 1 2 1 down; sleep 1.2
-  tb_link $TB 0 2 0 up; tb_link $TB 1 2 1 up ) &
-PIDS+=($!)
+  tb_link $TB 0 2 0 up; tb_link $TB 1 2 1 up; sleep 0.5 ) &
+FLAP=$!
+PIDS+=($FLAP)
 port=$((port + 1))
 hpair flap $port 60 0 2 -- ibv_rc_pingpong -g 0 -d rn0 -p $port -c -n 3000 -s 4096 \
   -- ibv_rc_pingpong -g 0 -d rn2 -p $port -c -n 3000 -s 4096 SERVER_ADDR
+wait $FLAP
+pkill -INT -P $CAP; pkill -INT -P $EV
 wait $CAP $EV
 cat "$LOGDIR/capture_flap"
 grep -c . "$LOGDIR/events" | sed 's/^/path events logged: /'
@@ -176,7 +186,7 @@ echo "tshark decoded $(wc -l <"$LOGDIR/fields") MetaRoCE packets, every field pr
 # The Prometheus exposition passes promtool's checks, printed and served over HTTP.
 promtool check metrics <"$LOGDIR/metrics" >"$LOGDIR/promtool" 2>&1 ||
   fail "promtool check metrics: $(head -20 "$LOGDIR/promtool")"
-grep -q '^metaroce_path_tx_packets_total{device="rn2",peer="198.18.1.1"' "$LOGDIR/metrics" ||
+grep -q "$PATH_LINE" "$LOGDIR/metrics" ||
   fail "no per-path counters in the export"
 tb_exec $TB 2 "$METAROCE" export --listen 198.19.255.3:9477 &
 EXP=$!
