@@ -514,6 +514,9 @@ void HostEngine::datapath_main() {
     // for; on two links of this engine, the peer's packets not yet even answered) is read
     // before any timer fires.
     const bool timers = stalls.begin(t);
+    // The peers' silence does not count that time against them either (congestion.md §4.5).
+    if (const auto from = stalls.stalled_from())
+      for (Link* l : active_) l->nic->transport().stalled(*from, t);
     bool work = false;
     for (Link* l : active_) {
       work |= l->layer->poll(t, timers);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 
 #include "datapath/transport/engine.h"
 
@@ -27,6 +28,7 @@ class StallGuard {
   // held the timers as long as passes found work (742 ms once: a lost packet was not resent).
   bool begin(Time t) {
     const bool stalled = limit_ > Time::zero() && t - last_ > limit_;
+    stalled_from_ = stalled ? std::optional<Time>(last_) : std::nullopt;
     last_ = t;
     if (stalled) ++stalls_;
     if (stalled && !waiting_) {
@@ -47,6 +49,9 @@ class StallGuard {
   // stall, waking later than it asked is.
   void napped(Time meant, Time now) { last_ = std::min(meant, now); }
   uint64_t stalls() const { return stalls_; }
+  // Where the stall the last begin() found began (it ended there); nullopt: that pass followed
+  // no stall.
+  std::optional<Time> stalled_from() const { return stalled_from_; }
 
  private:
   Time limit_;
@@ -54,6 +59,7 @@ class StallGuard {
   bool waiting_ = false;  // the timers wait for a quiet pass, held_ passes so far
   int held_ = 0;
   uint64_t stalls_ = 0;
+  std::optional<Time> stalled_from_;
 };
 
 }  // namespace metaroce::engine

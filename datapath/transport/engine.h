@@ -297,6 +297,10 @@ class Engine {
   // packet of a forgotten peer direction is dropped (drop_forgotten), never taken for a new one.
   // Returns how many were forgotten. Called periodically by the NIC's owner.
   virtual size_t sweep_idle(Time now, size_t max_visits) = 0;
+  // The engine's owner did not run between from and to (its thread off the CPU, the host or VM
+  // paused): the peers' silence is measured without that time (congestion.md §4.5), since
+  // nothing they sent was read and nobody asked them again meanwhile. Calls come in time order.
+  virtual void stalled(Time from, Time to) = 0;
 };
 
 }  // namespace metaroce::transport

@@ -1967,11 +1967,37 @@ bool EngineImpl::out_of_retries(const Connection& c, const TxDesc& d, Time now) 
   const uint32_t limit =
       s.m.retry_cnt == MessageDesc::kEngineRetries ? cfg_.max_retries : s.m.retry_cnt;
   if (s.m.timeout <= Time{0}) return d.rto_retries >= limit;
-  const Time silent = now - Time(std::max(s.first_tx_ns, c.last_progress_ns));
+  const Time since(std::max(s.first_tx_ns, c.last_progress_ns));
+  const Time silent = now - since - stalled_since(since);
   if (silent >= s.m.timeout * (int64_t{limit} + 1) && d.rto_retries >= std::min(limit, 1u)) {
     return true;
   }
   return d.rto_retries >= limit && silent >= s.m.timeout;
+}
+
+void EngineImpl::stalled(Time from, Time to) {
+  if (to <= from) return;
+  const Stall st{from.count(), to.count()};
+  if (stall_log_.size() < kStallLog) {
+    stall_log_.push_back(st);
+    return;
+  }
+  stall_log_[stall_next_] = st;
+  stall_next_ = (stall_next_ + 1) % kStallLog;
+}
+
+// How long the owner stalled after `since`: a silence that long was not the peer's.
+Time EngineImpl::stalled_since(Time since) const {
+  int64_t total = 0;
+  const size_t n = stall_log_.size();
+  // Newest first; the log is in time order, so the walk stops at the first stall that ended
+  // before `since`. Stalls are rare next to timeouts (at most one per engine pass).
+  for (size_t i = 0; i < n; ++i) {
+    const Stall& st = stall_log_[(stall_next_ + n - 1 - i) % n];
+    if (st.to_ns <= since.count()) break;
+    total += st.to_ns - std::max(st.from_ns, since.count());
+  }
+  return Time(total);
 }
 
 void EngineImpl::path_recovered(Time now, Connection& c, uint16_t path, int64_t sample) {

@@ -242,6 +242,7 @@ class EngineImpl final : public Engine {
   void reject(const RxRef& ref, Syndrome why) override;
   const EngineStats& stats() const override { return stats_; }
   Time last_answered() const override { return last_answered_; }
+  void stalled(Time from, Time to) override;
   bool set_lane(Time now, uint32_t peer_ip, uint32_t lane, const LaneProfile& profile) override;
   void close_lane(uint32_t peer_ip, uint32_t lane) override;
   void set_plane_up(Time now, uint8_t plane, bool up) override;
@@ -397,6 +398,7 @@ class EngineImpl final : public Engine {
   void fail_path(Time now, Connection& c, uint16_t path, bool count = true);
   bool suspect(Time now, Connection& c, uint16_t path);
   bool out_of_retries(const Connection& c, const TxDesc& d, Time now) const;
+  Time stalled_since(Time since) const;
   uint16_t overflow_path(const Connection& c) const;
   void path_recovered(Time now, Connection& c, uint16_t path, int64_t sample);
   void reinstate(Time now, Connection& c, uint16_t path);
@@ -471,6 +473,14 @@ class EngineImpl final : public Engine {
   std::vector<uint64_t> tombstone_ring_;
   size_t tombstone_next_ = 0;
   size_t sweep_next_ = 0;                   // sweep_idle's place in conn_list_
+  // The owner's stalls (stalled()), oldest first, the last kStallLog of them: a silence that
+  // began before the oldest counts the stalls kept, so forgetting errs on the side of failing.
+  struct Stall {
+    int64_t from_ns, to_ns;
+  };
+  static constexpr size_t kStallLog = 256;
+  std::vector<Stall> stall_log_;  // a ring once full
+  size_t stall_next_ = 0;
 };
 
 }  // namespace metaroce::transport

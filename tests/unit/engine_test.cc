@@ -100,10 +100,15 @@ TEST(StallGuard, TimersWaitAfterAStallUntilAQuietPassOrTheLimit) {
   EXPECT_TRUE(g.begin(t += microseconds(10)));
   EXPECT_TRUE(g.begin(t += microseconds(250))) << "exactly the limit is no stall";
   EXPECT_EQ(g.stalls(), 0u);
-  // A stall, then passes with work: held until one is quiet.
+  EXPECT_FALSE(g.stalled_from());
+  // A stall, then passes with work: held until one is quiet. The stall's span is told once,
+  // for the transport to leave out of its peers' silence.
+  const transport::Time before_stall = t;
   EXPECT_FALSE(g.begin(t += milliseconds(100)));
   EXPECT_EQ(g.stalls(), 1u);
+  EXPECT_EQ(g.stalled_from(), before_stall);
   EXPECT_FALSE(g.begin(t += microseconds(5)));
+  EXPECT_FALSE(g.stalled_from());
   EXPECT_FALSE(g.begin(t += microseconds(5)));
   g.quiet();
   EXPECT_TRUE(g.begin(t += microseconds(5)));
@@ -129,7 +134,9 @@ TEST(StallGuard, TimersWaitAfterAStallUntilAQuietPassOrTheLimit) {
   g.napped(t + milliseconds(1), t + microseconds(40));
   EXPECT_TRUE(g.begin(t += microseconds(50)));
   g.napped(t + milliseconds(1), t + milliseconds(4));
+  const transport::Time meant_to_wake = t + milliseconds(1);
   EXPECT_FALSE(g.begin(t += milliseconds(4)));
+  EXPECT_EQ(g.stalled_from(), meant_to_wake) << "the stall began when the nap should have ended";
   EXPECT_EQ(g.stalls(), 13u + 10 * StallGuard::kPasses);
   // Limit 0: never.
   StallGuard off(transport::Time::zero(), t);

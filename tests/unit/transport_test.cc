@@ -2425,6 +2425,62 @@ TEST(PathFailure, APacketIsResentBeforeItsQpGivesUpEvenIfTheTimersRanLate) {
   EXPECT_GE(f.node[0].e->stats().timeouts, 1u);
 }
 
+TEST(PathFailure, AStallOfTheWholeHostIsNotThePeersSilence) {
+  // Both engines off the CPU for 600 ms (a loaded host or a paused VM) with a WRITE in flight,
+  // its QP's limits those of ibv_rc_pingpong (timeout 14 = 67 ms, retry_cnt 7: 537 ms of
+  // silence), and the peer slow to answer once back (3 ms: its own backlog first). The sender's
+  // first expiry after the stall resends; the next, a back-off later, came after 537 ms of
+  // wall-clock silence, so it failed the QP (realnet's pp_dpdk in CI: RETRY_EXC on both sides
+  // of a ping-pong between two live engines). Told of its stall, the sender counts the silence
+  // from the end of it and the WRITE completes. Not told (the control), it fails as before.
+  const Time timeout(int64_t{4096} << 14);
+  for (bool told : {true, false}) {
+    Fabric f;
+    f.submit(0, 2, 0, 100);
+    f.run();  // RTT samples
+    const Time stall_from = f.now, stall_to = f.now + 600ms;
+    f.extra_delay = [&](const Sent& s) {
+      // Node 1 reads nothing that node 0 sent until 3 ms after the stall.
+      return s.from == 0 && f.now < stall_to + 3ms ? stall_to + 3ms - f.now : Time{0};
+    };
+    f.timers_held_until = stall_to;
+    submit_with_qp_limits(f, 100, 4, timeout);
+    if (told) f.node[0].e->stalled(stall_from, stall_to);
+    f.run(f.now + 2s);
+    if (!told) {
+      ASSERT_EQ(f.node[0].host.failed.size(), 1u) << "the control no longer fails: the test shows nothing";
+      EXPECT_EQ(f.node[0].host.failed[0].second, Syndrome::kRetryExceeded);
+      continue;
+    }
+    EXPECT_TRUE(f.node[0].host.failed.empty());
+    ASSERT_EQ(f.node[0].host.acked.size(), 2u);
+    EXPECT_EQ(f.node[0].host.acked.back(), kQpLimitsCookie);
+    EXPECT_GE(f.node[0].e->stats().timeouts, 1u);
+  }
+  // A stall tells nothing about a peer that is really gone: it still fails, its silence
+  // counted from the end of the stall (no sooner than `timeout` after it, as TheQpsTimeout-
+  // BoundsWhenRetriesRunOut, where untold it fails within milliseconds of the stall's end).
+  Fabric f;
+  f.submit(0, 2, 0, 100);
+  f.run();
+  const Time stall_to = f.now + 600ms;
+  f.fate = [](const Sent& s) { return s.from == 0 ? Fate::kDrop : Fate::kDeliver; };
+  f.timers_held_until = stall_to;
+  submit_with_qp_limits(f, 100, 5, timeout);
+  f.node[0].e->stalled(f.now, stall_to);
+  Time failed_at = Time::max();
+  while (f.now < stall_to + 2s && f.step()) {
+    if (!f.node[0].host.failed.empty()) {
+      failed_at = f.now;
+      break;
+    }
+  }
+  ASSERT_NE(failed_at, Time::max());
+  EXPECT_EQ(f.node[0].host.failed[0].second, Syndrome::kRetryExceeded);
+  EXPECT_GE(failed_at, stall_to + timeout);
+  EXPECT_LE(failed_at, stall_to + timeout * 8 + f.cfg.rto_max);
+}
+
 TEST(PathFailure, AStreamThatAppearsLateStillGetsItsMessage) {
   // A sender a little ahead of its peer's QP (it exists a few milliseconds later): the message
   // waits out the unreachable answers and completes.
