@@ -33,8 +33,9 @@ constexpr const char* kUsage =
     "2-3); --spin always never sleeps (lowest latency, a whole core), adaptive (default) spins\n"
     "--spin-us microseconds (20) after the last work and then naps. After a pass that came\n"
     "more than --stall-us microseconds (250; 0: never) after the one before, the transport's\n"
-    "timers wait until what arrived meanwhile is read (16 passes at most). --kernel-devices serve\n"
-    "(default for /run/metaroce, where the metaroce_ib module is loaded) serves the devices\n"
+    "timers wait until what arrived meanwhile is read (16 passes at most), and the QPs' retry\n"
+    "limits do not count that time as the peers' silence. --kernel-devices serve (default for\n"
+    "/run/metaroce, where the metaroce_ib module is loaded) serves the devices\n"
     "`rdma link add NAME type metaroce netdev IF` creates. --daemon detaches once the engine\n"
     "serves, logging to FILE (default DIR/engine.log).\n";
 

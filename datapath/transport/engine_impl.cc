@@ -1961,7 +1961,9 @@ bool EngineImpl::suspect(Time now, Connection& c, uint16_t path) {
 // the message's age: under heavy random loss a packet may time out many times while the peer
 // keeps answering for the others, and that is not an unreachable peer. And silence to a resend:
 // timers that ran late (the engine off the CPU) leave a long silence nobody asked the peer to
-// break, and failing there failed QPs of a loaded host without a single retransmission.
+// break, and failing there failed QPs of a loaded host without a single retransmission. Nor
+// the time the engine itself was stalled (stalled()): a whole host paused for longer than the
+// limit would otherwise fail the QP at the expiry after the first resend.
 bool EngineImpl::out_of_retries(const Connection& c, const TxDesc& d, Time now) const {
   const detail::MsgSlot& s = slots_[d.slot];
   const uint32_t limit =
@@ -1991,7 +1993,7 @@ Time EngineImpl::stalled_since(Time since) const {
   int64_t total = 0;
   const size_t n = stall_log_.size();
   // Newest first; the log is in time order, so the walk stops at the first stall that ended
-  // before `since`. Stalls are rare next to timeouts (at most one per engine pass).
+  // before `since` (at most kStallLog steps, and only when a packet's timer expired).
   for (size_t i = 0; i < n; ++i) {
     const Stall& st = stall_log_[(stall_next_ + n - 1 - i) % n];
     if (st.to_ns <= since.count()) break;
