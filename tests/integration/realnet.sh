@@ -16,14 +16,19 @@ source "$(dirname "$0")/../testbed/testbed.sh"
 TB=n$$
 TB_STATE_ROOT=$METAROCE_RUNDIR
 # On failure each host's engine log goes with the others (cleanup prints them all).
+# With each host's counters (timeouts, paths failed, stalls), read before the testbed goes.
 save_engine_logs() {
-  local d
+  local d h
   for d in "$TB_STATE_ROOT/rn-testbed-$TB"/run-h*; do
-    [ -f "$d/engine.log" ] && cp "$d/engine.log" "$LOGDIR/engine-h${d##*run-h}"
+    h=${d##*run-h}
+    [ -f "$d/engine.log" ] && cp "$d/engine.log" "$LOGDIR/engine-h$h"
+    tb_exec $TB "$h" timeout 10 "$METAROCE" stat rn$h >"$LOGDIR/stat-h$h" 2>&1
   done
   return 0
 }
-trap 'rc=$?; [ $rc -ne 0 ] && save_engine_logs; tb_down $TB; (exit $rc); cleanup' EXIT
+# set +e: under the errexit of lib.sh, `(exit $rc)` ended the trap before cleanup printed the
+# logs (a failed run showed none, not even the engines').
+trap 'rc=$?; set +e; [ $rc -ne 0 ] && save_engine_logs; tb_down $TB; (exit $rc); cleanup' EXIT
 trap 'exit 143' TERM INT  # meson's timeout: the EXIT trap still removes the namespaces
 PROG="$BUILD/tests/integration/integrity"
 
@@ -56,8 +61,9 @@ hpair() {
   tb_exec $TB "$hc" timeout "$limit" "$METAROCE" exec -- "${client[@]}" >"$LOGDIR/$name.client" 2>&1 || crc=$?
   wait $spid || src=$?
   if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
-    echo "== $name server (exit $src)"; tail -n 20 "$LOGDIR/$name.server"
-    echo "== $name client (exit $crc)"; tail -n 20 "$LOGDIR/$name.client"
+    # Whole (a few dozen lines): a program's errors come first, before its buffered stdout.
+    echo "== $name server (exit $src)"; tail -n 80 "$LOGDIR/$name.server"
+    echo "== $name client (exit $crc)"; tail -n 80 "$LOGDIR/$name.client"
     fail "$name: server exit $src, client exit $crc"
   fi
 }
