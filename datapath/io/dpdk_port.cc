@@ -8,9 +8,13 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/if_packet.h>
+#include <linux/if_xdp.h>
+#include <net/if.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -58,6 +62,11 @@ constexpr uint32_t kAfXdpMaxFrame = kAfXdpDataRoom - RTE_PKTMBUF_HEADROOM - kXdp
 static_assert(kAfXdpMaxMtu + kEthHeader == kAfXdpMaxFrame);
 constexpr uint32_t kBurst = 64;             // mbuf pointers handled per DPDK call
 constexpr unsigned kPoolCache = 256;
+// How often a port whose kernel TX ring may hold frames the PMD left there kicks it again, and
+// for how long after its last burst an af_packet port keeps doing so (DpdkPort::kick_late).
+constexpr auto kKickEvery = std::chrono::microseconds(100);
+constexpr auto kKickFor = std::chrono::milliseconds(50);
+constexpr int kMaxKicks = 64;  // kicks in a row while the kernel keeps taking frames
 constexpr auto kLinkWait = std::chrono::milliseconds(250);  // a peer already listening connects
                                                            // well within this on these machines
 
@@ -126,6 +135,31 @@ void mark_cloexec(const std::set<int>& last_seen, const std::set<int>& op_start)
   }
 }
 
+// The socket the af_packet or af_xdp PMD opened for the queue on `iface`: for af_packet the
+// AF_PACKET socket bound to it (the PMD keeps another, unbound, for ioctls); for af_xdp the
+// AF_XDP socket that appeared since `before` (an XSK socket does not say its interface). -1 if
+// none. No other part of the engine opens sockets of either family.
+int pmd_queue_socket(const std::string& iface, bool af_xdp, const std::set<int>& before) {
+  const unsigned index = if_nametoindex(iface.c_str());
+  if (index == 0) return -1;
+  for (int fd : open_fds()) {
+    int domain = 0;
+    socklen_t len = sizeof(domain);
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0) continue;
+    if (af_xdp) {
+      if (domain == AF_XDP && !before.contains(fd)) return fd;
+      continue;
+    }
+    if (domain != AF_PACKET) continue;
+    sockaddr_ll sll{};
+    len = sizeof(sll);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&sll), &len) == 0 &&
+        sll.sll_ifindex == static_cast<int>(index))
+      return fd;
+  }
+  return -1;
+}
+
 // --- EAL ---------------------------------------------------------------------------------------
 
 // "0-3,6": the CPUs this thread may run on, in EAL's cpu-set syntax.
@@ -150,6 +184,7 @@ struct DeviceEntry {
   std::string devargs;  // as probed; a different string for the same name re-probes
   uint16_t port = 0;
   bool open = false;
+  int queue_socket = -1;  // af_packet, af_xdp: the PMD's queue socket (DpdkPort::kick_late)
   rte_mempool* pool = nullptr;
   uint32_t buf_size = 0;  // data bytes per mbuf of `pool`
 };
@@ -327,6 +362,7 @@ class DpdkPort final : public Port {
         kernel_(std::move(kernel)) {}
 
   ~DpdkPort() override {
+    if (xsk_map_ != nullptr) munmap(xsk_map_, xsk_map_len_);
     std::string why;
     Eal::get().run(hugepages_, [&] {
       // Stopped, not removed: a later open of the same device string restarts it (hot-plug
@@ -371,6 +407,7 @@ class DpdkPort final : public Port {
 
   uint32_t rx_burst(std::span<RxFrame> out) override {
     ensure_registered();
+    if (kick_pending_) kick_late();
     rte_mbuf* mbufs[kBurst];
     uint32_t filled = 0, bad = 0;
     uint64_t bytes = 0;
@@ -474,6 +511,10 @@ class DpdkPort final : public Port {
     }
     tx_frames_.fetch_add(sent_frames, std::memory_order_relaxed);
     tx_bytes_.fetch_add(sent_bytes, std::memory_order_relaxed);
+    if (kick_fd_ >= 0 && sent_frames != 0) {
+      kick_pending_ = true;
+      last_tx_ = last_kick_ = std::chrono::steady_clock::now();  // the PMD has just kicked
+    }
     if (dropped != 0) tx_dropped_.fetch_add(dropped, std::memory_order_relaxed);
     return static_cast<uint32_t>(sent_frames);
   }
@@ -491,6 +532,7 @@ class DpdkPort final : public Port {
     s.tx_frames = tx_frames_.load(std::memory_order_relaxed);
     s.tx_bytes = tx_bytes_.load(std::memory_order_relaxed);
     s.tx_dropped = tx_dropped_.load(std::memory_order_relaxed);
+    s.tx_late_kicks = tx_late_kicks_.load(std::memory_order_relaxed);
     rte_eth_stats es{};
     const uint64_t pmd_missed = rte_eth_stats_get(port_, &es) == 0 ? es.imissed + es.rx_nombuf : 0;
     s.rx_missed = pmd_missed + rx_unusable_.load(std::memory_order_relaxed);
@@ -498,8 +540,77 @@ class DpdkPort final : public Port {
   }
 
   void set_pool(rte_mempool* pool) { pool_ = pool; }
+  // The queue's kernel socket, which kick_late() kicks (af_packet, af_xdp). For af_xdp, the
+  // indices of its TX ring, mapped read-only, say whether the kernel has taken every frame.
+  bool set_kick_socket(int fd, bool af_xdp) {
+    if (af_xdp) {
+      xdp_mmap_offsets off{};
+      socklen_t len = sizeof(off);
+      if (getsockopt(fd, SOL_XDP, XDP_MMAP_OFFSETS, &off, &len) != 0) return false;
+      void* map = mmap(nullptr, off.tx.desc, PROT_READ, MAP_SHARED, fd, XDP_PGOFF_TX_RING);
+      if (map == MAP_FAILED) return false;
+      xsk_map_ = map;
+      xsk_map_len_ = off.tx.desc;
+      const auto* base = static_cast<const uint8_t*>(map);
+      xsk_prod_ = reinterpret_cast<const uint32_t*>(base + off.tx.producer);
+      xsk_cons_ = reinterpret_cast<const uint32_t*>(base + off.tx.consumer);
+    }
+    kick_fd_ = fd;
+    return true;
+  }
 
  private:
+  // Frames the PMD handed the kernel's TX ring that the kernel has not taken yet; -1 where the
+  // port cannot tell (af_packet).
+  int64_t xsk_tx_pending() const {
+    if (xsk_prod_ == nullptr) return -1;
+    const uint32_t prod = __atomic_load_n(xsk_prod_, __ATOMIC_ACQUIRE);
+    const uint32_t cons = __atomic_load_n(xsk_cons_, __ATOMIC_ACQUIRE);
+    return static_cast<uint32_t>(prod - cons);
+  }
+
+  // Both kernel-ring PMDs of DPDK 22.11 put a burst in the kernel's TX ring and then kick the
+  // kernel with a non-blocking send, and both can leave frames in the ring that only the next
+  // burst's kick sends: af_packet when that send stops early (EAGAIN: the socket's buffer is
+  // full of frames still inside the kernel; ENOBUFS: the device refused one) yet the PMD
+  // reports the whole burst sent; af_xdp in copy mode, where the kernel sends at most a batch
+  // per kick and the PMD's kick can end before the ring is empty. With one packet in flight
+  // there is no next burst until a retransmission timer fires. Measured in realnet (af_xdp
+  // host, Linux 6.18, four engines on two cores): after a bulk transfer, frames reached the
+  // router up to 2.4 s after the engine sent them, a ping-pong behind them ended with
+  // RETRY_EXC, and probes could not bring failed paths back. So the port kicks the ring again
+  // every kKickEvery while frames wait in it (af_xdp: its indices say so), or for kKickFor after
+  // a burst (af_packet: until a kick sends nothing). A kick that found frames waiting is
+  // counted (tx_late_kicks).
+  void kick_late() {
+    const auto t = std::chrono::steady_clock::now();
+    int64_t pending = xsk_tx_pending();
+    if (pending == 0) {
+      kick_pending_ = false;
+      return;
+    }
+    if (t - last_kick_ < kKickEvery) return;
+    last_kick_ = t;
+    if (pending > 0) {
+      // Linux 6.18 takes about ten frames per kick of a veth's XSK ring in copy mode and
+      // reports success: kick while the kernel keeps taking them.
+      tx_late_kicks_.fetch_add(1, std::memory_order_relaxed);
+      for (int i = 0; i < kMaxKicks && pending > 0; ++i) {
+        sendto(kick_fd_, nullptr, 0, MSG_DONTWAIT, nullptr, 0);
+        const int64_t left = xsk_tx_pending();
+        if (left >= pending) break;
+        pending = left;
+      }
+      return;
+    }
+    const ssize_t sent = sendto(kick_fd_, nullptr, 0, MSG_DONTWAIT, nullptr, 0);
+    if (sent > 0) {
+      tx_late_kicks_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    if (sent == 0 || t - last_tx_ > kKickFor) kick_pending_ = false;
+  }
+
   const std::string name_;
   const uint16_t port_;
   const bool hugepages_;
@@ -508,7 +619,14 @@ class DpdkPort final : public Port {
   rte_mempool* pool_ = nullptr;
   mutable std::atomic<bool> was_up_{false};
   std::atomic<uint64_t> rx_frames_{0}, rx_bytes_{0}, tx_frames_{0}, tx_bytes_{0};
-  std::atomic<uint64_t> tx_dropped_{0}, rx_unusable_{0};
+  std::atomic<uint64_t> tx_dropped_{0}, rx_unusable_{0}, tx_late_kicks_{0};
+  int kick_fd_ = -1;  // owned by the PMD
+  bool kick_pending_ = false;
+  void* xsk_map_ = nullptr;  // af_xdp: the TX ring's head, read-only
+  size_t xsk_map_len_ = 0;
+  const uint32_t* xsk_prod_ = nullptr;
+  const uint32_t* xsk_cons_ = nullptr;
+  std::chrono::steady_clock::time_point last_tx_{}, last_kick_{};
 };
 
 // rte_dev_probe returns -1 when the driver rejects its arguments, -errno otherwise.
@@ -735,6 +853,23 @@ std::unique_ptr<Port> open_dpdk_port(const DpdkPortConfig& cfg, std::string* err
     entry.open = true;
     result = std::make_unique<DpdkPort>(name, port, cfg.hugepages, mac, std::move(kernel));
     result->set_pool(entry.pool);
+    if (af_xdp || name.starts_with("net_af_packet")) {
+      // See DpdkPort::kick_late. For af_packet, a send buffer that holds the whole ring makes
+      // early stops rare (the default, ~200 KB, is ~45 frames of a 3442-byte MTU).
+      // An XSK socket outlives a stopped port (and is then no longer new); af_packet's stop
+      // closes its socket, so it is looked for again.
+      if (!af_xdp || entry.queue_socket < 0)
+        entry.queue_socket = pmd_queue_socket(iface, af_xdp, before);
+      const int fd = entry.queue_socket;
+      if (fd >= 0 && !af_xdp) {
+        const int want = static_cast<int>(kAfPacketFrames * (cfg.mtu + kEthHeader + 1024));
+        if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &want, sizeof(want)) != 0)
+          setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof(want));
+      }
+      if (fd < 0 || !result->set_kick_socket(fd, af_xdp))
+        log(RTE_LOG_WARNING, "metaroce.io: %s: the queue's socket on %s not found; frames the "
+            "kernel leaves in its TX ring wait for the next burst\n", name.c_str(), iface.c_str());
+    }
     mark_cloexec(eal.fds_after_last_op, before);
     eal.fds_after_last_op = open_fds();
     log(RTE_LOG_INFO, "metaroce.io: %s is port %u, link %s\n", name.c_str(), port,

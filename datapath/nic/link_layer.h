@@ -46,6 +46,21 @@ class LinkLayer {
   bool poll(transport::Time now, bool timers = true);
   size_t planes() const { return planes_.size(); }
   const LinkCounters& counters() const { return counters_; }
+  // The ports' own counters, summed over the planes (io::PortStats).
+  io::PortStats port_stats() const {
+    io::PortStats sum;
+    for (const Plane& pl : planes_) {
+      const io::PortStats s = pl.port->stats();
+      sum.rx_frames += s.rx_frames;
+      sum.rx_bytes += s.rx_bytes;
+      sum.tx_frames += s.tx_frames;
+      sum.tx_bytes += s.tx_bytes;
+      sum.tx_dropped += s.tx_dropped;
+      sum.rx_missed += s.rx_missed;
+      sum.tx_late_kicks += s.tx_late_kicks;
+    }
+    return sum;
+  }
   Nic& nic() { return nic_; }
   // A descriptor to sleep on for arriving frames (single-plane links whose port has one), -1
   // otherwise; arm before sleeping on it, disarm after.

@@ -89,6 +89,13 @@ void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link
   put("rx_drop_not_ours", l.rx_drop_not_ours);
   put("arp_requests", l.arp_requests);
   put("arp_replies", l.arp_replies);
+  // What the ports themselves dropped or delayed: frames the backend lost for want of room or
+  // buffers (port_rx_missed), frames the link had no room to send (port_tx_dropped), and kicks
+  // that sent frames the backend had left queued (port_tx_late_kicks; io::PortStats).
+  const io::PortStats ps = link.port_stats();
+  put("port_rx_missed", ps.rx_missed);
+  put("port_tx_dropped", ps.tx_dropped);
+  put("port_tx_late_kicks", ps.tx_late_kicks);
   const NicCounters& d = nic.counters();
   put("naks_sent_access", d.naks_access);
   put("rnr", d.rnr);
