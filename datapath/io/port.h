@@ -54,7 +54,8 @@ struct PortStats {
   uint64_t rx_frames = 0, rx_bytes = 0, tx_frames = 0, tx_bytes = 0;
   uint64_t tx_dropped = 0;   // no room on the link
   uint64_t rx_missed = 0;    // from the backend, where it reports one
-  // Kicks that sent frames the backend had left queued (af_packet: DpdkPort::kick_late).
+  // Kicks that sent frames the backend had left in its TX ring (af_xdp, af_packet:
+  // DpdkPort::kick_late).
   uint64_t tx_late_kicks = 0;
 };
 
