@@ -2,6 +2,8 @@
 // Encoding and validating decoding of the MetaRoCE header (docs/spec/wire.md §2-§4).
 #include "datapath/wire/mrh.h"
 
+#include <cstring>
+
 #include "datapath/wire/bytes.h"
 
 namespace metaroce::wire {
@@ -102,7 +104,7 @@ void load_data_ext(const uint8_t* q, DataHeader& d) {
   d.total_length = load_be32(q + data_off::kTotalLength);
   d.remote_addr = load_be64(q + data_off::kRemoteAddr);
   d.rkey = load_be32(q + data_off::kRkey);
-  d.imm = load_be32(q + data_off::kImm);
+  std::memcpy(&d.imm, q + data_off::kImm, sizeof(d.imm));  // opaque: verbs' bytes as they are
   d.payload_len = load_be32(q + data_off::kPayloadLen);
   d.orig_seq = load_be32(q + data_off::kOrigSeq);
 }
@@ -116,7 +118,7 @@ void store_data_ext(uint8_t* p, const DataHeader& d) {
   store_be32(p + data_off::kTotalLength, d.total_length);
   store_be64(p + data_off::kRemoteAddr, d.remote_addr);
   store_be32(p + data_off::kRkey, d.rkey);
-  store_be32(p + data_off::kImm, d.imm);
+  std::memcpy(p + data_off::kImm, &d.imm, sizeof(d.imm));
   store_be32(p + data_off::kPayloadLen, d.payload_len);
   store_be32(p + data_off::kOrigSeq, d.orig_seq);
 }

@@ -121,7 +121,7 @@ struct DataHeader {
   uint32_t total_length = 0;  // message bytes (READ_REQ: bytes requested)
   uint64_t remote_addr = 0;   // message base address (WRITE*, READ_REQ, READ_RESP)
   uint32_t rkey = 0;
-  uint32_t imm = 0;           // network byte order as verbs hands it; carried opaquely
+  uint32_t imm = 0;           // verbs' __be32, its bytes put on the wire as they lie (§2.2)
   uint32_t payload_len = 0;   // bytes after the headers
   uint32_t orig_seq = 0;      // failover copy: its sequence on the original path; else 0
   uint32_t xrc_srqn = 0;      // with kFlagXrc: the receiver's XRC SRQ (extension, §2.2.1)
@@ -184,7 +184,7 @@ struct Datagram {
   uint32_t src_qpn = 0;   // the sender's QP (24 bits)
   uint32_t msn = 0;       // the sender QP's count of datagrams it sent to groups
   uint32_t qkey = 0;
-  uint32_t imm = 0;       // network byte order as verbs hands it; 0 without with_imm
+  uint32_t imm = 0;       // verbs' __be32, as DataHeader::imm; 0 without with_imm
   uint32_t timestamp = 0;
   std::span<const uint8_t> payload;  // decode: after the headers
 };

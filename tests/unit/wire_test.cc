@@ -3,6 +3,7 @@
 // its own reason, checksums are right.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "datapath/wire/bytes.h"
@@ -123,6 +124,20 @@ TEST(Mrh, FieldsSitAtTheDocumentedOffsets) {
   EXPECT_EQ(load_be32(&buf[32 + 40]), 0u);         // payload_len
 }
 
+// Verbs hands immediate data in network order (__be32); the wire carries those four bytes as
+// they lie in memory, as a RoCE NIC does, so any decoder reading the field big-endian gets the
+// application's number (wire.md §2.2). Until 2026-12 the encoder byte-swapped them.
+TEST(Mrh, ImmediateDataKeepsVerbsByteOrderOnTheWire) {
+  const uint8_t app[4] = {0x0a, 0x0b, 0x0c, 0x0d};  // htonl(0x0a0b0c0d), as verbs holds it
+  DataHeader d = sample_data(0);
+  std::memcpy(&d.imm, app, 4);
+  auto buf = data_packet(sample_base(Opcode::kSendImm), d);
+  EXPECT_EQ(load_be32(&buf[32 + 36]), 0x0a0b0c0du);
+  Packet p;
+  ASSERT_EQ(decode(buf, p), DecodeError::kNone);
+  EXPECT_EQ(std::memcmp(&p.data.imm, app, 4), 0);
+}
+
 TEST(Mrh, AckWithNakRecordsRoundTrips) {
   BaseHeader b = sample_base(Opcode::kAck);
   AckHeader a;
@@ -209,6 +224,16 @@ std::vector<uint8_t> datagram(const Datagram& d, std::span<const uint8_t> payloa
   EXPECT_EQ(encode_datagram(b, d, static_cast<uint32_t>(payload.size())), kDatagramHeadersLen);
   std::copy(payload.begin(), payload.end(), b.begin() + kDatagramHeadersLen);
   return b;
+}
+
+TEST(Datagram, ImmediateDataKeepsVerbsByteOrderOnTheWire) {
+  const uint8_t app[4] = {0x0a, 0x0b, 0x0c, 0x0d};  // htonl(0x0a0b0c0d), as verbs holds it
+  Datagram d;
+  d.with_imm = true;
+  d.src_qpn = 5;
+  std::memcpy(&d.imm, app, 4);
+  auto b = datagram(d, {});
+  EXPECT_EQ(load_be32(&b[32 + 36]), 0x0a0b0c0du);
 }
 
 TEST(Datagram, RoundTripsWithAndWithoutImmediate) {
