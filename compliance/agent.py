@@ -17,13 +17,18 @@ address (compliance/README.md, "Adapter"). Commands (all answer {"ok": true, ...
   {"cmd": "read", "mr", "offset", "len"}              -> {"hex": ...}
   {"cmd": "write", "mr", "offset", "hex"}             (local memory, not RDMA)
   {"cmd": "destroy_qp", "qp"}
+  {"cmd": "device"}                                   -> {"max_mcast_grp", "max_mcast_qp_attach"}
+  {"cmd": "ud_qp", "qkey": Q}                         -> {"qp": id, "qpn"}   (UD, in RTS)
+  {"cmd": "ud_send", "qp", "group": "a.b.c.d", "mr", "offset", "len", "wr_id", "qkey",
+   "imm": N or null}                                  (a SEND to the group's IPv4-mapped GID,
+                                                       remote QPN 0xffffff)
 """
 import argparse
 import json
 import sys
 import time
 
-from pyverbs.addr import AHAttr, GlobalRoute, GID
+from pyverbs.addr import AH, AHAttr, GlobalRoute, GID
 from pyverbs.cq import CQ
 from pyverbs.device import Context
 from pyverbs.mr import MR
@@ -35,6 +40,12 @@ import pyverbs.enums as e
 OPS = {"write": e.IBV_WR_RDMA_WRITE, "send": e.IBV_WR_SEND, "read": e.IBV_WR_RDMA_READ}
 
 
+def mapped_gid(ip):
+    """The IPv4-mapped GID of an IPv4 address (RoCE v2)."""
+    a, b, c, d = (int(x) for x in ip.split("."))
+    return GID(f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}")
+
+
 class Agent:
     def __init__(self, dev, port, gid_index):
         self.ctx = Context(name=dev)
@@ -42,6 +53,7 @@ class Agent:
         self.pd = PD(self.ctx)
         self.cq = CQ(self.ctx, 1024)
         self.mrs, self.qps = {}, {}
+        self.ahs = []   # kept while their WQEs may be in flight
 
     def mr(self, size, fill=0):
         access = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
@@ -67,9 +79,7 @@ class Agent:
         attr.rnr_retry = rnr_retry
         attr.dest_qp_num = qpn
         attr.rq_psn = attr.sq_psn = 0
-        a, b, c, d = (int(x) for x in ip.split("."))
-        gid = f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"  # IPv4-mapped
-        gr = GlobalRoute(dgid=GID(gid), sgid_index=self.gid_index)
+        gr = GlobalRoute(dgid=mapped_gid(ip), sgid_index=self.gid_index)
         attr.ah_attr = AHAttr(port_num=self.port, is_global=1, gr=gr)
         qp.to_rts(attr)
         i = len(self.qps) + 1
@@ -108,6 +118,36 @@ class Agent:
     def write(self, mr, offset, hex):
         data = bytes.fromhex(hex)
         self.mrs[mr].write(data, len(data), offset)
+        return {}
+
+    def device(self):
+        a = self.ctx.query_device()
+        return {"max_mcast_grp": a.max_mcast_grp, "max_mcast_qp_attach": a.max_mcast_qp_attach}
+
+    def ud_qp(self, qkey):
+        cap = QPCap(max_send_wr=64, max_recv_wr=64, max_send_sge=1, max_recv_sge=1)
+        qp = QP(self.pd, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=self.cq, rcq=self.cq, cap=cap))
+        attr = QPAttr(port_num=self.port)
+        attr.qkey = qkey
+        attr.pkey_index = 0
+        attr.sq_psn = 0
+        qp.to_rts(attr)
+        i = len(self.qps) + 1
+        self.qps[i] = qp
+        return {"qp": i, "qpn": qp.qp_num}
+
+    def ud_send(self, qp, group, mr, offset, len, wr_id, qkey, imm=None):
+        m = self.mrs[mr]
+        gr = GlobalRoute(dgid=mapped_gid(group), sgid_index=self.gid_index)
+        ah = AH(self.pd, attr=AHAttr(port_num=self.port, is_global=1, gr=gr))
+        self.ahs.append(ah)
+        op = e.IBV_WR_SEND if imm is None else e.IBV_WR_SEND_WITH_IMM
+        wr = SendWR(wr_id=wr_id, opcode=op, num_sge=1, sg=[SGE(m.buf + offset, len, m.lkey)],
+                    send_flags=e.IBV_SEND_SIGNALED)
+        if imm is not None:
+            wr.imm_data = imm
+        wr.set_wr_ud(ah, 0xffffff, qkey)
+        self.qps[qp].post_send(wr)
         return {}
 
     def destroy_qp(self, qp):

@@ -4,6 +4,7 @@ C = docs/spec/congestion.md, L = docs/spec/link.md) in its name, its docstring a
 message. A check talks to the IUT only through the wire (tester.Port) and plain verbs (the agent);
 checks marked "counters" also read the IUT's counters and skip that part without them."""
 import random
+import socket
 import time
 
 import mrwire as w
@@ -1222,3 +1223,70 @@ def silent_peer(ctx):
     expect(elapsed <= tmo * (retry + 1) + RTO_MAX_S + 1.0,
            f"RETRY_EXC only after {elapsed * 1e3:.0f} ms; due by timeout x (retry_cnt + 1) = "
            f"{tmo * (retry + 1) * 1e3:.0f} ms plus an RTO", s)
+
+
+# --- multicast datagrams (W§8) -----------------------------------------------------------------
+
+GROUP = "230.18.77.8"       # an IPv4 group; the veth and its namespace are the test's own
+QKEY = 0x1357_2468          # high bit clear: the WR's own Q_Key, not the QP's
+
+
+@check("group_datagram_sent_once_as_specified", "W§8")
+def group_datagram(ctx):
+    """UD SENDs to a group's IPv4-mapped GID (remote QPN 0xffffff) leave as datagrams (W§8),
+    one each: to the group's IPv4 and Ethernet address, Not-ECT, from one UDP source port
+    0xc000 | 14 bits for all of the QP's datagrams, the 80-byte header with every connection
+    field zero (checked on arrival, tester.Port), dst_stream 0xffffff, src_stream the QP, rkey
+    the Q_Key, DATAGRAM_IMM with the immediate data only where posted with one, msn counting
+    the QP's datagrams, total_length = payload_len = the bytes posted. Nothing answers a
+    datagram and none is sent again; every WQE completes successfully. Skipped where the
+    device offers no multicast (max_mcast_grp 0, verbs-mapping.md §7)."""
+    s = "W§8"
+    if not ctx.agent("device")["max_mcast_grp"]:
+        raise Skip("the IUT's device offers no multicast (max_mcast_grp 0)")
+    mr = ctx.mr(4096)
+    posts = [(0, 1, None), (64, 64, None), (1024, 1000, 0x0a0b0c0d), (2048, 0, None),
+             (3072, 700, 0)]
+    data = {}
+    for k, (at, n, _) in enumerate(posts):
+        data[k] = pattern(n, 40 + k)
+        if n:
+            ctx.agent("write", mr=mr["mr"], offset=at, hex=data[k].hex())
+    qp = ctx.agent("ud_qp", qkey=QKEY)
+    mark = len(ctx.port.log)
+
+    def sent():
+        return ctx.port.frames_since(mark, lambda f: f.dst_ip == GROUP)
+    for k, (at, n, imm) in enumerate(posts):
+        ctx.agent("ud_send", qp=qp["qp"], group=GROUP, mr=mr["mr"], offset=at, len=n,
+                  wr_id=700 + k, qkey=QKEY, imm=imm)
+    ctx.port.pump(3.0, until=lambda: len(sent()) >= len(posts))
+    wcs = ctx.wcs(len(posts), 3.0)
+    ctx.port.pump(0.5)   # long enough for any retransmission timer (W§7: rto_initial 1 ms)
+    got = sent()
+    ctx.agent("destroy_qp", qp=qp["qp"])
+    expect(sorted(c["wr_id"] for c in wcs) == [700 + k for k in range(len(posts))] and
+           all(c["status"] == WC_SUCCESS for c in wcs),
+           f"the group SENDs completed as {wcs}, want {len(posts)} successes", "verbs-mapping §7")
+    expect(len(got) == len(posts), f"{len(posts)} datagrams posted, {len(got)} frames to "
+           f"{GROUP}: {[repr(f.mrh) for f in got]} (each is sent once)", s)
+    ports = {f.sport for f in got}
+    expect(len(ports) == 1, f"one QP's datagrams came from UDP ports {sorted(ports)}", s)
+    msn0 = got[0].mrh.msn
+    for k, ((at, n, imm), f) in enumerate(zip(posts, got)):
+        m = f.mrh
+        want_op = w.DATAGRAM if imm is None else w.DATAGRAM_IMM
+        expect(m.opcode == want_op, f"datagram {k}: opcode {m.opcode}, want {want_op}", s)
+        expect(m.src_stream == qp["qpn"], f"datagram {k}: src_stream {m.src_stream:#x}, the "
+               f"sending QP is {qp['qpn']:#x}", s)
+        expect(m.rkey == QKEY, f"datagram {k}: rkey {m.rkey:#x}, the Q_Key is {QKEY:#x}", s)
+        if imm is not None:
+            # verbs hands imm_data in network order: the wire carries its bytes as they are.
+            want_imm = socket.htonl(imm)
+            expect(m.imm == want_imm, f"datagram {k}: imm {m.imm:#010x}, want {want_imm:#010x}", s)
+        expect(m.msn == (msn0 + k) & 0xffffffff, f"datagram {k}: msn {m.msn}, the QP's "
+               f"datagrams so far say {(msn0 + k) & 0xffffffff}", s)
+        expect(m.payload == data[k], f"datagram {k}: {len(m.payload)} payload bytes differ from "
+               f"the {n} posted", s)
+    ctx.note(f"{len(got)} datagrams to {GROUP} from port {got[0].sport:#x}, msn {msn0}.."
+             f"{got[-1].mrh.msn}")

@@ -19,10 +19,14 @@ MAX_NAKS = 16                         # W§2.3
 # Opcodes (W§2.2, W§2.3, W§2.5).
 WRITE, WRITE_IMM, SEND, SEND_IMM, READ_REQ, READ_RESP, CMP_SWP, FETCH_ADD, SEND_INV = range(1, 10)
 ACK, PROBE = 16, 17
+DATAGRAM, DATAGRAM_IMM = 10, 11       # W§8: multicast datagrams, outside every connection
 DATA_OPS = set(range(1, 10))
+DATAGRAM_OPS = {DATAGRAM, DATAGRAM_IMM}
+MCAST_QPN = 0xffffff                  # W§8: a datagram's dst_stream
 OP_NAMES = {WRITE: "WRITE", WRITE_IMM: "WRITE_IMM", SEND: "SEND", SEND_IMM: "SEND_IMM",
             READ_REQ: "READ_REQ", READ_RESP: "READ_RESP", CMP_SWP: "ATOMIC_CMP_SWP",
-            FETCH_ADD: "ATOMIC_FETCH_ADD", SEND_INV: "SEND_INV", ACK: "ACK", PROBE: "PROBE"}
+            FETCH_ADD: "ATOMIC_FETCH_ADD", SEND_INV: "SEND_INV", DATAGRAM: "DATAGRAM",
+            DATAGRAM_IMM: "DATAGRAM_IMM", ACK: "ACK", PROBE: "PROBE"}
 # Opcodes whose rsn may be non-zero (W§2.2: SEND*, SEND_INV, WRITE_IMM).
 RSN_OPS = {SEND, SEND_IMM, SEND_INV, WRITE_IMM}
 
@@ -109,6 +113,9 @@ class Mrh:
     def is_data(self):
         return self.opcode in DATA_OPS
 
+    def is_datagram(self):
+        return self.opcode in DATAGRAM_OPS
+
     def sacked(self):
         """Sequences the SACK names as received (W§2.3)."""
         return [(self.cum_seq + 1 + i) & 0xffffffff for i in range(SACK_BITS) if self.sack >> i & 1]
@@ -142,7 +149,7 @@ class Mrh:
         s = f"{name} conn={self.conn_id:#x} path={self.path_id}/{self.path_count} seq={self.path_seq}"
         if self.flags:
             s += f" flags={self.flags:#06x}"
-        if self.is_data():
+        if self.is_data() or self.is_datagram():
             s += (f" stream {self.src_stream:#x}->{self.dst_stream:#x} msn={self.msn}"
                   f" off={self.offset}/{self.total_length} len={len(self.payload)}")
             if self.flags & F_FAILOVER:
@@ -165,6 +172,8 @@ def decode_mrh(b):
      m.timestamp, m.ack_floor) = _BASE.unpack_from(b)
     if m.version != VERSION:
         bad.append(f"version {m.version}, not 1 (W§2.1)")
+    if m.opcode in DATAGRAM_OPS:
+        return m, bad + _datagram(m, b)
     if m.conn_id == 0:
         bad.append("conn_id 0 (W§2.1)")
     if not 1 <= m.path_count <= 256:
@@ -245,6 +254,44 @@ def decode_mrh(b):
     if not m.flags & F_FAILOVER and m.orig_seq != 0:
         bad.append(f"orig_seq {m.orig_seq} on a packet that is no failover copy (W§2.2: sender 0)")
     return m, bad
+
+
+def _datagram(m, b):
+    """The rest of a multicast datagram (W§8: the 80 bytes of a data packet, every connection
+    field zero). Returns its problems."""
+    bad = []
+    if len(b) < DATA_HDRS:
+        return [f"datagram of {len(b)} bytes, shorter than 80 (W§8)"]
+    (m.dst_stream, m.src_stream, m.msn, m.rsn, m.offset, m.total_length, m.remote_addr, m.rkey,
+     m.imm, m.payload_len, m.orig_seq) = _DATA.unpack_from(b, BASE_LEN)
+    m.payload = bytes(b[DATA_HDRS:])
+    for name in ("flags", "conn_id", "token", "path_id", "path_seq", "ack_floor", "rsn",
+                 "offset", "remote_addr", "orig_seq"):
+        if getattr(m, name) != 0:
+            bad.append(f"datagram {name} {getattr(m, name):#x}, not 0 (W§8)")
+    if m.path_count != 1:
+        bad.append(f"datagram path_count {m.path_count}, not 1 (W§8)")
+    if m.dst_stream != MCAST_QPN:
+        bad.append(f"datagram dst_stream {m.dst_stream:#x}, not 0xffffff (W§8)")
+    if m.src_stream >= 1 << 24:
+        bad.append(f"datagram src_stream {m.src_stream:#x} not below 2^24 (W§8)")
+    if m.payload_len != len(m.payload):
+        bad.append(f"payload_len {m.payload_len} but {len(m.payload)} payload bytes (W§8)")
+    if m.total_length != m.payload_len:
+        bad.append(f"datagram total_length {m.total_length} != payload_len {m.payload_len} (W§8)")
+    if m.opcode == DATAGRAM and m.imm != 0:
+        bad.append(f"DATAGRAM (no immediate) with imm {m.imm:#x} (W§8)")
+    return bad
+
+
+def group_mac(ip):
+    """The Ethernet address of an IPv4 group: 01:00:5e and its low 23 bits (RFC 1112, W§8)."""
+    low = int.from_bytes(socket.inet_aton(ip), "big") & 0x7fffff
+    return b"\x01\x00\x5e" + low.to_bytes(3, "big")
+
+
+def is_group(ip):
+    return 224 <= int(ip.split(".")[0]) <= 239
 
 
 # --- Ethernet / IPv4 / UDP --------------------------------------------------------------------

@@ -89,6 +89,30 @@ class Problems(unittest.TestCase):
         self.assertTrue(self.problems(raw=w.Mrh(opcode=w.PROBE, conn_id=1).encode() + b"\0" * 4))
         self.assertTrue(self.problems(raw=b"\1" * 20))
 
+    def test_datagrams_follow_their_own_table(self):
+        def dg(**kw):
+            base = dict(opcode=w.DATAGRAM, conn_id=0, path_count=1, dst_stream=w.MCAST_QPN,
+                        src_stream=0x1234, msn=3, rkey=0x11, payload=b"y" * 10, total_length=10)
+            base.update(kw)
+            return w.Mrh(**base)
+        self.assertEqual(self.problems(dg()), [])
+        self.assertEqual(self.problems(dg(opcode=w.DATAGRAM_IMM, imm=5)), [])
+        cases = {
+            "conn_id": dg(conn_id=1), "token": dg(token=1), "flags": dg(flags=w.F_MORE),
+            "path_id": dg(path_id=1, path_count=2), "path_count": dg(path_count=2),
+            "path_seq": dg(path_seq=1), "ack_floor": dg(ack_floor=1), "rsn": dg(rsn=1),
+            "offset": dg(offset=1), "remote_addr": dg(remote_addr=8), "orig_seq": dg(orig_seq=1),
+            "dst_stream": dg(dst_stream=5), "src_stream": dg(src_stream=1 << 24),
+            "total_length": dg(total_length=11), "payload_len": dg(payload_len=9),
+            "imm without the opcode": dg(imm=5), "version": dg(version=0),
+        }
+        for what, m in cases.items():
+            with self.subTest(what):
+                self.assertTrue(self.problems(m), what)
+        self.assertTrue(self.problems(raw=dg().encode()[:79]))
+        self.assertEqual(w.group_mac("230.18.77.8"), bytes.fromhex("01005e124d08"))
+        self.assertEqual(w.group_mac("239.255.0.1"), bytes.fromhex("01005e7f0001"))
+
     def test_frames_check_ip_and_udp(self):
         payload = data().encode()
         mac = "02:00:00:00:00:01"

@@ -137,7 +137,8 @@ class Port:
             return
         if f.kind not in ("udp", "mrh") or getattr(f, "src_ip", None) != self.iut_ip:
             return
-        if f.dst_ip not in self.ips:
+        group = w.is_group(f.dst_ip)   # a multicast datagram (W§8)
+        if f.dst_ip not in self.ips and not group:
             return
         if f.kind == "udp":
             self.violations.append((t, f"UDP to port {f.dport}, not {w.UDP_PORT} (W§1)", ""))
@@ -147,6 +148,23 @@ class Port:
         if f.mrh.is_data() and f.ecn == 0:
             self.violations.append((t, "data packet not ECN-capable (W§1: ECT(0) on data)",
                                     repr(f.mrh)))
+        if group and not f.mrh.is_datagram():
+            self.violations.append((t, f"{w.OP_NAMES.get(f.mrh.opcode, f.mrh.opcode)} sent to "
+                                    f"the group {f.dst_ip} (W§8: only datagrams)", repr(f.mrh)))
+        if f.mrh.is_datagram():
+            if not group:
+                self.violations.append((t, f"datagram to {f.dst_ip}, not a group (W§8)",
+                                        repr(f.mrh)))
+            elif f.dst_mac != w.group_mac(f.dst_ip):
+                self.violations.append((t, f"datagram to {f.dst_ip} sent to Ethernet "
+                                        f"{w.mac_str(f.dst_mac)}, not the group's (W§8)",
+                                        repr(f.mrh)))
+            if f.ecn != 0:
+                self.violations.append((t, f"datagram with ECN {f.ecn}, not Not-ECT (W§8)",
+                                        repr(f.mrh)))
+            if f.sport >> 14 != 3:
+                self.violations.append((t, f"datagram from UDP port {f.sport:#x}, not 0xc000 | "
+                                        f"14 bits (W§8)", repr(f.mrh)))
         for p in f.problems:
             self.violations.append((t, p, repr(f.mrh)))
         f.t = t
