@@ -185,6 +185,44 @@ void LinkLayer::send_arp(Plane& pl, bool reply, uint32_t target_ip, const io::Ma
   else counters_.arp_requests++;
 }
 
+// --- IGMP (wire.md §8) --------------------------------------------------------------------------
+// A snooping switch forwards a group's frames only to ports that reported members, and a
+// multicast router only to segments that did: the device reports each group when it gains its
+// first member, leaves it when the last goes, answers queries, and reports again on a plane
+// whose link comes back (a switch forgets a port's groups when its link goes down).
+
+void LinkLayer::send_igmp(Plane& pl, wire::IgmpType type, uint32_t group) {
+  if (pl.udp || pl.quiet || pl.admin_down) return;
+  io::TxFrame f;
+  if (!pl.port->alloc_tx(f, wire::kIgmpFrameLen)) return;
+  f.len = static_cast<uint32_t>(
+      wire::build_igmp({f.data, f.capacity}, pl.port->mac(), cfg_.ip, type, group));
+  tap(pl, {f.data, f.len});
+  pl.port->tx_burst({&f, 1});
+  ++(type == wire::IgmpType::kLeave ? counters_.igmp_leaves : counters_.igmp_reports);
+}
+
+void LinkLayer::report_groups(Plane& pl) {
+  nic_.for_each_mcast_group([&](uint32_t g) { send_igmp(pl, wire::IgmpType::kV2Report, g); });
+}
+
+void LinkLayer::on_igmp(Plane& pl, const wire::FrameInfo& p) {
+  wire::IgmpMessage m;
+  if (!wire::parse_igmp(p.ip_payload, m)) {
+    counters_.igmp_rx_malformed++;
+    return;
+  }
+  // Other members' reports and leaves change nothing here: every query is answered (a
+  // version 2 host may stay silent when another member answered first; answering anyway costs
+  // a frame per group and keeps a snooping switch's port entry alive).
+  if (m.type != wire::IgmpType::kQuery) return;
+  counters_.igmp_queries++;
+  if (m.group == 0)
+    report_groups(pl);
+  else if (nic_.mcast_member(m.group))
+    send_igmp(pl, wire::IgmpType::kV2Report, m.group);
+}
+
 void LinkLayer::send_goodbye(Plane& pl, uint8_t kind) {
   if (pl.udp) return;  // nothing shared to let go of: the kernel owns the sockets' buffers
   io::TxFrame f;
@@ -259,6 +297,11 @@ void LinkLayer::handle_frame(Time t, Plane& pl, const io::RxFrame& f) {
     // Not ours to place; raw QPs' rules may still want it (steering checks no checksum).
     if (nic_.on_raw_frame({f.data, f.len})) counters_.rx_raw++;
     else counters_.rx_drop_malformed++;
+    return;
+  }
+  if (p.kind == wire::FrameKind::kOther && p.ip_proto == wire::kIpProtoIgmp) {
+    on_igmp(pl, p);
+    if (nic_.on_raw_frame({f.data, f.len})) counters_.rx_raw++;  // a sniffer's rules may want it
     return;
   }
   const bool to_us = p.dst_mac == pl.port->mac() || p.dst_mac == wire::kBroadcastMac;
@@ -457,8 +500,10 @@ std::unique_ptr<Capture> LinkLayer::set_capture(std::unique_ptr<Capture> capture
 
 bool LinkLayer::set_plane_admin(size_t plane, bool up) {
   if (plane >= planes_.size()) return false;
+  const bool was_down = planes_[plane].admin_down;
   planes_[plane].admin_down = !up;
   carrier_checked_ = Time::min();  // told at the next poll
+  if (was_down && up) report_groups(planes_[plane]);
   return true;
 }
 
@@ -483,6 +528,7 @@ void LinkLayer::check_planes(Time t) {
   for (size_t i = 0; i < planes_.size(); ++i) {
     Plane& pl = planes_[i];
     const bool link = pl.port->link_up();
+    if (link && !pl.link) report_groups(pl);
     pl.link = link;
     pl.carrier_seen |= link;
     port |= !pl.admin_down && (link || !pl.carrier_seen);
@@ -503,6 +549,12 @@ void LinkLayer::check_planes(Time t) {
 bool LinkLayer::poll(Time t, bool timers) {
   bool work = false;
   check_planes(t);
+  if (nic_.has_group_changes()) {
+    for (const auto& [group, joined] : nic_.take_group_changes())
+      for (Plane& pl : planes_)
+        send_igmp(pl, joined ? wire::IgmpType::kV2Report : wire::IgmpType::kLeave, group);
+    work = true;
+  }
   for (size_t i = 0; i < planes_.size(); ++i) {
     Plane& pl = planes_[i];
     pl.rx_n = 0;

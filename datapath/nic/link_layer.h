@@ -16,6 +16,7 @@
 #include "datapath/nic/capture.h"
 #include "datapath/nic/nic.h"
 #include "datapath/transport/engine.h"
+#include "datapath/wire/frame.h"
 
 namespace metaroce::nic {
 
@@ -27,6 +28,9 @@ struct LinkCounters {
   // the port had had no room for 100 ms (LinkLayer::send_raw).
   uint64_t tx_raw_dropped = 0;
   uint64_t tx_mcast_dropped = 0;
+  // IGMP (wire.md §8): membership reports and leaves sent, queries answered, IGMP messages too
+  // short or with a wrong checksum.
+  uint64_t igmp_reports = 0, igmp_leaves = 0, igmp_queries = 0, igmp_rx_malformed = 0;
 };
 
 class LinkLayer {
@@ -122,6 +126,11 @@ class LinkLayer {
     if (capture_ && capture_->wants(static_cast<uint8_t>(&pl - planes_.data()))) capture_->frame(bytes);
   }
   void send_goodbye(Plane& pl, uint8_t kind);
+  // IGMP: a report or leave of group on pl (planes carrying Ethernet frames, in service); the
+  // reports of every group of the device on pl; a query or another host's message.
+  void send_igmp(Plane& pl, wire::IgmpType type, uint32_t group);
+  void report_groups(Plane& pl);
+  void on_igmp(Plane& pl, const wire::FrameInfo& p);
   void say_goodbye(Plane& pl);
   void handle_frame(transport::Time now, Plane& pl, const io::RxFrame& f);
   static std::optional<uint8_t> goodbye_kind(const io::RxFrame& f);

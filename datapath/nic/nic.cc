@@ -863,6 +863,7 @@ int Nic::attach_mcast(Owner* o, uint32_t qpn, uint32_t group) {
     if (std::find(members.begin(), members.end(), qpn) != members.end()) return 0;
     if (members.size() >= hostif::kMaxMcastQpAttach) return ENOMEM;
     members.push_back(qpn);
+    if (members.size() == 1) group_changes_.emplace_back(group, true);
   } catch (const std::bad_alloc&) {
     if (auto g = groups_.find(group); g != groups_.end() && g->second.empty()) groups_.erase(g);
     return ENOMEM;
@@ -878,14 +879,22 @@ int Nic::detach_mcast(Owner* o, uint32_t qpn, uint32_t group) {
   auto m = std::find(it->second.begin(), it->second.end(), qpn);
   if (m == it->second.end()) return EINVAL;
   it->second.erase(m);
-  if (it->second.empty()) groups_.erase(it);
+  if (it->second.empty()) {
+    groups_.erase(it);
+    group_changes_.emplace_back(group, false);
+  }
   return 0;
 }
 
 void Nic::leave_groups(uint32_t qpn) {
   for (auto it = groups_.begin(); it != groups_.end();) {
     std::erase(it->second, qpn);
-    it = it->second.empty() ? groups_.erase(it) : std::next(it);
+    if (!it->second.empty()) {
+      ++it;
+      continue;
+    }
+    group_changes_.emplace_back(it->first, false);
+    it = groups_.erase(it);
   }
 }
 

@@ -291,6 +291,17 @@ class Nic final : private transport::Host {
   int attach_mcast(Owner* o, uint32_t qpn, uint32_t group);
   int detach_mcast(Owner* o, uint32_t qpn, uint32_t group);
   uint32_t mcast_groups() const { return static_cast<uint32_t>(groups_.size()); }
+  bool mcast_member(uint32_t group) const { return groups_.count(group) != 0; }
+  template <class F>
+  void for_each_mcast_group(F&& f) const {
+    for (const auto& g : groups_) f(g.first);
+  }
+  // Groups that gained their first member here (true) or lost their last (false) since the
+  // last call, in order: what the link layer tells the network (IGMP, wire.md §8).
+  std::vector<std::pair<uint32_t, bool>> take_group_changes() {
+    return std::exchange(group_changes_, {});
+  }
+  bool has_group_changes() const { return !group_changes_.empty(); }
   // A datagram sent to group (from the port, or one of ours looped back): each QP attached to
   // the group takes a copy. False when no QP here is attached to it (the flow rules of raw QPs
   // may want the frame). Its bytes must stay valid until end_rx.
@@ -461,6 +472,7 @@ class Nic final : private transport::Host {
   // Multicast groups (host-order address) -> the QPs attached, in attach order.
   std::unordered_map<uint32_t, std::vector<uint32_t>> groups_;
   std::vector<uint32_t> group_scratch_;
+  std::vector<std::pair<uint32_t, bool>> group_changes_;
   void leave_groups(uint32_t qpn);
   std::vector<RawFrame> raw_out_;
   std::vector<uint32_t> steer_scratch_;

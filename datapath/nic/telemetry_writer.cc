@@ -110,6 +110,11 @@ void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link
   put("mcast_rx_no_member", d.mcast_rx_no_member);
   put("mcast_rx_malformed", d.mcast_rx_malformed);
   put("mcast_tx_dropped", l.tx_mcast_dropped);
+  // IGMP (wire.md §8): reports and leaves sent, queries answered, malformed messages dropped.
+  put("igmp_reports", l.igmp_reports);
+  put("igmp_leaves", l.igmp_leaves);
+  put("igmp_queries", l.igmp_queries);
+  put("igmp_rx_malformed", l.igmp_rx_malformed);
   const transport::EngineStats& e = nic.engine().stats();
   put("tx_packets", e.tx_packets);
   put("tx_bytes", e.tx_bytes);

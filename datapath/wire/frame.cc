@@ -149,6 +149,43 @@ size_t build_arp(std::span<uint8_t> out, const ArpPacket& a) {
   return kArpFrameLen;
 }
 
+size_t build_igmp(std::span<uint8_t> out, const MacAddr& src_mac, uint32_t src_ip, IgmpType type,
+                  uint32_t group) {
+  if (out.size() < kIgmpFrameLen) return 0;
+  constexpr size_t kIhl = 24;  // 20 + the Router Alert option
+  constexpr size_t kIgmpLen = 8;
+  uint8_t* e = out.data();
+  std::fill(e, e + kIgmpFrameLen, 0);
+  const uint32_t dst = type == IgmpType::kLeave ? kAllRoutersGroup : group;
+  write_mac(e, multicast_mac(dst));
+  write_mac(e + 6, src_mac);
+  store_be16(e + 12, kEtherTypeIpv4);
+  uint8_t* ip = e + kEthHeaderLen;
+  ip[0] = 0x40 | kIhl / 4;
+  ip[1] = 0xc0;  // DSCP CS6, network control, as hosts send IGMP
+  store_be16(ip + 2, kIhl + kIgmpLen);
+  store_be16(ip + 6, 0x4000);  // DF
+  ip[8] = 1;                   // TTL 1: IGMP never leaves the segment
+  ip[9] = kIpProtoIgmp;
+  store_be32(ip + 12, src_ip);
+  store_be32(ip + 16, dst);
+  store_be32(ip + 20, 0x94040000);  // Router Alert (RFC 2113): routers look at it
+  store_be16(ip + 10, static_cast<uint16_t>(~ones_complement_sum({ip, kIhl})));
+  uint8_t* g = ip + kIhl;
+  g[0] = static_cast<uint8_t>(type);
+  store_be32(g + 4, group);
+  store_be16(g + 2, static_cast<uint16_t>(~ones_complement_sum({g, kIgmpLen})));
+  return kIgmpFrameLen;
+}
+
+bool parse_igmp(std::span<const uint8_t> b, IgmpMessage& out) {
+  if (b.size() < 8 || ones_complement_sum(b) != 0xffff) return false;
+  out.type = static_cast<IgmpType>(b[0]);
+  out.max_resp = b[1];
+  out.group = load_be32(b.data() + 4);
+  return true;
+}
+
 FrameInfo parse_frame(std::span<const uint8_t> f, uint16_t udp_port) {
   FrameInfo info;
   if (f.size() < kEthHeaderLen) return fail(info, FrameKind::kMalformed, FrameError::kTruncated);
@@ -182,7 +219,11 @@ FrameInfo parse_frame(std::span<const uint8_t> f, uint16_t udp_port) {
   info.ecn = static_cast<Ecn>(ip[1] & 3);
   info.src_ip = load_be32(ip + 12);
   info.dst_ip = load_be32(ip + 16);
-  if (ip[9] != kIpProtoUdp) return fail(info, FrameKind::kOther, FrameError::kNotUdp);
+  info.ip_proto = ip[9];
+  if (ip[9] != kIpProtoUdp) {
+    info.ip_payload = ipb.subspan(ihl, total - ihl);
+    return fail(info, FrameKind::kOther, FrameError::kNotUdp);
+  }
 
   const uint8_t* udp = ip + ihl;
   const size_t room = total - ihl;

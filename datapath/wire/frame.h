@@ -69,6 +69,33 @@ struct ArpPacket {
 // kArpFrameLen or 0 when out is too small.
 size_t build_arp(std::span<uint8_t> out, const ArpPacket& arp);
 
+// IGMP (RFC 2236, version 2; RFC 3376's queries are read as version 2's): the membership of
+// the device's multicast groups, told to snooping switches and multicast routers (wire.md §8).
+inline constexpr uint8_t kIpProtoIgmp = 2;
+inline constexpr uint32_t kAllSystemsGroup = 0xe0000001;  // 224.0.0.1: general queries
+inline constexpr uint32_t kAllRoutersGroup = 0xe0000002;  // 224.0.0.2: leaves
+inline constexpr size_t kIgmpFrameLen = 60;  // 14 + 24 (IPv4 with Router Alert) + 8, padded
+enum class IgmpType : uint8_t {
+  kQuery = 0x11,
+  kV1Report = 0x12,
+  kV2Report = 0x16,
+  kLeave = 0x17,
+  kV3Report = 0x22,
+};
+struct IgmpMessage {
+  IgmpType type = IgmpType::kQuery;
+  uint8_t max_resp = 0;  // queries: tenths of a second
+  uint32_t group = 0;    // host order; 0 in a general query
+};
+// A version 2 membership report (to the group) or leave (to 224.0.0.2) of group from src:
+// IPv4 TTL 1 with the Router Alert option (RFC 2113), IGMP checksum. Returns kIgmpFrameLen,
+// or 0 when out is too small.
+size_t build_igmp(std::span<uint8_t> out, const MacAddr& src_mac, uint32_t src_ip, IgmpType type,
+                  uint32_t group);
+// The IGMP message in an IPv4 payload (FrameInfo::ip_payload of a frame of protocol 2): false
+// when it is shorter than 8 bytes or its checksum is wrong.
+bool parse_igmp(std::span<const uint8_t> ip_payload, IgmpMessage& out);
+
 enum class FrameKind : uint8_t { kArp, kMetaRoce, kOther, kMalformed };
 
 // Why a frame is not a MetaRoCE packet; kNone for kArp and kMetaRoce.
@@ -101,6 +128,8 @@ struct FrameInfo {
   Ecn ecn = Ecn::kNotEct;
   ArpPacket arp;            // kArp
   std::span<const uint8_t> payload;  // kMetaRoce: the UDP payload
+  uint8_t ip_proto = 0;     // IPv4 frames: the protocol
+  std::span<const uint8_t> ip_payload;  // kOther with kNotUdp: the IPv4 payload
 };
 
 FrameInfo parse_frame(std::span<const uint8_t> frame, uint16_t udp_port);

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Writes the wire target's seed corpus (tests/fuzz/corpus/wire/): one valid packet of every kind
-// the encoders make, bare and inside an Ethernet/IPv4/UDP frame, and ARP. Run by make_seeds.sh;
-// its output is committed, so that the fuzzer starts from packets that decode.
+// the encoders make, bare and inside an Ethernet/IPv4/UDP frame, ARP and IGMP. Run by
+// make_seeds.sh; its output is committed, so that the fuzzer starts from packets that decode.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -95,6 +95,22 @@ std::vector<uint8_t> arp(ArpOp op) {
   return out;
 }
 
+// An IGMP report of 230.18.0.1, or (query) a general query made from one.
+std::vector<uint8_t> igmp(bool query) {
+  std::vector<uint8_t> out(kIgmpFrameLen);
+  build_igmp(out, {2, 0, 0, 0, 0, 1}, 0xc6120001, IgmpType::kV2Report, 0xe6120001);
+  if (query) {
+    uint8_t* g = out.data() + kEthHeaderLen + 24;
+    g[0] = static_cast<uint8_t>(IgmpType::kQuery);
+    g[1] = 100;
+    std::fill(g + 2, g + 8, 0);
+    const uint16_t sum = static_cast<uint16_t>(~ones_complement_sum({g, 8}));
+    g[2] = static_cast<uint8_t>(sum >> 8);
+    g[3] = static_cast<uint8_t>(sum);
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace metaroce::wire
 
@@ -125,6 +141,8 @@ int main(int argc, char** argv) {
       {"frame-ack-csum", frame(ack({{9, 1, 5, 3, 0}}), true)},
       {"arp-request", arp(ArpOp::kRequest)},
       {"arp-reply", arp(ArpOp::kReply)},
+      {"igmp-report", igmp(false)},
+      {"igmp-query", igmp(true)},
   };
   for (const auto& [name, bytes] : seeds) write_file(dir + "/" + name, bytes);
   return 0;

@@ -133,6 +133,22 @@ void round_trip_datagram(std::span<const uint8_t> in, const Datagram& d) {
         "datagram re-encodes differently");
 }
 
+// An IGMP message parse_igmp() accepted: a report and a leave of its group, built by
+// build_igmp(), parse as IGMP frames of that group from the frame's addresses.
+void round_trip_igmp(const FrameInfo& f, const IgmpMessage& m) {
+  std::vector<uint8_t> out(kIgmpFrameLen);
+  for (IgmpType t : {IgmpType::kV2Report, IgmpType::kLeave}) {
+    check(build_igmp(out, f.src_mac, f.src_ip, t, m.group) == kIgmpFrameLen, "build_igmp refused");
+    const FrameInfo g = parse_frame(out, kDefaultUdpPort);
+    IgmpMessage n;
+    check(g.error == FrameError::kNotUdp && g.ip_proto == kIpProtoIgmp &&
+              parse_igmp(g.ip_payload, n) && n.type == t && n.group == m.group &&
+              g.src_ip == f.src_ip && g.src_mac == f.src_mac &&
+              g.dst_ip == (t == IgmpType::kLeave ? kAllRoutersGroup : m.group),
+          "built IGMP does not parse back");
+  }
+}
+
 void one_input(std::span<const uint8_t> in) {
   // The whole input as a UDP payload, of a connection and of a group.
   Packet p;
@@ -151,6 +167,11 @@ void one_input(std::span<const uint8_t> in) {
   check((f.error == FrameError::kNone) ==
             (f.kind == FrameKind::kArp || f.kind == FrameKind::kMetaRoce),
         "frame kind and error disagree");
+  if (f.error == FrameError::kNotUdp) {
+    check(inside(f.ip_payload, in), "IP payload outside the frame");
+    IgmpMessage m;
+    if (f.ip_proto == kIpProtoIgmp && parse_igmp(f.ip_payload, m)) round_trip_igmp(f, m);
+  }
   if (f.error != FrameError::kNone) return;
   round_trip_frame(in, f, kDefaultUdpPort);
   if (f.kind == FrameKind::kMetaRoce) {

@@ -7,11 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
 #include "datapath/io/mem_link.h"
 #include "datapath/nic/mr_table.h"
+#include "datapath/wire/bytes.h"
+#include "datapath/wire/frame.h"
 #include "tests/unit/nic_harness.h"
 
 namespace metaroce::nic {
@@ -19,6 +22,9 @@ namespace {
 
 using namespace metaroce::nic::test;
 using hostif::AsyncEvent;
+using wire::load_be32;
+using wire::store_be16;
+using wire::store_be32;
 
 constexpr unsigned kAllAccess = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic | kMwBind;
 constexpr uint32_t kIpA = 0xC6120001, kIpB = 0xC6120002;
@@ -1146,6 +1152,137 @@ TEST_F(NicTest, MulticastGroupsAndMembersAreBoundedAsQueryDeviceSays) {
   auto u = extra_qp(b_, QpType::kUd, nullptr);
   nic(b_).set_raw_ethernet(false);
   EXPECT_EQ(nic(b_).attach_mcast(&b_.owner, u->qpn(), 0xE7000001), EOPNOTSUPP);
+}
+
+// IGMP (wire.md §8): the device reports a group when its first QP joins, leaves it when the last
+// goes (detached or destroyed), answers general and group queries, and drops a malformed query.
+// The far end of the link is a bare port: the test reads and writes its frames.
+struct IgmpSeen {
+  io::MacAddr dst_mac{};
+  uint32_t dst_ip = 0;
+  uint8_t type = 0;
+  uint32_t group = 0;
+};
+
+std::vector<IgmpSeen> igmp_frames(Device& dev, io::Port& peer, transport::Time now) {
+  for (int i = 0; i < 4; ++i) dev.progress(now);
+  std::vector<IgmpSeen> out;
+  std::array<io::RxFrame, 64> rx;
+  const uint32_t n = peer.rx_burst(rx);
+  for (uint32_t i = 0; i < n; ++i) {
+    std::span<const uint8_t> f(rx[i].data, rx[i].len);
+    const wire::FrameInfo p = wire::parse_frame(f, 4793);
+    if (p.ip_proto != wire::kIpProtoIgmp) continue;
+    EXPECT_EQ(p.kind, wire::FrameKind::kOther);  // parsed whole: IPv4 checksum and lengths good
+    const uint8_t* ip = rx[i].data + wire::kEthHeaderLen;
+    EXPECT_EQ(ip[0], 0x46) << "IPv4 with one option word";
+    EXPECT_EQ(ip[8], 1) << "TTL 1";
+    EXPECT_EQ(load_be32(ip + 20), 0x94040000u) << "Router Alert";
+    EXPECT_EQ(p.src_ip, kIpA);
+    wire::IgmpMessage m;
+    EXPECT_TRUE(wire::parse_igmp(p.ip_payload, m)) << "IGMP checksum";
+    EXPECT_EQ(p.ip_payload.size(), 8u);
+    out.push_back({p.dst_mac, p.dst_ip, static_cast<uint8_t>(m.type), m.group});
+  }
+  peer.release({rx.data(), n});
+  return out;
+}
+
+void send_query(io::Port& peer, uint32_t group, bool corrupt = false) {
+  io::TxFrame t;
+  ASSERT_TRUE(peer.alloc_tx(t, wire::kIgmpFrameLen));
+  const uint32_t dst = group ? group : wire::kAllSystemsGroup;
+  ASSERT_EQ(wire::build_igmp({t.data, t.capacity}, io::MacAddr{2, 0, 0, 0, 0, 9}, 0xC6120009,
+                             wire::IgmpType::kV2Report, dst),
+            wire::kIgmpFrameLen);
+  uint8_t* g = t.data + wire::kEthHeaderLen + 24;
+  g[0] = static_cast<uint8_t>(wire::IgmpType::kQuery);
+  g[1] = 100;  // 10 s
+  store_be32(g + 4, group);
+  store_be16(g + 2, 0);
+  store_be16(g + 2, static_cast<uint16_t>(~wire::ones_complement_sum({g, 8})));
+  if (corrupt) g[3] ^= 0x40;
+  t.len = wire::kIgmpFrameLen;
+  peer.tx_burst({&t, 1});
+}
+
+TEST(NicIgmp, JoinsLeavesAndQueriesAreToldToTheNetwork) {
+  constexpr uint32_t kG1 = 0xE6120001, kG2 = 0xE6120002, kG3 = 0xE6120003;  // 230.18.0.x
+  constexpr uint8_t kReport = 0x16, kLeave = 0x17;
+  auto [pa, peer] = io::make_mem_link(test_link_config());
+  std::vector<std::unique_ptr<io::Port>> ports;
+  ports.push_back(std::move(pa));
+  Device dev(test_link("a", kIpA), std::move(ports), 1);
+  Nic& nic = *dev.nic;
+  TestOwner owner;
+  uint32_t pd = 0;
+  ASSERT_EQ(nic.alloc_pd(&owner, &pd), 0);
+  TestCq cq(nic, &owner, 64);
+  auto q1 = std::make_unique<TestQp>(nic, &owner, pd, cq, cq, caps(4, 1, 0), QpType::kUd);
+  auto q2 = std::make_unique<TestQp>(nic, &owner, pd, cq, cq, caps(4, 1, 0), QpType::kUd);
+  ASSERT_EQ(q1->err, 0);
+  ASSERT_EQ(q2->err, 0);
+  transport::Time t{};
+  EXPECT_TRUE(igmp_frames(dev, *peer, t).empty());
+  // The first member reports the group, to the group's own addresses; more members do not.
+  ASSERT_EQ(nic.attach_mcast(&owner, q1->qpn(), kG1), 0);
+  auto f = igmp_frames(dev, *peer, t);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].type, kReport);
+  EXPECT_EQ(f[0].group, kG1);
+  EXPECT_EQ(f[0].dst_ip, kG1);
+  EXPECT_EQ(f[0].dst_mac, wire::multicast_mac(kG1));
+  ASSERT_EQ(nic.attach_mcast(&owner, q2->qpn(), kG1), 0);
+  ASSERT_EQ(nic.attach_mcast(&owner, q1->qpn(), kG1), 0);  // again: one attachment
+  EXPECT_TRUE(igmp_frames(dev, *peer, t).empty());
+  ASSERT_EQ(nic.attach_mcast(&owner, q2->qpn(), kG2), 0);
+  f = igmp_frames(dev, *peer, t);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].group, kG2);
+  // A general query: every group is reported. A group's query: only a group with members.
+  send_query(*peer, 0);
+  f = igmp_frames(dev, *peer, t);
+  ASSERT_EQ(f.size(), 2u);
+  std::vector<uint32_t> groups = {f[0].group, f[1].group};
+  std::sort(groups.begin(), groups.end());
+  EXPECT_EQ(groups, (std::vector<uint32_t>{kG1, kG2}));
+  EXPECT_EQ(f[0].type, kReport);
+  EXPECT_EQ(f[1].type, kReport);
+  send_query(*peer, kG3);
+  EXPECT_TRUE(igmp_frames(dev, *peer, t).empty());
+  send_query(*peer, kG2);
+  f = igmp_frames(dev, *peer, t);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].group, kG2);
+  send_query(*peer, 0, /*corrupt=*/true);
+  EXPECT_TRUE(igmp_frames(dev, *peer, t).empty());
+  EXPECT_EQ(dev.layer->counters().igmp_queries, 3u);
+  EXPECT_EQ(dev.layer->counters().igmp_rx_malformed, 1u);
+  // A plane set up again reports every group (a switch forgets a port's groups when its link
+  // goes down).
+  ASSERT_TRUE(dev.layer->set_plane_admin(0, false));
+  EXPECT_TRUE(igmp_frames(dev, *peer, t).empty());
+  ASSERT_TRUE(dev.layer->set_plane_admin(0, true));
+  EXPECT_EQ(igmp_frames(dev, *peer, t).size(), 2u);
+  // The last member's detach leaves the group (to 224.0.0.2); a destroyed QP leaves its own.
+  ASSERT_EQ(nic.detach_mcast(&owner, q1->qpn(), kG1), 0);
+  EXPECT_TRUE(igmp_frames(dev, *peer, t).empty());
+  ASSERT_EQ(nic.detach_mcast(&owner, q2->qpn(), kG1), 0);
+  f = igmp_frames(dev, *peer, t);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].type, kLeave);
+  EXPECT_EQ(f[0].group, kG1);
+  EXPECT_EQ(f[0].dst_ip, wire::kAllRoutersGroup);
+  EXPECT_EQ(f[0].dst_mac, wire::multicast_mac(wire::kAllRoutersGroup));
+  ASSERT_EQ(nic.destroy_qp(&owner, q2->qpn()), 0);
+  f = igmp_frames(dev, *peer, t);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].type, kLeave);
+  EXPECT_EQ(f[0].group, kG2);
+  send_query(*peer, 0);
+  EXPECT_TRUE(igmp_frames(dev, *peer, t).empty()) << "no group left to report";
+  EXPECT_EQ(dev.layer->counters().igmp_reports, 7u);
+  EXPECT_EQ(dev.layer->counters().igmp_leaves, 2u);
 }
 
 TEST_F(NicTest, RetriesExhaustedPutTheQpInErrorAndRaiseQpFatal) {
