@@ -45,12 +45,7 @@ for d in A B C; do
 done
 eval "$("$METAROCE" env)"
 
-stat_counter() {
-  "$METAROCE" stat "$1" --json | python3 -c '
-import json, sys
-print(json.load(sys.stdin)["counters"].get(sys.argv[1], 0))' "$2"
-}
-# The bridge's entries for GROUP: "PORT" per line.
+# The bridge ports with an entry for GROUP, sorted, each followed by a space.
 mdb_ports() { bridge mdb show dev br0 | sed -n "s/.* port \([^ ]*\) grp $GROUP .*/\1/p" | sort -u | tr '\n' ' '; }
 tx_packets() { cat "/sys/class/net/b$1/statistics/tx_packets"; }
 

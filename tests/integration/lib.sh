@@ -48,6 +48,13 @@ trap cleanup EXIT
 
 fail() { echo "FAIL $TEST_NAME: $*" >&2; exit 1; }
 
+# stat_counter DEV NAME: a device counter from `metaroce stat --json` (published every 100 ms).
+stat_counter() {
+  "$METAROCE" stat "$1" --json | python3 -c '
+import json, sys
+print(json.load(sys.stdin)["counters"].get(sys.argv[1], 0))' "$2"
+}
+
 # make_pair [extra link options]: devices mrA (memif server) and mrB (memif client).
 make_pair() {
   local sock="metaroce-$TEST_NAME-$$"

@@ -13,12 +13,6 @@ source "$(dirname "$0")/lib.sh"
 make_pair
 GROUP=230.18.0.1
 
-# stat_counter DEV NAME: a device counter from `metaroce stat --json` (published every 100 ms).
-stat_counter() {
-  "$METAROCE" stat "$1" --json | python3 -c '
-import json, sys
-print(json.load(sys.stdin)["counters"].get(sys.argv[1], 0))' "$2"
-}
 # start_member NAME DEV_IP QPS COUNT: an mckey receiver in the background, ready once joined.
 start_member() {
   # Line-buffered: its "receiving data transfers" (all QPs joined and receives posted) is the cue.
