@@ -226,9 +226,13 @@ def rate_hint(ctx):
     payload = pattern(1024, 7)
     end = time.monotonic() + 0.5
     msn = 0
+    # The senders' packets alternate one by one: the IUT closes a division with a data packet
+    # once hint_interval (20 us) has passed, and counts a sender active for 3 divisions (C§3.1).
+    # Four packets of one sender in a row would make a slow IUT (a sanitized build) close 4
+    # divisions with the other sender idle, and give the one it hears all of C'.
     while time.monotonic() < end:
-        for d, mr, qpn, stream in senders:
-            for p in range(4):
+        for p in range(4):
+            for d, mr, qpn, stream in senders:
                 d.send(write_pkt(d, p, qpn, stream, msn, mr, 0, payload))
         msn += 1
         ctx.port.pump(0.002)
