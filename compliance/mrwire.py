@@ -20,12 +20,14 @@ MAX_NAKS = 16                         # W§2.3
 WRITE, WRITE_IMM, SEND, SEND_IMM, READ_REQ, READ_RESP, CMP_SWP, FETCH_ADD, SEND_INV = range(1, 10)
 ACK, PROBE = 16, 17
 DATAGRAM, DATAGRAM_IMM = 10, 11       # W§8: multicast datagrams, outside every connection
-DATA_OPS = set(range(1, 10))
+ATOMIC_WRITE = 12                     # W§2.2: 8 bytes stored whole, acknowledged as a WRITE
+DATA_OPS = set(range(1, 10)) | {ATOMIC_WRITE}
 DATAGRAM_OPS = {DATAGRAM, DATAGRAM_IMM}
 MCAST_QPN = 0xffffff                  # W§8: a datagram's dst_stream
 OP_NAMES = {WRITE: "WRITE", WRITE_IMM: "WRITE_IMM", SEND: "SEND", SEND_IMM: "SEND_IMM",
             READ_REQ: "READ_REQ", READ_RESP: "READ_RESP", CMP_SWP: "ATOMIC_CMP_SWP",
-            FETCH_ADD: "ATOMIC_FETCH_ADD", SEND_INV: "SEND_INV", DATAGRAM: "DATAGRAM",
+            FETCH_ADD: "ATOMIC_FETCH_ADD", SEND_INV: "SEND_INV", ATOMIC_WRITE: "ATOMIC_WRITE",
+            DATAGRAM: "DATAGRAM",
             DATAGRAM_IMM: "DATAGRAM_IMM", ACK: "ACK", PROBE: "PROBE"}
 # Opcodes whose rsn may be non-zero (W§2.2: SEND*, SEND_INV, WRITE_IMM).
 RSN_OPS = {SEND, SEND_IMM, SEND_INV, WRITE_IMM}
@@ -245,6 +247,10 @@ def decode_mrh(b):
         bad.append(f"offset {m.offset} + payload {m.payload_len} > total_length {m.total_length} (W§2.2)")
     if m.remote_addr + m.total_length > 2**64:
         bad.append("remote_addr + total_length wraps 2^64 (W§2.2)")
+    sizes = {CMP_SWP: 16, FETCH_ADD: 16, ATOMIC_WRITE: 8}
+    if m.opcode in sizes and (m.offset, m.total_length, m.payload_len) != (0, sizes[m.opcode], sizes[m.opcode]):
+        bad.append(f"{OP_NAMES[m.opcode]} at offset {m.offset}, total_length {m.total_length}, "
+                   f"payload_len {m.payload_len}: one packet of {sizes[m.opcode]} bytes (W§2.2)")
     if seq_lt(m.path_seq, m.ack_floor):
         bad.append(f"ack_floor {m.ack_floor} above path_seq {m.path_seq} (W§2.1)")
     if m.flags & F_FAILOVER and (m.flags & F_ORIG_PATH) >= m.path_count:

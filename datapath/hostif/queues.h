@@ -67,8 +67,9 @@ enum class WqeOp : uint8_t {
   kBindMw,    // local: binds a memory window (fields: see SendWqe)
   kLocalInv,  // local: invalidates the type 2 window named by rkey
   kSendInv,   // a SEND whose responder invalidates the type 2 window named by rkey
+  kAtomicWrite,  // 8 bytes stored whole at remote_addr (verbs-mapping.md §3): see SendWqe
 };
-inline constexpr uint8_t kWqeOpCount = 10;
+inline constexpr uint8_t kWqeOpCount = 11;
 // Operations the NIC carries out itself, with no message to the peer.
 constexpr bool is_local(WqeOp op) { return op == WqeOp::kBindMw || op == WqeOp::kLocalInv; }
 
@@ -90,7 +91,9 @@ static_assert(sizeof(Sge) == 16);
 // kBindMw: rkey = the window's current rkey, imm = its new rkey (host order), remote_addr and
 // compare_add = the range bound (IOVA of the region, length; length 0 unbinds), swap = the
 // region's lkey << 32 | the window's access flags; no SGEs. kLocalInv and kSendInv: rkey = the
-// rkey to invalidate.
+// rkey to invalidate. kAtomicWrite: the 8 bytes are compare_add as memory holds them (not a
+// number) when the WQE has no SGE and no inline data (ibv_wr_atomic_write), else its SGEs or
+// inline data, which must hold exactly 8 (ibv_post_send).
 struct SendWqe {
   uint64_t wr_id;
   WqeOp op;
@@ -131,7 +134,7 @@ enum class WcStatus : uint32_t {
 };
 enum class WcOpcode : uint32_t {
   kSend = 0, kRdmaWrite = 1, kRdmaRead = 2, kCompSwap = 3, kFetchAdd = 4, kBindMw = 5,
-  kLocalInv = 6, kTso = 7, kRecv = 128, kRecvRdmaWithImm = 129,
+  kLocalInv = 6, kTso = 7, kAtomicWrite = 9, kRecv = 128, kRecvRdmaWithImm = 129,
   // Tag matching (verbs-mapping.md §19): list operations, and receives of a TM SRQ.
   kTmAdd = 130, kTmDel = 131, kTmSync = 132, kTmRecv = 133, kTmNoTag = 134,
 };

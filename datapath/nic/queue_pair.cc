@@ -37,6 +37,8 @@ WcOpcode send_opcode(WqeOp op) {
       return WcOpcode::kBindMw;
     case WqeOp::kLocalInv:
       return WcOpcode::kLocalInv;
+    case WqeOp::kAtomicWrite:
+      return WcOpcode::kAtomicWrite;
     case WqeOp::kSend:
     case WqeOp::kSendImm:
     case WqeOp::kSendInv:
@@ -55,6 +57,7 @@ Op transport_op(WqeOp op) {
     case WqeOp::kCmpSwp: return Op::kAtomicCmpSwp;
     case WqeOp::kFetchAdd: return Op::kAtomicFetchAdd;
     case WqeOp::kSendInv: return Op::kSendInv;
+    case WqeOp::kAtomicWrite: return Op::kAtomicWrite;
     case WqeOp::kBindMw:    // local: never a message
     case WqeOp::kLocalInv: break;
   }
@@ -70,7 +73,7 @@ bool uc_op(WqeOp op) {
 // What an XRC initiator sends (§17): RC's messages, without windows (a type 2 window is bound
 // to a QP, and an XRC initiator is never the QP an access arrives at).
 bool xrc_op(WqeOp op) {
-  return uc_op(op) || op == WqeOp::kRead || hostif::is_atomic(op);
+  return uc_op(op) || op == WqeOp::kRead || hostif::is_atomic(op) || op == WqeOp::kAtomicWrite;
 }
 
 // Initiators that obey the QP's retry and timeout attributes: the reliable ones.
@@ -179,6 +182,7 @@ size_t QueuePair::state_bytes() const {
   for (const auto& [srqn, c] : xrc_claims_) claims += sizeof(c) + c.slots.capacity() * sizeof(uint32_t);
   return sizeof(*this) + sq_slots_.capacity() * sizeof(SendSlot) +
          rx_msgs_.capacity() * sizeof(RecvMsg) + atomics_.capacity() * sizeof(AtomicResult) +
+         atomic_writes_.capacity() * sizeof(AtomicWrite) +
          claims + ud_seen_.capacity() * sizeof(UdSeen) + handles_.capacity() * sizeof(Handle);
 }
 
@@ -285,6 +289,8 @@ void QueuePair::reset() {
   rd_blocked_ = false;
   atomics_.clear();
   atomics_.shrink_to_fit();
+  atomic_writes_.clear();
+  atomic_writes_.shrink_to_fit();
   rx_next_msn_ = 0;
   rx_msgs_.assign(init_.type == QpType::kUd ? 1 : kRecvWindowInitial, RecvMsg{});
   if (!tm_msgs_.empty()) tm_msgs_.assign(kRecvWindowInitial, TmMsg{});
@@ -395,7 +401,10 @@ bool QueuePair::drain() {
         s.status = WcStatus::kLocProtErr;
       }
     }
+    // An ATOMIC_WRITE's 8 bytes are in the WQE itself when it names no buffer.
+    if (w.op == WqeOp::kAtomicWrite && w.num_sge == 0 && w.inline_len == 0) length = kAtomicSize;
     if (length > kMaxMrSize || (hostif::is_atomic(w.op) && (length != kAtomicSize || w.inline_len)) ||
+        (w.op == WqeOp::kAtomicWrite && length != kAtomicSize) ||
         (init_.type == QpType::kUd && length > nic_.active_mtu()) ||
         (init_.type == QpType::kRaw && (length < kEthHeaderLen || length > nic_.max_raw_frame()))) {
       s.failed = true;
@@ -613,6 +622,15 @@ void QueuePair::gather(uint32_t msn, uint32_t offset, std::span<uint8_t> out) {
   }
   uint8_t* slot = sq_slot(msn);
   const hostif::SendWqe* w = hostif::send_wqe(slot);
+  if (s.op == WqeOp::kAtomicWrite && w->num_sge == 0 && w->inline_len == 0) {
+    // The value as the WQE carried it at submission (hostif::SendWqe), byte for byte.
+    uint8_t value[kAtomicSize];
+    std::memcpy(value, &s.compare_add, kAtomicSize);
+    std::memset(out.data(), 0, out.size());
+    if (offset < kAtomicSize)
+      std::memcpy(out.data(), value + offset, std::min<size_t>(out.size(), kAtomicSize - offset));
+    return;
+  }
   const uint32_t inline_len = std::min(w->inline_len, max_inline_);
   if (inline_len > 0) {
     const uint8_t* data = hostif::send_inline(slot, max_send_sge_);
@@ -820,7 +838,10 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     m.with_imm = seg.op == Op::kWriteImm || seg.op == Op::kSendImm;
     m.with_inv = seg.op == Op::kSendInv;
     m.is_write = seg.op == Op::kWrite || seg.op == Op::kWriteImm;
-    m.consumes_recv = seg.op != Op::kWrite && seg.op != Op::kReadReq;
+    m.consumes_recv =
+        seg.op != Op::kWrite && seg.op != Op::kReadReq && seg.op != Op::kAtomicWrite;
+  } else if (m.atomic_write) {
+    return Syndrome::kOk;  // a copy of one already checked and waiting for its turn
   }
   Syndrome result = Syndrome::kOk;
   uint32_t placed = static_cast<uint32_t>(seg.payload.size());
@@ -910,6 +931,33 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
       }
       placed = 0;
       m.total = 0;  // nothing arrives for a READ request but the request itself
+      break;
+    }
+    case Op::kAtomicWrite: {
+      // One packet of 8 bytes for an aligned target the QP and the region let us write
+      // (IBV_ACCESS_REMOTE_WRITE, as for an RDMA WRITE). It is stored once every earlier
+      // message of the stream is in place, so a flag written after data never shows before it.
+      if (seg.payload.size() != kAtomicSize || seg.total_length != kAtomicSize ||
+          (seg.remote_addr & (kAtomicSize - 1)) != 0) {
+        result = Syndrome::kRemoteInvalid;
+        break;
+      }
+      const MrCheck c = (access_ & kRemoteWrite)
+                            ? nic_.mrs().check_remote(seg.rkey, pd, qpn_, kRemoteWrite,
+                                                      seg.remote_addr, kAtomicSize, nullptr)
+                            : MrCheck::kNoAccess;
+      if (c != MrCheck::kOk) {
+        result = mr_syndrome(c);
+        break;
+      }
+      AtomicWrite a{seg.msn, seg.rkey, pd, seg.remote_addr, 0};
+      std::memcpy(&a.value, seg.payload.data(), kAtomicSize);
+      try {
+        atomic_writes_.push_back(a);
+      } catch (const std::bad_alloc&) {
+        return Syndrome::kRnr;  // no memory to hold it now: the sender comes back
+      }
+      m.atomic_write = true;
       break;
     }
     case Op::kReadResp:
@@ -1060,6 +1108,12 @@ void QueuePair::complete_receives() {
       ++rx_next_msn_;
       continue;
     }
+    if (m.atomic_write && !store_atomic_write(m.msn)) {
+      m.seen = false;
+      ++rx_next_msn_;
+      enter_error(AsyncEvent::kQpAccessErr);
+      return;
+    }
     SrqClaims* claims = m.consumes_recv ? claims_of(m) : nullptr;
     // An XRC target's message whose SRQ went away meanwhile completes nowhere.
     if (m.consumes_recv && (claims || init_.type != QpType::kXrcTgt)) {
@@ -1076,6 +1130,24 @@ void QueuePair::complete_receives() {
     m.seen = false;
     ++rx_next_msn_;
   }
+}
+
+// An ATOMIC_WRITE's turn: the earlier messages' writes of this pass land first, then its 8
+// bytes in one access of 8 aligned bytes (verbs-mapping.md §3). False if its region no longer
+// lets it (deregistered or invalidated since it arrived) or the memory cannot be written.
+bool QueuePair::store_atomic_write(uint32_t msn) {
+  auto it = std::find_if(atomic_writes_.begin(), atomic_writes_.end(),
+                         [msn](const AtomicWrite& a) { return a.msn == msn; });
+  if (it == atomic_writes_.end()) return false;
+  AtomicWrite a = *it;
+  atomic_writes_.erase(it);
+  const MemoryRegion* mr = nullptr;
+  if (nic_.mrs().check_remote(a.rkey, a.pd, qpn_, kRemoteWrite, a.addr, kAtomicSize, &mr) !=
+      MrCheck::kOk)
+    return false;
+  nic_.flush_writes();
+  Access wr{mr->translate(a.addr), reinterpret_cast<uint8_t*>(&a.value), kAtomicSize};
+  return mr->mem->write({&wr, 1}) == 1;
 }
 
 void QueuePair::enter_error(std::optional<AsyncEvent> why) {

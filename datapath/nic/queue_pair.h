@@ -169,6 +169,17 @@ class QueuePair {
     uint32_t received = 0;
     uint32_t imm = 0;
     WcStatus status = WcStatus::kSuccess;
+    bool atomic_write = false;  // an ATOMIC_WRITE: its store waits in atomic_writes_
+  };
+  // ATOMIC_WRITE (verbs-mapping.md §3): checked on arrival, stored when every earlier message
+  // of the stream is in place (complete_receives), under the key it was checked with. Kept
+  // apart from RecvMsg, which every message slot of every QP pays for.
+  struct AtomicWrite {
+    uint32_t msn = 0;
+    uint32_t rkey = 0;
+    uint32_t pd = 0;
+    uint64_t addr = 0;
+    uint64_t value = 0;  // the 8 bytes as they travelled
   };
   // Responder's record of executed atomics, so that a request seen again is answered from
   // here rather than executed twice (docs/spec/verbs-mapping.md §3). Larger than the most
@@ -277,6 +288,7 @@ class QueuePair {
 
   void retire_sends();
   void complete_receives();
+  bool store_atomic_write(uint32_t msn);
   // Tag matching: decides the message seg is the first segment of (kRnr: not now, it comes
   // back); *prsn: the plain receive it consumes, when it does.
   transport::Syndrome tm_decide(const transport::Segment& seg, TmMsg* d, uint32_t* prsn);
@@ -342,6 +354,7 @@ class QueuePair {
   std::vector<RecvMsg> rx_msgs_;
   uint32_t rx_next_msn_ = 0;
   std::vector<AtomicResult> atomics_;
+  std::vector<AtomicWrite> atomic_writes_;  // waiting for their turn, at most kRecvWindow
   bool comm_est_ = false;  // kCommEst raised since the last reset
 
   // With an SRQ: what this QP claimed of it.

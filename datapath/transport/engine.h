@@ -44,6 +44,7 @@ enum class Op : uint8_t {
   kAtomicCmpSwp = 7,    // payload: 16 bytes of operands; answered by a kReadResp
   kAtomicFetchAdd = 8,
   kSendInv = 9,         // a SEND whose rkey the receiver invalidates (a memory window)
+  kAtomicWrite = 12,    // payload: the 8 bytes to store whole; acknowledged as a WRITE
 };
 
 // A message the NIC asks the transport to deliver reliably to one peer.

@@ -41,7 +41,8 @@ static_assert(kAckHeadersLen + kMaxNakRecords * kNakRecordLen <= 512,
 constexpr uint8_t kMinNakSyndrome = 1, kMaxNakSyndrome = 7, kLocalOnlySyndrome = 6;
 
 bool known_opcode(uint8_t op) {
-  return (op >= 1 && op <= 9) || op == static_cast<uint8_t>(Opcode::kAck) ||
+  return (op >= 1 && op <= 9) || op == static_cast<uint8_t>(Opcode::kAtomicWrite) ||
+         op == static_cast<uint8_t>(Opcode::kAck) ||
          op == static_cast<uint8_t>(Opcode::kProbe);
 }
 
@@ -70,6 +71,9 @@ bool data_fields_ok(Opcode op, const DataHeader& d) {
   // An atomic is one packet: its two operands, at offset 0.
   if (is_atomic_opcode(op) && (d.total_length != kAtomicRequestLen ||
                                d.payload_len != kAtomicRequestLen || d.offset != 0))
+    return false;
+  if (op == Opcode::kAtomicWrite && (d.total_length != kAtomicWriteLen ||
+                                     d.payload_len != kAtomicWriteLen || d.offset != 0))
     return false;
   // Only what consumes a receive names one (an RDMA WRITE, READ or atomic with an rsn is
   // malformed, not a write to perform).

@@ -74,17 +74,21 @@ enum class Opcode : uint8_t {
   // by decode_datagram, never by decode (the transport drops them as unknown opcodes).
   kDatagram = 10,
   kDatagramImm = 11,
+  kAtomicWrite = 12,  // 8-byte payload stored whole at an aligned target once every earlier
+                      // message of the stream is in place (spec §2.2); acknowledged as a WRITE
   kAck = 16,
   kProbe = 17,
 };
 
 inline constexpr bool is_data_opcode(Opcode op) {
-  return static_cast<uint8_t>(op) >= 1 && static_cast<uint8_t>(op) <= 9;
+  return (static_cast<uint8_t>(op) >= 1 && static_cast<uint8_t>(op) <= 9) ||
+         op == Opcode::kAtomicWrite;
 }
 inline constexpr bool is_atomic_opcode(Opcode op) {
   return op == Opcode::kAtomicCmpSwp || op == Opcode::kAtomicFetchAdd;
 }
 inline constexpr uint32_t kAtomicRequestLen = 16;  // an atomic's operands (spec §2.2)
+inline constexpr uint32_t kAtomicWriteLen = 8;     // an ATOMIC_WRITE's value (spec §2.2)
 
 // Why decode() refused a packet; the engine counts each separately.
 enum class DecodeError : uint8_t {

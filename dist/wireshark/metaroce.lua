@@ -10,7 +10,7 @@ local mr = Proto("metaroce", "MetaRoCE")
 local opcodes = {
   [1] = "WRITE", [2] = "WRITE_IMM", [3] = "SEND", [4] = "SEND_IMM", [5] = "READ_REQ",
   [6] = "READ_RESP", [7] = "ATOMIC_CMP_SWP", [8] = "ATOMIC_FETCH_ADD", [9] = "SEND_INV",
-  [16] = "ACK", [17] = "PROBE",
+  [12] = "ATOMIC_WRITE", [16] = "ACK", [17] = "PROBE",
 }
 local syndromes = {
   [1] = "RNR", [2] = "remote access", [3] = "remote bounds", [4] = "remote invalid",
@@ -180,7 +180,7 @@ function mr.dissector(tvb, pinfo, root)
   end
   if not name then
     opitem:add_proto_expert_info(e_bad)
-  elseif op <= 9 then
+  elseif op <= 9 or op == 12 then
     local xrc = op ~= 6 and bit.band(flags, 0x0800) ~= 0
     if tvb:len() < DATA_END then tree:add_proto_expert_info(e_len) else info = info .. dissect_data(tvb, tree, xrc) end
   elseif op == 16 then

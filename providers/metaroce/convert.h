@@ -65,6 +65,7 @@ constexpr std::optional<hostif::WqeOp> to_nic(ibv_wr_opcode op) {
     case IBV_WR_BIND_MW: return hostif::WqeOp::kBindMw;
     case IBV_WR_LOCAL_INV: return hostif::WqeOp::kLocalInv;
     case IBV_WR_SEND_WITH_INV: return hostif::WqeOp::kSendInv;
+    case IBV_WR_ATOMIC_WRITE: return hostif::WqeOp::kAtomicWrite;
     default: return std::nullopt;
   }
 }
@@ -88,6 +89,7 @@ static_assert(static_cast<int>(hostif::WcOpcode::kRdmaWrite) == IBV_WC_RDMA_WRIT
 static_assert(static_cast<int>(hostif::WcOpcode::kRdmaRead) == IBV_WC_RDMA_READ);
 static_assert(static_cast<int>(hostif::WcOpcode::kCompSwap) == IBV_WC_COMP_SWAP);
 static_assert(static_cast<int>(hostif::WcOpcode::kFetchAdd) == IBV_WC_FETCH_ADD);
+static_assert(static_cast<int>(hostif::WcOpcode::kAtomicWrite) == IBV_WC_ATOMIC_WRITE);
 static_assert(static_cast<int>(hostif::WcOpcode::kRecv) == IBV_WC_RECV);
 static_assert(static_cast<int>(hostif::WcOpcode::kRecvRdmaWithImm) == IBV_WC_RECV_RDMA_WITH_IMM);
 static_assert(hostif::kWcWithImm == IBV_WC_WITH_IMM && hostif::kWcGrh == IBV_WC_GRH);
@@ -108,7 +110,8 @@ inline constexpr uint64_t kSupportedSendOps =
     IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
     IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
     IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
-    IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV;
+    IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV |
+    IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 // Memory access flags a verbs MR may carry here (ZERO_BASED is not offered).
 inline constexpr unsigned kSupportedAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |

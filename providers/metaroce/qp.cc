@@ -56,7 +56,8 @@ constexpr uint64_t kRawSendOps = IBV_QP_EX_WITH_SEND;
 // An XRC initiator (§17): RC's messages, no window operations.
 constexpr uint64_t kXrcSendOps = kUcSendOps | IBV_QP_EX_WITH_RDMA_READ |
                                  IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-                                 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+                                 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+                                 IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 // 0 or an errno for the requested caps; writes back what will be granted.
 int grant_caps(const ibv_qp_cap& want, ibv_qp_cap* got) noexcept {
@@ -378,7 +379,7 @@ constexpr int kRemoteMask = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_
 // Writes a classic work request into a send slot; 0 or EINVAL. Never allocates.
 int build_send(const Qp& qp, const ibv_send_wr& wr, uint8_t* slot) noexcept {
   auto op = to_nic(wr.opcode);
-  if (!op) return EINVAL;  // TSO, atomic write: no such WQE in this NIC
+  if (!op) return EINVAL;  // TSO: no such WQE in this NIC
   if (qp.type == IBV_QPT_UC && *op != hostif::WqeOp::kSend && *op != hostif::WqeOp::kSendImm &&
       *op != hostif::WqeOp::kWrite && *op != hostif::WqeOp::kWriteImm)
     return EINVAL;  // no READ, atomic or window operation on an unreliable connection
@@ -424,8 +425,9 @@ int build_send(const Qp& qp, const ibv_send_wr& wr, uint8_t* slot) noexcept {
     return 0;
   }
   if (*op == hostif::WqeOp::kSendInv) w->rkey = wr.invalidate_rkey;
+  // ATOMIC_WRITE: the 8 bytes are the SGEs' (or the inline data), read by the NIC as a WRITE's.
   const bool remote = *op == hostif::WqeOp::kWrite || *op == hostif::WqeOp::kWriteImm ||
-                      *op == hostif::WqeOp::kRead;
+                      *op == hostif::WqeOp::kRead || *op == hostif::WqeOp::kAtomicWrite;
   if (remote) {
     w->remote_addr = wr.wr.rdma.remote_addr;
     w->rkey = wr.wr.rdma.rkey;
@@ -479,6 +481,7 @@ hostif::WcOpcode flush_opcode(hostif::WqeOp op) {
     case hostif::WqeOp::kFetchAdd: return hostif::WcOpcode::kFetchAdd;
     case hostif::WqeOp::kBindMw: return hostif::WcOpcode::kBindMw;
     case hostif::WqeOp::kLocalInv: return hostif::WcOpcode::kLocalInv;
+    case hostif::WqeOp::kAtomicWrite: return hostif::WcOpcode::kAtomicWrite;
     default: return hostif::WcOpcode::kSend;
   }
 }

@@ -213,7 +213,16 @@ void wr_set_xrc_srqn(ibv_qp_ex* qpx, uint32_t remote_srqn) {
   if (qp->type != IBV_QPT_XRC_SEND) return set_error(qp, EINVAL);
   hostif::send_wqe(slot)->xrc_srqn = remote_srqn;
 }
-void wr_atomic_write(ibv_qp_ex* q, uint32_t, uint64_t, const void*) { unsupported(q); }
+// The 8 bytes travel in the WQE, copied now as memory holds them: the caller's buffer may be
+// reused once this returns (ibv_wr_post(3)).
+void wr_atomic_write(ibv_qp_ex* qpx, uint32_t rkey, uint64_t remote_addr, const void* atomic_wire) {
+  if (!atomic_wire) return set_error(to_qp(qpx), EINVAL);
+  if (auto* w = open_wr(qpx, hostif::WqeOp::kAtomicWrite, IBV_QP_EX_WITH_ATOMIC_WRITE)) {
+    w->rkey = rkey;
+    w->remote_addr = remote_addr;
+    std::memcpy(&w->compare_add, atomic_wire, sizeof(w->compare_add));
+  }
+}
 
 }  // namespace
 

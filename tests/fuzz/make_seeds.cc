@@ -129,6 +129,7 @@ int main(int argc, char** argv) {
       {"read-req", data(Opcode::kReadReq, 0, 0)},
       {"read-resp", data(Opcode::kReadResp, 0, 200)},
       {"atomic-cas", data(Opcode::kAtomicCmpSwp, 0, kAtomicRequestLen)},
+      {"atomic-write", data(Opcode::kAtomicWrite, 0, kAtomicWriteLen)},
       {"failover-copy", data(Opcode::kWrite, failover_flags(1) | kFlagRedundant, 32)},
       {"probe", [] {
          std::vector<uint8_t> out(kBaseHeaderLen);

@@ -200,7 +200,7 @@ void arrive(World& w, const Packet& p, bool ce) {
 void submit(World& w, FuzzedDataProvider& in) {
   static constexpr Op kOps[] = {Op::kWrite, Op::kWriteImm, Op::kSend,          Op::kSendImm,
                                 Op::kReadReq, Op::kAtomicCmpSwp, Op::kAtomicFetchAdd,
-                                Op::kSendInv};
+                                Op::kSendInv, Op::kAtomicWrite};
   const int from = in.ConsumeBool();
   const uint32_t stream = in.ConsumeIntegralInRange<uint32_t>(0, kStreams - 1);
   Message m;
@@ -210,6 +210,7 @@ void submit(World& w, FuzzedDataProvider& in) {
   m.op = in.PickValueInArray(kOps);
   m.length = in.ConsumeIntegralInRange<uint32_t>(0, 2000);
   if (m.op == Op::kAtomicCmpSwp || m.op == Op::kAtomicFetchAdd) m.length = 16;
+  if (m.op == Op::kAtomicWrite) m.length = 8;
   const uint64_t cookie = w.next_cookie++;
   w.msgs[cookie] = m;
   w.by_key[{from, m.stream, m.msn}] = cookie;

@@ -178,6 +178,47 @@ TEST(ProcessMemory, ReadsAndWritesSeveralAccessesInOneCall) {
   EXPECT_EQ(mem.calls(), 2u) << "nothing to do needs no system call";
 }
 
+// What ATOMIC_WRITE rests on without the kernel module (verbs-mapping.md §3): the kernel's copy
+// of 8 aligned bytes into another address space is seen whole by a thread reading the word at
+// the same time. The architecture does not promise it for `rep movsb` (the copy on FSRM CPUs);
+// this fails on a host where it does not hold, rather than proving that it always does.
+TEST(ProcessMemory, EightAlignedBytesAreNeverSeenTorn) {
+  ProcessMemory mem(getpid());
+  alignas(64) static std::atomic<uint64_t> target[8];
+  static_assert(std::atomic<uint64_t>::is_always_lock_free);
+  constexpr uint64_t kValues[] = {0, ~uint64_t{0}, 0x0123456789abcdefull, 0xfedcba9876543210ull};
+  for (size_t slot : {size_t{0}, size_t{7}}) {  // first and last word of a cache line
+    std::atomic<uint64_t>& word = target[slot];
+    word.store(0);
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> torn{0}, reads{0}, example{0};
+    std::thread reader([&] {
+      uint64_t n = 0, bad = 0;
+      while (!stop.load(std::memory_order_relaxed)) {
+        const uint64_t v = word.load(std::memory_order_relaxed);
+        ++n;
+        if (v != kValues[0] && v != kValues[1] && v != kValues[2] && v != kValues[3]) {
+          ++bad;
+          example.store(v);
+        }
+      }
+      reads = n;
+      torn = bad;
+    });
+    constexpr int kWrites = 100000;
+    for (int i = 0; i < kWrites; ++i) {
+      uint64_t v = kValues[i & 3];
+      const Access a{reinterpret_cast<uint64_t>(&word), reinterpret_cast<uint8_t*>(&v), 8};
+      ASSERT_EQ(mem.write({&a, 1}), 1u);
+    }
+    stop = true;
+    reader.join();
+    EXPECT_EQ(torn.load(), 0u) << "word " << slot << ": " << torn << " of " << reads
+                               << " reads saw a mix of two values, e.g. " << std::hex << example;
+    EXPECT_GT(reads.load(), 0u);
+  }
+}
+
 TEST(ProcessMemory, AnUnmappedAddressFailsThatAccessOnly) {
   Pages hole(kPageBytes);
   ASSERT_NE(hole.data(), nullptr);

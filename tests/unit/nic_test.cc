@@ -611,6 +611,104 @@ TEST_F(NicTest, AtomicRequestSeenTwiceIsAnsweredButExecutedOnce) {
   EXPECT_EQ(word(b_, 0), 13u);
 }
 
+// ATOMIC_WRITE (verbs-mapping.md §3): 8 bytes stored whole, as the WQE holds them (the
+// extended verb) or from an SGE of 8 (ibv_post_send); acknowledged as a WRITE.
+TEST_F(NicTest, AtomicWriteStoresTheEightBytesAsGiven) {
+  const uint8_t value[8] = {0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08};
+  SendWqe w;
+  w.wr_id = 1;
+  w.op = WqeOp::kAtomicWrite;
+  w.signaled = true;
+  w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data() + 64);
+  w.rkey = b_.key;
+  std::memcpy(&w.compare_add, value, 8);
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  for (int i = 0; i < 8; ++i) a_.buf[256 + i] = static_cast<uint8_t>(0xa0 + i);
+  ASSERT_EQ(a_.qp->post_send(wqe(2, WqeOp::kAtomicWrite, sge(a_, 256, 8),
+                                 reinterpret_cast<uint64_t>(b_.buf.data() + 128), b_.key)),
+            0);
+  auto c = run_until(a_, 2);
+  ASSERT_EQ(c.size(), 2u);
+  for (const Cqe& e : c) {
+    EXPECT_EQ(e.status, WcStatus::kSuccess);
+    EXPECT_EQ(e.opcode, WcOpcode::kAtomicWrite);
+  }
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 64, value, 8), 0);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 128, a_.buf.data() + 256, 8), 0);
+  EXPECT_EQ(word(b_, 56), 0u);
+  EXPECT_EQ(word(b_, 72), 0u);
+}
+
+TEST_F(NicTest, AtomicWriteRefusesWrongLengthMisalignedTargetAndMissingWriteAccess) {
+  // Local: not 8 bytes.
+  ASSERT_EQ(a_.qp->post_send(wqe(1, WqeOp::kAtomicWrite, sge(a_, 0, 4),
+                                 reinterpret_cast<uint64_t>(b_.buf.data()), b_.key)),
+            0);
+  auto c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kLocLenErr);
+  // Remote: a target not 8-byte aligned is an invalid request.
+  SetUp();
+  a_.buf[0] = 0x55;
+  ASSERT_EQ(a_.qp->post_send(wqe(2, WqeOp::kAtomicWrite, sge(a_, 0, 8),
+                                 reinterpret_cast<uint64_t>(b_.buf.data() + 4), b_.key)),
+            0);
+  c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRemInvReqErr);
+  EXPECT_EQ(word(b_, 0), 0u);
+  EXPECT_EQ(word(b_, 8), 0u);
+  // Remote atomic access is not write access: the QP must allow remote writes.
+  SetUp();
+  b_.qp->set_access(kLocalWrite | kRemoteAtomic);
+  ASSERT_EQ(a_.qp->post_send(wqe(3, WqeOp::kAtomicWrite, sge(a_, 0, 8),
+                                 reinterpret_cast<uint64_t>(b_.buf.data()), b_.key)),
+            0);
+  c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRemAccessErr);
+  EXPECT_EQ(word(b_, 0), 0u);
+}
+
+// The flag pattern: data WRITE, then ATOMIC_WRITE of a flag. Data lands out of order, but the
+// flag is stored only once every earlier message of the stream is in place, and a copy of it
+// seen again stores nothing.
+TEST_F(NicTest, AtomicWriteWaitsForEveryEarlierMessageAndIsStoredOnce) {
+  QueuePair& qp = core_qp(b_, *b_.qp);
+  std::vector<uint8_t> data(64, 0x5a);
+  uint8_t flag[8] = {1, 0, 0, 0, 0, 0, 0, 0};
+  transport::Segment w;
+  w.peer_ip = kIpA;
+  w.op = transport::Op::kWrite;
+  w.dst_stream = b_.qp->qpn();
+  w.src_stream = a_.qp->qpn();
+  w.msn = 0;
+  w.total_length = 64;
+  w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data() + 4096);
+  w.rkey = b_.key;
+  w.payload = {data.data(), data.size()};
+  transport::Segment f = w;
+  f.op = transport::Op::kAtomicWrite;
+  f.msn = 1;
+  f.total_length = 8;
+  f.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data());
+  f.payload = {flag, sizeof(flag)};
+  EXPECT_EQ(qp.deliver(f), transport::Syndrome::kOk);  // the flag overtook the data
+  nic(b_).end_rx(clock_);
+  EXPECT_EQ(word(b_, 0), 0u) << "the flag was stored before the data it follows";
+  EXPECT_EQ(qp.deliver(f), transport::Syndrome::kOk);  // a copy while it waits
+  nic(b_).end_rx(clock_);
+  EXPECT_EQ(word(b_, 0), 0u);
+  EXPECT_EQ(qp.deliver(w), transport::Syndrome::kOk);
+  nic(b_).end_rx(clock_);
+  EXPECT_EQ(word(b_, 0), 1u);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 4096, data.data(), data.size()), 0);
+  word(b_, 0) = 7;  // the application moves on; a late copy must not undo it
+  EXPECT_EQ(qp.deliver(f), transport::Syndrome::kOk);
+  nic(b_).end_rx(clock_);
+  EXPECT_EQ(word(b_, 0), 7u);
+}
+
 TEST_F(NicTest, MaxRdAtomicBoundsOutstandingReads) {
   connect(a_, b_, 0xC6120002, /*max_rd_atomic=*/1);
   for (uint64_t i = 0; i < 4; ++i) {

@@ -189,12 +189,13 @@ TEST(Convert, TheRcOperationsAndWindowOperationsReachTheNicAndNothingElse) {
   EXPECT_EQ(to_nic(IBV_WR_LOCAL_INV), hostif::WqeOp::kLocalInv);
   EXPECT_EQ(to_nic(IBV_WR_BIND_MW), hostif::WqeOp::kBindMw);
   EXPECT_EQ(to_nic(IBV_WR_SEND_WITH_INV), hostif::WqeOp::kSendInv);
-  EXPECT_FALSE(to_nic(IBV_WR_ATOMIC_WRITE).has_value());
+  EXPECT_EQ(to_nic(IBV_WR_ATOMIC_WRITE), hostif::WqeOp::kAtomicWrite);
   EXPECT_FALSE(to_nic(IBV_WR_TSO).has_value());
   EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, 0u);
   EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, 0u);
   EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_BIND_MW, 0u);
-  EXPECT_EQ(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_WRITE, 0u);
+  EXPECT_NE(kSupportedSendOps & IBV_QP_EX_WITH_ATOMIC_WRITE, 0u);
+  EXPECT_FALSE(hostif::needs_response(hostif::WqeOp::kAtomicWrite));  // acknowledged as a WRITE
   EXPECT_TRUE(hostif::is_local(hostif::WqeOp::kBindMw));
   EXPECT_FALSE(hostif::is_local(hostif::WqeOp::kSendInv));
   EXPECT_TRUE(hostif::needs_response(hostif::WqeOp::kRead));

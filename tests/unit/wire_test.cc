@@ -338,6 +338,27 @@ TEST(Mrh, AtomicsHaveTheirOwnOpcodesAndATaggedWriteIsMalformed) {
   }
 }
 
+TEST(Mrh, AtomicWriteIsOnePacketOfEightBytes) {
+  Packet p;
+  BaseHeader b = sample_base(Opcode::kAtomicWrite);
+  DataHeader d = sample_data(kAtomicWriteLen);
+  d.offset = 0;
+  d.total_length = kAtomicWriteLen;
+  d.rsn = 0;
+  auto buf = data_packet(b, d);
+  EXPECT_EQ(buf[1], 12);
+  ASSERT_EQ(decode(buf, p), DecodeError::kNone);
+  EXPECT_EQ(p.base.opcode, Opcode::kAtomicWrite);
+  EXPECT_EQ(p.payload.size(), kAtomicWriteLen);
+  EXPECT_TRUE(is_data_opcode(Opcode::kAtomicWrite));
+  EXPECT_FALSE(is_atomic_opcode(Opcode::kAtomicWrite));  // no answer but the ACK
+  // Exactly 8 bytes at offset 0, naming no receive; anything else is malformed, not a write.
+  { auto y = d; y.payload_len = 4; y.total_length = 4; EXPECT_EQ(decode(data_packet(b, y), p), DecodeError::kBadField); }
+  { auto y = d; y.total_length = 16; EXPECT_EQ(decode(data_packet(b, y), p), DecodeError::kBadField); }
+  { auto y = d; y.total_length = 16; y.offset = 8; EXPECT_EQ(decode(data_packet(b, y), p), DecodeError::kBadField); }
+  { auto y = d; y.rsn = 1; EXPECT_EQ(decode(data_packet(b, y), p), DecodeError::kBadField); }
+}
+
 TEST(Mrh, PayloadLengthMustMatchTheBytesPresent) {
   auto buf = data_packet(sample_base(Opcode::kSend), sample_data(10));
   Packet p;
