@@ -393,6 +393,8 @@ def malformed_cases(d, qpn, stream, mr, seq, data):
          enc(base(opcode=w.READ_REQ, payload=b"", payload_len=4))),
         ("atomic of 8 bytes", {"drop_malformed"}, "W§2.2",
          enc(base(opcode=w.CMP_SWP, payload=data[:8], total_length=8))),
+        ("ATOMIC_WRITE of 16 bytes", {"drop_malformed"}, "W§2.2",
+         enc(base(opcode=w.ATOMIC_WRITE, payload=data[:16], total_length=16))),
         ("truncated data header", {"drop_malformed"}, "W§2.2", {"payload": good.encode()[:60]}),
         ("truncated base header", {"drop_malformed"}, "W§2.1", {"payload": good.encode()[:20]}),
         ("ACK for an unknown direction", {"drop_unknown_conn"}, "W§3.2", enc(ack)),
@@ -976,6 +978,70 @@ def read_request(ctx):
                "W§5.3")
     finally:
         rx.close()
+
+
+@check("atomic_write_stored_whole_in_message_order", "W§2.2 W§5.3 W§2.4")
+def atomic_write(ctx):
+    """An ATOMIC_WRITE (opcode 12, W§2.2) that arrives before the WRITE sent ahead of it in its
+    stream is ACKed but not stored; once the WRITE is in place both are, the 8 bytes exactly as
+    they travelled (no byte order applied). A copy seen again stores nothing (the IUT's
+    application changed the word meanwhile). A misaligned target is NAKed with syndrome 4
+    (kRemoteInvalid) and nothing is written."""
+    s = "W§2.2"
+    ip = ctx.new_ip()
+    mr = ctx.mr(4096, 0)
+    _, qpn, stream = ctx.qp(ip)
+    d = Direction(ctx.port, ip, 2)
+    open_direction(ctx, d, qpn, stream, mr, 1024, 11)  # msn 0
+    flag = bytes(range(1, 9))
+    data = pattern(256, 12)
+
+    def aw(msn, at, path=1):
+        return d.header(path, opcode=w.ATOMIC_WRITE, dst_stream=qpn, src_stream=stream, msn=msn,
+                        offset=0, total_length=8, remote_addr=mr["addr"] + at, rkey=mr["rkey"],
+                        payload=flag)
+
+    def settle(at, want, timeout=1.0):
+        """The IUT's 8 bytes at `at` once they equal want, or as they are after timeout."""
+        end = time.monotonic() + timeout
+        while True:
+            got = ctx.mem(mr, at, 8)
+            if got == want or time.monotonic() > end:
+                return got
+            ctx.port.pump(0.02)
+
+    first = aw(2, 0)
+    mark = len(ctx.port.log)
+    d.send(first)  # msn 2 overtakes msn 1
+    expect(ctx.wait_ack(d, mark, 1, lambda a: a.cum_seq == 1) is not None,
+           f"the ATOMIC_WRITE got no ACK: {describe(d.acks(mark))}", "W§5.2")
+    ctx.port.pump(0.1)
+    got = ctx.mem(mr, 0, 8)
+    expect(got == bytes(8), f"the ATOMIC_WRITE (msn 2) was stored, {got.hex()}, before the "
+           "WRITE of msn 1 arrived", s)
+    mark = len(ctx.port.log)
+    d.send(write_pkt(d, 0, qpn, stream, 1, mr, 256, data))
+    expect(ctx.wait_ack(d, mark, 0, lambda a: a.cum_seq == 2) is not None,
+           f"the WRITE got no ACK: {describe(d.acks(mark))}", "W§5.2")
+    got = settle(0, flag)
+    expect(got == flag, f"the ATOMIC_WRITE left {got.hex()}, want {flag.hex()} as it travelled", s)
+    expect(ctx.mem(mr, 256, 256) == data, "the WRITE ahead of it did not land", "W§5.1")
+    expect(ctx.mem(mr, 8, 8) == bytes(8), "the ATOMIC_WRITE wrote past its 8 bytes", s)
+    # A copy (a new packet of the same message): ACKed, not stored again.
+    ctx.agent("write", mr=mr["mr"], offset=0, hex="ee" * 8)
+    mark = len(ctx.port.log)
+    d.send(aw(2, 0))
+    expect(ctx.wait_ack(d, mark, 1, lambda a: a.cum_seq == 2) is not None,
+           f"the copy of the ATOMIC_WRITE was not ACKed: {describe(d.acks(mark))}", "W§5.1")
+    ctx.port.pump(0.1)
+    got = ctx.mem(mr, 0, 8)
+    expect(got == b"\xee" * 8, f"a copy of an ATOMIC_WRITE seen again was stored: {got.hex()}",
+           "W§2.2 W§5.1")
+    # Misaligned: NAK kRemoteInvalid, nothing written (on path 0, where nak_case listens).
+    m = aw(3, 12, path=0)
+    nak_case(ctx, d, qpn, stream, mr, m.path_seq, m, w.SYN_INVALID, "misaligned ATOMIC_WRITE")
+    got = ctx.mem(mr, 8, 16)
+    expect(got == bytes(16), f"a misaligned ATOMIC_WRITE wrote {got.hex()}", s)
 
 
 # --- (g) the IUT as sender: SACK hole -> one retransmission -------------------------------------
