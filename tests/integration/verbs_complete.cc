@@ -143,6 +143,42 @@ void test_memory(const char* name) {
     CHECK(ibv_dereg_mr(imr) == 0, "dereg the IOVA region");
   }
 
+  // ATOMIC_WRITE through ibv_post_send (verbs-mapping.md §3): the 8 bytes of its SGE, stored as
+  // they lie; an SGE of another length is a local length error.
+  {
+    ibv_mr* amr = ibv_reg_mr(d.pd, dst, kBuf, kRemote);
+    if (!amr) die("reg atomic target");
+    auto atomic_write = [&](uint32_t len, uint64_t raddr) {
+      ibv_sge s{reinterpret_cast<uintptr_t>(src + 1024), len, smr->lkey};
+      ibv_send_wr wr{};
+      wr.wr_id = 9;
+      wr.sg_list = &s;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_ATOMIC_WRITE;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.wr.rdma.remote_addr = raddr;
+      wr.wr.rdma.rkey = amr->rkey;
+      ibv_send_wr* bad = nullptr;
+      if (ibv_post_send(a, &wr, &bad)) return ibv_wc{};
+      auto c = wait_wc(d.cq, 1);
+      return c.size() == 1 ? c[0] : ibv_wc{};
+    };
+    const auto target = reinterpret_cast<uintptr_t>(dst) + 40960;
+    ibv_wc wc = atomic_write(8, target);
+    CHECK(wc.wr_id == 9 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_ATOMIC_WRITE,
+          "ATOMIC_WRITE completes as IBV_WC_ATOMIC_WRITE (status %d, opcode %d)", wc.status,
+          wc.opcode);
+    CHECK(std::memcmp(dst + 40960, src + 1024, 8) == 0 && dst[40968] == 0,
+          "its 8 bytes landed, and nothing more");
+    wc = atomic_write(4, target + 64);
+    CHECK(wc.wr_id == 9 && wc.status == IBV_WC_LOC_LEN_ERR,
+          "an ATOMIC_WRITE of 4 bytes: IBV_WC_LOC_LEN_ERR (status %d)", wc.status);
+    CHECK(dst[40960 + 64] == 0, "and nothing landed");
+    restate(d, a, b);  // both ends: a reset QP numbers its messages from 0 again
+    restate(d, b, a);
+    CHECK(ibv_dereg_mr(amr) == 0, "dereg the atomic target");
+  }
+
   // Implicit ODP, announced in the caps; a prefetch of a range it covers is accepted.
   ibv_device_attr_ex attr{};
   CHECK(ibv_query_device_ex(d.ctx, nullptr, &attr) == 0, "ibv_query_device_ex");
