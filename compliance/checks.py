@@ -863,11 +863,14 @@ def rnr_backoff(ctx):
     SACK and tail probes), and once taken the SEND completes with its bytes. A resend the IUT
     made before the refusal could have reached it (its RTO, 1 ms, beat a slow tester: sent, by
     its own clock mapped onto the tester's, less than 0.5 ms after the tester answered) makes
-    the attempt inconclusive, and it is run again (5 attempts). A QP with rnr_retry 0 fails at
-    the first refusal with IBV_WC_RNR_RETRY_EXC_ERR (C§6)."""
+    the attempt inconclusive, and it is run again (5 attempts). So does a first resend too early
+    although the refusal had that time to arrive: an IUT that ignores the timer does it in every
+    attempt, and the check fails at the second; a slow IUT that acts on the refusal late (a
+    sanitized build on a loaded host) rarely twice. A QP with rnr_retry 0 fails at the first
+    refusal with IBV_WC_RNR_RETRY_EXC_ERR (C§6)."""
     s = "C§6"
     code = 18
-    outcomes = []
+    outcomes, violations = [], []
     for attempt in range(5):
         ip = ctx.new_ip()
         refused = []
@@ -903,18 +906,25 @@ def rnr_backoff(ctx):
         if gap < 0.95 * RNR_TIMER_MS[code] / 1e3 and t0 + gap < nak_at + 0.5e-3:
             outcomes.append(outcome)   # its RTO came first (a slow tester): inconclusive
             continue
-        ctx.note(outcome + f"; attempt {attempt + 1}" + (f", before: {outcomes}" if outcomes else ""))
-        expect(gap >= 0.95 * RNR_TIMER_MS[code] / 1e3,
-               f"resent {gap * 1e3:.2f} ms after the RNR refusal named {RNR_TIMER_MS[code]} ms",
-               s + " W§2.4")
+        if gap < 0.95 * RNR_TIMER_MS[code] / 1e3:
+            # Too early although the refusal had 0.5 ms to reach the IUT. An IUT that ignores
+            # the timer does so every time; a slow but correct one (a sanitized build on a
+            # loaded host taking longer than that to act on the refusal) rarely twice in a row.
+            violations.append(outcome)
+            expect(len(violations) < 2,
+                   f"resent {gap * 1e3:.2f} ms after the RNR refusal named {RNR_TIMER_MS[code]} "
+                   f"ms, in 2 attempts: {violations}", s + " W§2.4")
+            continue
+        ctx.note(outcome + f"; attempt {attempt + 1}" +
+                 (f", before: {outcomes + violations}" if outcomes or violations else ""))
         expect(len(wcs) == 1 and wcs[0]["status"] == WC_SUCCESS,
                f"the SEND taken after its RNR completed {wcs}", s)
         buf, got = rx.message(first.msn, len(data))
         expect(buf == data, f"the tester holds {got} of {len(data)} bytes, or different ones", s)
         break
     else:
-        raise Skip(f"inconclusive: in every attempt the IUT's RTO resent the packet before the "
-                   f"tester's refusal could reach it (a loaded host): {outcomes}")
+        raise Skip(f"inconclusive: in no attempt was the refusal seen to be honoured, and in at "
+                   f"most one was it seen ignored (a loaded host): {outcomes + violations}")
     # rnr_retry 0: the first refusal fails the message.
     ip = ctx.new_ip()
     rx = Receiver(ctx.port, ip, refuse=lambda f: (w.SYN_RNR, 0x80 | 14) if f.mrh.is_data() else None)
