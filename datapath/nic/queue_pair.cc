@@ -850,10 +850,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     case Op::kWriteImm: {
       if (m.consumes_recv && !recv_for(claims, m.rsn)) return Syndrome::kRnr;
       const MemoryRegion* mr = nullptr;
-      const MrCheck c = (access_ & kRemoteWrite)
-                            ? nic_.mrs().check_remote(seg.rkey, pd, qpn_, kRemoteWrite,
-                                                      seg.remote_addr, seg.payload.size(), &mr)
-                            : MrCheck::kNoAccess;
+      const MrCheck c = remote_access(seg, pd, kRemoteWrite, seg.payload.size(), &mr);
       if (c == MrCheck::kOk) {
         if (!seg.payload.empty())
           nic_.queue_write(mr->mem, mr->translate(seg.remote_addr), seg.payload, qpn_, seg.msn);
@@ -912,10 +909,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
     }
     case Op::kReadReq: {
       const MemoryRegion* mr = nullptr;
-      const MrCheck c = (access_ & kRemoteRead)
-                            ? nic_.mrs().check_remote(seg.rkey, pd, qpn_, kRemoteRead,
-                                                      seg.remote_addr, seg.total_length, &mr)
-                            : MrCheck::kNoAccess;
+      const MrCheck c = remote_access(seg, pd, kRemoteRead, seg.total_length, &mr);
       if (c == MrCheck::kOk) {
         transport::MessageDesc resp;
         resp.peer_ip = seg.peer_ip;
@@ -942,10 +936,7 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
         result = Syndrome::kRemoteInvalid;
         break;
       }
-      const MrCheck c = (access_ & kRemoteWrite)
-                            ? nic_.mrs().check_remote(seg.rkey, pd, qpn_, kRemoteWrite,
-                                                      seg.remote_addr, kAtomicSize, nullptr)
-                            : MrCheck::kNoAccess;
+      const MrCheck c = remote_access(seg, pd, kRemoteWrite, kAtomicSize, nullptr);
       if (c != MrCheck::kOk) {
         result = mr_syndrome(c);
         break;
@@ -1002,6 +993,14 @@ void QueuePair::placement_failed(uint32_t /*msn*/) {
   enter_error(AsyncEvent::kQpAccessErr);
 }
 
+// The QP's own remote access rights, then the key's (its region or window, PD and bounds) for
+// `len` bytes at the request's remote address.
+MrCheck QueuePair::remote_access(const transport::Segment& seg, uint32_t pd, unsigned int need,
+                                 uint64_t len, const MemoryRegion** mr) const {
+  if (!(access_ & need)) return MrCheck::kNoAccess;
+  return nic_.mrs().check_remote(seg.rkey, pd, qpn_, need, seg.remote_addr, len, mr);
+}
+
 Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate, uint32_t pd) {
   if (duplicate) {
     for (AtomicResult& r : atomics_)
@@ -1015,10 +1014,7 @@ Syndrome QueuePair::execute_atomic(const transport::Segment& seg, bool duplicate
       (seg.remote_addr & (kAtomicSize - 1)) != 0)
     return Syndrome::kRemoteInvalid;  // IBV_WC_REM_INV_REQ_ERR at the requester
   const MemoryRegion* mr = nullptr;
-  const MrCheck c = (access_ & kRemoteAtomic)
-                        ? nic_.mrs().check_remote(seg.rkey, pd, qpn_, kRemoteAtomic,
-                                                  seg.remote_addr, kAtomicSize, &mr)
-                        : MrCheck::kNoAccess;
+  const MrCheck c = remote_access(seg, pd, kRemoteAtomic, kAtomicSize, &mr);
   if (c != MrCheck::kOk) return mr_syndrome(c);
   uint64_t compare_add = 0, swap = 0;
   for (int i = 0; i < 8; ++i) {

@@ -16,6 +16,7 @@
 #include "datapath/hostif/queues.h"
 #include "datapath/nic/completion_queue.h"
 #include "datapath/nic/memory.h"
+#include "datapath/nic/mr_table.h"
 #include "datapath/nic/shared_receive_queue.h"
 #include "datapath/nic/tag_matcher.h"
 #include "datapath/transport/engine.h"
@@ -289,6 +290,8 @@ class QueuePair {
   void retire_sends();
   void complete_receives();
   bool store_atomic_write(uint32_t msn);
+  MrCheck remote_access(const transport::Segment& seg, uint32_t pd, unsigned int need,
+                        uint64_t len, const MemoryRegion** mr) const;
   // Tag matching: decides the message seg is the first segment of (kRnr: not now, it comes
   // back); *prsn: the plain receive it consumes, when it does.
   transport::Syndrome tm_decide(const transport::Segment& seg, TmMsg* d, uint32_t* prsn);

@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,22 +93,31 @@ std::vector<ibv_wc> wait_wc(ibv_cq* cq, size_t n, double secs = 10) {
   return got;
 }
 
-// An RDMA WRITE of len bytes from (lkey, laddr) to (rkey, raddr); its completion status.
-int write_status(Dev& d, ibv_qp* qp, uint32_t lkey, const void* laddr, uint32_t len,
-                 uint32_t rkey, uint64_t raddr) {
+// One signaled RDMA work request (wr_id 7) of len bytes from (lkey, laddr) to (rkey, raddr):
+// its completion, or none if it could not be posted or did not complete.
+std::optional<ibv_wc> post_rdma(Dev& d, ibv_qp* qp, ibv_wr_opcode op, uint32_t lkey,
+                                const void* laddr, uint32_t len, uint32_t rkey, uint64_t raddr) {
   ibv_sge s{reinterpret_cast<uintptr_t>(laddr), len, lkey};
   ibv_send_wr wr{};
   wr.wr_id = 7;
   wr.sg_list = &s;
   wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.opcode = op;
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
   ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(qp, &wr, &bad)) return -1;
+  if (ibv_post_send(qp, &wr, &bad)) return std::nullopt;
   auto c = wait_wc(d.cq, 1);
-  return c.size() == 1 ? c[0].status : -2;
+  if (c.size() != 1) return std::nullopt;
+  return c[0];
+}
+
+// An RDMA WRITE's completion status; -1 if it was not posted or did not complete.
+int write_status(Dev& d, ibv_qp* qp, uint32_t lkey, const void* laddr, uint32_t len,
+                 uint32_t rkey, uint64_t raddr) {
+  const auto wc = post_rdma(d, qp, IBV_WR_RDMA_WRITE, lkey, laddr, len, rkey, raddr);
+  return wc ? wc->status : -1;
 }
 
 // Back to RTS after an error (the completions of the QP's past life are gone with the reset).
@@ -149,29 +159,18 @@ void test_memory(const char* name) {
     ibv_mr* amr = ibv_reg_mr(d.pd, dst, kBuf, kRemote);
     if (!amr) die("reg atomic target");
     auto atomic_write = [&](uint32_t len, uint64_t raddr) {
-      ibv_sge s{reinterpret_cast<uintptr_t>(src + 1024), len, smr->lkey};
-      ibv_send_wr wr{};
-      wr.wr_id = 9;
-      wr.sg_list = &s;
-      wr.num_sge = 1;
-      wr.opcode = IBV_WR_ATOMIC_WRITE;
-      wr.send_flags = IBV_SEND_SIGNALED;
-      wr.wr.rdma.remote_addr = raddr;
-      wr.wr.rdma.rkey = amr->rkey;
-      ibv_send_wr* bad = nullptr;
-      if (ibv_post_send(a, &wr, &bad)) return ibv_wc{};
-      auto c = wait_wc(d.cq, 1);
-      return c.size() == 1 ? c[0] : ibv_wc{};
+      return post_rdma(d, a, IBV_WR_ATOMIC_WRITE, smr->lkey, src + 1024, len, amr->rkey, raddr)
+          .value_or(ibv_wc{});  // wr_id 0: not posted, or no completion
     };
     const auto target = reinterpret_cast<uintptr_t>(dst) + 40960;
     ibv_wc wc = atomic_write(8, target);
-    CHECK(wc.wr_id == 9 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_ATOMIC_WRITE,
+    CHECK(wc.wr_id == 7 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_ATOMIC_WRITE,
           "ATOMIC_WRITE completes as IBV_WC_ATOMIC_WRITE (status %d, opcode %d)", wc.status,
           wc.opcode);
     CHECK(std::memcmp(dst + 40960, src + 1024, 8) == 0 && dst[40968] == 0,
           "its 8 bytes landed, and nothing more");
     wc = atomic_write(4, target + 64);
-    CHECK(wc.wr_id == 9 && wc.status == IBV_WC_LOC_LEN_ERR,
+    CHECK(wc.wr_id == 7 && wc.status == IBV_WC_LOC_LEN_ERR,
           "an ATOMIC_WRITE of 4 bytes: IBV_WC_LOC_LEN_ERR (status %d)", wc.status);
     CHECK(dst[40960 + 64] == 0, "and nothing landed");
     restate(d, a, b);  // both ends: a reset QP numbers its messages from 0 again

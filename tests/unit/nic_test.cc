@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "datapath/io/mem_link.h"
@@ -148,6 +149,22 @@ class NicTest : public ::testing::Test {
     return w;
   }
   Nic& nic(Side& s) { return *s.dev->nic; }
+  // A whole message from a_'s QP to b_'s, as b_'s transport hands it to the NIC; RDMA ones
+  // address b_'s buffer at byte `at`.
+  transport::Segment a_to_b(transport::Op op, uint32_t msn, std::span<const uint8_t> payload,
+                            size_t at = 0) {
+    transport::Segment s;
+    s.peer_ip = kIpA;
+    s.op = op;
+    s.dst_stream = b_.qp->qpn();
+    s.src_stream = a_.qp->qpn();
+    s.msn = msn;
+    s.total_length = static_cast<uint32_t>(payload.size());
+    s.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data() + at);
+    s.rkey = b_.key;
+    s.payload = payload;
+    return s;
+  }
   QueuePair& core_qp(Side& s, const TestQp& q) { return *nic(s).find_qp(q.qpn()); }
 
   transport::Time clock_{std::chrono::seconds(1)};
@@ -592,16 +609,7 @@ TEST_F(NicTest, AtomicRequestSeenTwiceIsAnsweredButExecutedOnce) {
   word(b_, 0) = 10;
   uint8_t ops[kAtomicRequestLen] = {};
   ops[7] = 3;  // add 3, big-endian
-  transport::Segment seg;
-  seg.peer_ip = 0xC6120001;
-  seg.op = transport::Op::kAtomicFetchAdd;
-  seg.dst_stream = b_.qp->qpn();
-  seg.src_stream = a_.qp->qpn();
-  seg.msn = 0;
-  seg.total_length = kAtomicRequestLen;
-  seg.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data());
-  seg.rkey = b_.key;
-  seg.payload = {ops, sizeof(ops)};
+  const transport::Segment seg = a_to_b(transport::Op::kAtomicFetchAdd, 0, ops);
   QueuePair& qp = core_qp(b_, *b_.qp);
   EXPECT_EQ(qp.deliver(seg), transport::Syndrome::kOk);
   nic(b_).end_rx(clock_);
@@ -677,22 +685,8 @@ TEST_F(NicTest, AtomicWriteWaitsForEveryEarlierMessageAndIsStoredOnce) {
   QueuePair& qp = core_qp(b_, *b_.qp);
   std::vector<uint8_t> data(64, 0x5a);
   uint8_t flag[8] = {1, 0, 0, 0, 0, 0, 0, 0};
-  transport::Segment w;
-  w.peer_ip = kIpA;
-  w.op = transport::Op::kWrite;
-  w.dst_stream = b_.qp->qpn();
-  w.src_stream = a_.qp->qpn();
-  w.msn = 0;
-  w.total_length = 64;
-  w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data() + 4096);
-  w.rkey = b_.key;
-  w.payload = {data.data(), data.size()};
-  transport::Segment f = w;
-  f.op = transport::Op::kAtomicWrite;
-  f.msn = 1;
-  f.total_length = 8;
-  f.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data());
-  f.payload = {flag, sizeof(flag)};
+  const transport::Segment w = a_to_b(transport::Op::kWrite, 0, data, 4096);
+  const transport::Segment f = a_to_b(transport::Op::kAtomicWrite, 1, flag);
   EXPECT_EQ(qp.deliver(f), transport::Syndrome::kOk);  // the flag overtook the data
   nic(b_).end_rx(clock_);
   EXPECT_EQ(word(b_, 0), 0u) << "the flag was stored before the data it follows";
@@ -831,13 +825,7 @@ TEST_F(NicTest, AReceiveIsFreedOnlyOnceItsCompletionIsStagedNamingIt) {
   r.wr_id = 42;
   ASSERT_EQ(srq.post_recv(r), 0);
   const uint8_t data[4] = {1, 2, 3, 4};
-  transport::Segment seg;
-  seg.peer_ip = kIpA;
-  seg.op = transport::Op::kSend;
-  seg.dst_stream = b_.qp->qpn();
-  seg.src_stream = a_.qp->qpn();
-  seg.total_length = 4;
-  seg.payload = data;
+  transport::Segment seg = a_to_b(transport::Op::kSend, 0, data);
   ASSERT_EQ(core_qp(b_, *b_.qp).deliver(seg), transport::Syndrome::kOk);
   seg.dst_stream = q->qpn();
   seg.src_stream = 77;

@@ -42,6 +42,15 @@ DataHeader sample_data(uint32_t payload_len) {
   return d;
 }
 
+// A message of one packet: len bytes at offset 0, naming no receive (atomics, ATOMIC_WRITE).
+DataHeader one_packet_data(uint32_t len) {
+  DataHeader d = sample_data(len);
+  d.offset = 0;
+  d.total_length = len;
+  d.rsn = 0;
+  return d;
+}
+
 std::vector<uint8_t> data_packet(const BaseHeader& b, const DataHeader& d) {
   std::vector<uint8_t> buf(kDataHeadersLen + d.payload_len);
   EXPECT_EQ(encode_data(buf, b, d), kDataHeadersLen);
@@ -314,10 +323,7 @@ TEST(Datagram, EveryFieldOutsideTheSpecIsRefused) {
 TEST(Mrh, AtomicsHaveTheirOwnOpcodesAndATaggedWriteIsMalformed) {
   Packet p;
   BaseHeader b = sample_base(Opcode::kAtomicFetchAdd);
-  DataHeader d = sample_data(kAtomicRequestLen);
-  d.offset = 0;
-  d.total_length = kAtomicRequestLen;
-  d.rsn = 0;
+  DataHeader d = one_packet_data(kAtomicRequestLen);
   auto buf = data_packet(b, d);
   EXPECT_EQ(buf[1], 8);
   ASSERT_EQ(decode(buf, p), DecodeError::kNone);
@@ -341,10 +347,7 @@ TEST(Mrh, AtomicsHaveTheirOwnOpcodesAndATaggedWriteIsMalformed) {
 TEST(Mrh, AtomicWriteIsOnePacketOfEightBytes) {
   Packet p;
   BaseHeader b = sample_base(Opcode::kAtomicWrite);
-  DataHeader d = sample_data(kAtomicWriteLen);
-  d.offset = 0;
-  d.total_length = kAtomicWriteLen;
-  d.rsn = 0;
+  DataHeader d = one_packet_data(kAtomicWriteLen);
   auto buf = data_packet(b, d);
   EXPECT_EQ(buf[1], 12);
   ASSERT_EQ(decode(buf, p), DecodeError::kNone);
