@@ -136,5 +136,10 @@ run_pair() {
   done
   echo "== $name server (exit $src)"; tail -n 30 "$LOGDIR/$name.server"
   echo "== $name client (exit $crc)"; tail -n 30 "$LOGDIR/$name.client"
-  fail "$name: server exit $src, client exit $crc"
+  # The programs' own words on the FAIL line: cleanup prints every log after this one, and a
+  # CI summary keeps only the end of the output.
+  local why
+  why=$(grep -h -i -E 'error|fail|couldn.t|exceeded|unable' "$LOGDIR/$name.client" \
+    "$LOGDIR/$name.server" | head -n 3 | tr -s ' \t\n' ' ')
+  fail "$name: server exit $src, client exit $crc${why:+: $why}"
 }
