@@ -3,8 +3,9 @@
 """The IUT's side of the compliance suite: plain libibverbs (pyverbs), driven by the tester.
 
 Reads one JSON command per line on stdin, answers one JSON line on stdout. It uses nothing but
-standard verbs, so it drives any RDMA device whose RC QPs take an IPv4-mapped GID as their peer's
-address (compliance/README.md, "Adapter"). Commands (all answer {"ok": true, ...} or
+standard verbs (and librdmacm for group joins), so it drives any RDMA device whose RC QPs take an
+IPv4-mapped GID as their peer's address (compliance/README.md, "Adapter"). Commands (all answer
+{"ok": true, ...} or
 {"ok": false, "error": ...}):
 
   {"cmd": "mr", "size": N, "fill": BYTE}              -> {"mr": id, "addr", "rkey", "lkey"}
@@ -22,6 +23,14 @@ address (compliance/README.md, "Adapter"). Commands (all answer {"ok": true, ...
   {"cmd": "ud_send", "qp", "group": "a.b.c.d", "mr", "offset", "len", "wr_id", "qkey",
    "imm": N or null}                                  (a SEND to the group's IPv4-mapped GID,
                                                        remote QPN 0xffffff)
+  {"cmd": "join", "ip": "198.18.x.y", "group": "a.b.c.d", "recvs": N}
+                                                      -> {"member": id, "qpn", "qkey"}
+      a UD QP of the RDMA CM (librdmacm, as applications join) that joins the group from the
+      device's address ip, with N receives of 2048 bytes posted
+  {"cmd": "member_poll", "member", "max": N, "wait_ms": T}
+                                                      -> {"wcs": [{status, opcode, len, imm,
+                                                          src_qp, hex}]} (hex: what landed)
+  {"cmd": "leave", "member"}                          (leaves the group, destroys the QP)
 """
 import argparse
 import json
@@ -54,6 +63,7 @@ class Agent:
         self.cq = CQ(self.ctx, 1024)
         self.mrs, self.qps = {}, {}
         self.ahs = []   # kept while their WQEs may be in flight
+        self.members = {}   # group members made through the RDMA CM (join)
 
     def mr(self, size, fill=0):
         access = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
@@ -152,6 +162,69 @@ class Agent:
 
     def destroy_qp(self, qp):
         self.qps.pop(qp).close()
+        return {}
+
+    def join(self, ip, group, recvs):
+        from pyverbs.cmid import AddrInfo, CMEvent, CMEventChannel, CMID
+        import pyverbs.cm_enums as ce
+        ch = CMEventChannel()
+        cmid = CMID(creator=ch, port_space=ce.RDMA_PS_UDP)
+
+        def event(want):
+            ev = CMEvent(ch)
+            got = ev.event_type
+            ev.ack_cm_event()
+            if got != want:
+                raise RuntimeError(f"RDMA CM event {got}, expected {want}")
+        # As mckey joins: bound to the device's address (which gives pyverbs the device's
+        # context and PD), the group resolved, a UD QP, the join.
+        cmid.bind_addr(AddrInfo(src=ip, port_space=ce.RDMA_PS_UDP, flags=ce.RAI_PASSIVE))
+        cmid.resolve_addr(AddrInfo(src=ip, dst=group, port_space=ce.RDMA_PS_UDP), 2000)
+        event(ce.RDMA_CM_EVENT_ADDR_RESOLVED)
+        cq = CQ(cmid.context, 64)   # ours, polled without blocking (member_poll)
+        m = {"ch": ch, "cmid": cmid, "cq": cq, "group": group, "mrs": [], "next": 0}
+        cap = QPCap(max_send_wr=1, max_recv_wr=max(recvs, 1), max_send_sge=1, max_recv_sge=1)
+        cmid.create_qp(QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, cap=cap))
+        # Receives first, each in a region of its own (rdma_post_recv fills a region from its
+        # start): UD receives complete in the order posted, so the n-th completion is region n.
+        for _ in range(recvs):
+            m["mrs"].append(cmid.reg_msgs(2048))
+            cmid.post_recv(m["mrs"][-1])
+        cmid.join_multicast(addr=AddrInfo(src=group))
+        event(ce.RDMA_CM_EVENT_MULTICAST_JOIN)
+        qkey = cmid.query_qp(e.IBV_QP_QKEY)[0].qkey
+        i = len(self.members) + 1
+        self.members[i] = m
+        return {"member": i, "qpn": cmid.qpn, "qkey": qkey}
+
+    def member_poll(self, member, max=16, wait_ms=0):
+        m = self.members[member]
+        out, end = [], time.monotonic() + wait_ms / 1000
+        while len(out) < max:
+            n, wcs = m["cq"].poll(max - len(out))
+            for c in wcs[:n]:
+                mr = m["mrs"][m["next"]]
+                m["next"] += 1
+                out.append({"status": c.status, "opcode": c.opcode, "len": c.byte_len,
+                            "imm": c.imm_data if c.wc_flags & e.IBV_WC_WITH_IMM else None,
+                            "src_qp": c.src_qp,
+                            "hex": mr.read(min(c.byte_len, 2048), 0).hex() if c.status == 0
+                            else ""})
+            if n == 0 and time.monotonic() >= end:
+                break
+            if n == 0:
+                time.sleep(0.001)
+        return {"wcs": out}
+
+    def leave(self, member):
+        from pyverbs.cmid import AddrInfo
+        m = self.members.pop(member)
+        m["cmid"].leave_multicast(AddrInfo(src=m["group"]))
+        for mr in m["mrs"]:
+            mr.close()
+        m["cmid"].close()
+        m["cq"].close()
+        m["ch"].close()
         return {}
 
 

@@ -1390,3 +1390,123 @@ def group_datagram(ctx):
                f"the {n} posted", s)
     ctx.note(f"{len(got)} datagrams to {GROUP} from port {got[0].sport:#x}, msn {msn0}.."
              f"{got[-1].mrh.msn}")
+
+
+MEMBER_GROUP = "230.18.77.9"    # the group the IUT joins; OTHER_GROUP has no member there
+OTHER_GROUP = "230.18.77.10"
+WC_RECV = 128                   # IBV_WC_RECV
+
+
+@check("group_member_reports_and_receives_as_specified", "W§8")
+def group_member(ctx):
+    """The IUT as a group member (W§8). A UD QP joins a group through the RDMA CM, as
+    applications join: the device sends an IGMPv2 Membership Report to the group (TTL 1, the
+    Router Alert option, DSCP CS6, from its address, both checksums right). A general query and
+    a query for the group are answered with a report of it; a query for a group it has no
+    member in gets no report of that group. Datagrams to the group with the Q_Key of the join
+    are delivered to the member in the order sent, each in the next receive: a 40-byte GRH (20
+    zero bytes, then an IPv4 header from the sender to the group) and the payload, the sender's
+    QP as src_qp, DATAGRAM_IMM with its immediate data. Interleaved with them, and delivered
+    nowhere: one with another Q_Key, one with a connection field not zero (dropped as
+    malformed, counted mcast_rx_malformed where the IUT publishes counters) and one to a group
+    without a member there. When the member leaves, the device sends a Leave Group for the
+    group to 224.0.0.2. Skipped where the device offers no multicast (max_mcast_grp 0)."""
+    s = "W§8"
+    if not ctx.agent("device")["max_mcast_grp"]:
+        raise Skip("the IUT's device offers no multicast (max_mcast_grp 0)")
+    port = ctx.port
+    src = ctx.new_ip()
+    have_counters = ctx.counters.available()
+    before = ctx.counters.read() if have_counters else None
+
+    def igmp_since(mark, kind, group):
+        return [f for f in port.igmp[mark:] if f.igmp_type == kind and f.igmp_group == group]
+
+    def as_a_host_sends(f, what, dst):
+        expect(f.dst_ip == dst, f"{what} to {f.dst_ip}, not {dst}", s)
+        expect(f.ttl == 1, f"{what} with TTL {f.ttl}, not 1", s)
+        expect(f.router_alert, f"{what} without the Router Alert option (RFC 2113)", s)
+        expect(f.tos >> 2 == w.DSCP_CS6, f"{what} with DSCP {f.tos >> 2}, not CS6", s)
+        expect(f.ip_csum_ok and f.igmp_csum_ok, f"{what} with a wrong checksum", s)
+
+    mark = len(port.igmp)
+    member = ctx.agent("join", ip=port.iut_ip, group=MEMBER_GROUP, recvs=8)
+    port.pump(3.0, until=lambda: igmp_since(mark, w.IGMP_REPORT, MEMBER_GROUP))
+    reports = igmp_since(mark, w.IGMP_REPORT, MEMBER_GROUP)
+    expect(reports, f"no Membership Report for {MEMBER_GROUP} within 3 s of the join", s)
+    as_a_host_sends(reports[0], "the Membership Report", MEMBER_GROUP)
+
+    def query(group, dst):
+        port.send(w.ether(w.group_mac(dst), port.mac, w.ETH_IPV4,
+                          w.ipv4_igmp(src, dst, w.igmp(w.IGMP_QUERY, group))))
+
+    mark = len(port.igmp)
+    query(OTHER_GROUP, OTHER_GROUP)
+    port.pump(0.3)
+    expect(not igmp_since(mark, w.IGMP_REPORT, OTHER_GROUP),
+           f"a report for {OTHER_GROUP}, which has no member on the IUT", s)
+    for group, dst, what in (("0.0.0.0", w.ALL_HOSTS, "general query"),
+                             (MEMBER_GROUP, MEMBER_GROUP, f"query for {MEMBER_GROUP}")):
+        mark = len(port.igmp)
+        query(group, dst)
+        port.pump(2.0, until=lambda: igmp_since(mark, w.IGMP_REPORT, MEMBER_GROUP))
+        got = igmp_since(mark, w.IGMP_REPORT, MEMBER_GROUP)
+        expect(got, f"the {what} was not answered with a report of {MEMBER_GROUP} within 2 s", s)
+        as_a_host_sends(got[0], f"the report answering the {what}", MEMBER_GROUP)
+
+    qkey, sender_qp, sport = member["qkey"], 0x4242, 0xc000 | 0x123
+
+    def datagram(k, payload, imm=None, group=MEMBER_GROUP, **kw):
+        m = w.Mrh(opcode=w.DATAGRAM if imm is None else w.DATAGRAM_IMM, conn_id=0,
+                  dst_stream=w.MCAST_QPN, src_stream=sender_qp, msn=k, rkey=qkey,
+                  imm=imm or 0, total_length=len(payload), payload=payload)
+        m.__dict__.update(kw)
+        port.send(w.ether(w.group_mac(group), port.mac, w.ETH_IPV4,
+                          w.ipv4_udp(src, group, sport, w.UDP_PORT, m.encode(), tos=0)))
+
+    good = [(pattern(1, 61), None), (pattern(100, 62), None), (pattern(1000, 63), 0x01020304),
+            (b"", None)]
+    datagram(0, good[0][0])
+    datagram(1, b"another Q_Key", rkey=qkey ^ 1)
+    datagram(2, good[1][0])
+    datagram(3, b"a connection field", conn_id=7)
+    datagram(4, good[2][0], imm=good[2][1])
+    datagram(5, b"no member here", group=OTHER_GROUP)
+    datagram(6, good[3][0])
+    out, end = [], time.monotonic() + 3.0
+    while len(out) < len(good) and time.monotonic() < end:
+        out += ctx.agent("member_poll", member=member["member"], max=8, wait_ms=20)["wcs"]
+    port.pump(0.3)
+    out += ctx.agent("member_poll", member=member["member"], max=8)["wcs"]
+    expect(len(out) == len(good), f"{len(good)} datagrams to the group were deliverable, the "
+           f"member received {len(out)}: {[(c['status'], c['len']) for c in out]}", s)
+    for k, ((data, imm), c) in enumerate(zip(good, out)):
+        what = f"delivery {k}"
+        expect(c["status"] == WC_SUCCESS and c["opcode"] == WC_RECV,
+               f"{what}: status {c['status']}, opcode {c['opcode']}", "verbs-mapping §7")
+        expect(c["len"] == 40 + len(data), f"{what}: byte_len {c['len']}, want 40 + "
+               f"{len(data)} (the datagrams arrived in order?)", "verbs-mapping §7")
+        got = bytes.fromhex(c["hex"])
+        grh, ip = got[:20], got[20:40]
+        expect(grh == bytes(20) and ip[0] >> 4 == 4 and ip[9] == 17 and
+               socket.inet_ntoa(ip[12:16]) == src and socket.inet_ntoa(ip[16:20]) == MEMBER_GROUP,
+               f"{what}: the GRH {got[:40].hex()} is not 20 zero bytes and an IPv4 header from "
+               f"{src} to {MEMBER_GROUP}", "verbs-mapping §7")
+        expect(got[40:] == data, f"{what}: the payload differs from the {len(data)} bytes sent", s)
+        expect(c["src_qp"] == sender_qp, f"{what}: src_qp {c['src_qp']:#x}, the sender's QP is "
+               f"{sender_qp:#x}", "verbs-mapping §7")
+        want_imm = None if imm is None else socket.htonl(imm)
+        expect(c["imm"] == want_imm, f"{what}: immediate data {c['imm']}, want {want_imm}", s)
+    if have_counters and "mcast_rx_malformed" in before:
+        moved = ctx.counter_deltas(before, lambda d: d.get("mcast_rx_malformed", 0) >= 1)
+        expect(moved.get("mcast_rx_malformed", 0) == 1, f"the datagram with a connection field "
+               f"moved mcast_rx_malformed by {moved.get('mcast_rx_malformed', 0)}, not 1", s)
+
+    mark = len(port.igmp)
+    ctx.agent("leave", member=member["member"])
+    port.pump(3.0, until=lambda: igmp_since(mark, w.IGMP_LEAVE, MEMBER_GROUP))
+    leaves = igmp_since(mark, w.IGMP_LEAVE, MEMBER_GROUP)
+    expect(leaves, f"no Leave Group for {MEMBER_GROUP} within 3 s of the member leaving", s)
+    as_a_host_sends(leaves[0], "the Leave Group", w.ALL_ROUTERS)
+    ctx.note(f"joined {MEMBER_GROUP} as QP {member['qpn']:#x} (Q_Key {qkey:#x}); "
+             f"{len(out)} of 7 datagrams delivered, as due; report, 2 answers and leave seen")

@@ -324,6 +324,26 @@ def udp_checksum(src_ip, dst_ip, udp):
     return c or 0xffff
 
 
+# IGMPv2 (RFC 2236), which a device speaks for its groups (W§8, "Membership").
+IGMP_QUERY, IGMP_REPORT, IGMP_LEAVE = 0x11, 0x16, 0x17
+ALL_HOSTS, ALL_ROUTERS = "224.0.0.1", "224.0.0.2"
+ROUTER_ALERT = b"\x94\x04\x00\x00"   # RFC 2113
+DSCP_CS6 = 48
+
+
+def igmp(kind, group, max_resp=100):
+    """An IGMPv2 message: type, max response time (0.1 s units), checksum, group."""
+    b = struct.pack(">BBH4s", kind, max_resp, 0, socket.inet_aton(group))
+    return b[:2] + struct.pack(">H", ip_checksum(b)) + b[4:]
+
+
+def ipv4_igmp(src_ip, dst_ip, msg):
+    """IPv4 carrying IGMP as a host's stack sends it: TTL 1, Router Alert, DSCP CS6."""
+    hdr = struct.pack(">BBHHHBBH4s4s", 0x46, DSCP_CS6 << 2, 24 + len(msg), 0, 0, 1, 2, 0,
+                      socket.inet_aton(src_ip), socket.inet_aton(dst_ip)) + ROUTER_ALERT
+    return hdr[:10] + struct.pack(">H", ip_checksum(hdr)) + hdr[12:] + msg
+
+
 def ether(dst_mac, src_mac, etype, payload):
     f = mac_bytes(dst_mac) + mac_bytes(src_mac) + struct.pack(">H", etype) + payload
     return f + b"\0" * max(0, 60 - len(f))
@@ -356,6 +376,9 @@ class Frame:
             return
         ip = raw[14:]
         vihl, self.tos, total, _, flags_frag, self.ttl, proto, _ = struct.unpack_from(">BBHHHBBH", ip)
+        if proto == 2 and vihl >> 4 == 4:
+            self._igmp(bytes(ip[:total]), (vihl & 15) * 4)
+            return
         if proto != 17 or vihl >> 4 != 4:
             return
         ihl = (vihl & 15) * 4
@@ -386,3 +409,17 @@ class Frame:
             self.problems += probs
             if self.mrh is not None:
                 self.kind = "mrh"
+
+    def _igmp(self, ip, ihl):
+        """kind 'igmp': igmp_type, igmp_group, router_alert, ip_csum_ok, igmp_csum_ok."""
+        if ihl < 20 or len(ip) < ihl + 8:
+            return
+        self.kind = "igmp"
+        self.src_ip, self.dst_ip = socket.inet_ntoa(ip[12:16]), socket.inet_ntoa(ip[16:20])
+        self.router_alert = ROUTER_ALERT in ip[20:ihl]
+        self.ip_csum_ok = ip_checksum(ip[:ihl]) == 0
+        msg = ip[ihl:]
+        self.igmp_csum_ok = ip_checksum(msg) == 0
+        self.igmp_type, _, _, group = struct.unpack_from(">BBH4s", msg)
+        self.igmp_group = socket.inet_ntoa(group)
+

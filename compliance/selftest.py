@@ -133,6 +133,20 @@ class Problems(unittest.TestCase):
         right = w.udp_checksum("198.18.0.1", "198.18.0.2", udp)
         self.assertEqual(frame(udp_csum=right).problems, [])
 
+    def test_igmp_is_decoded_and_checked(self):
+        mac = "02:00:00:00:00:01"
+        pkt = w.ipv4_igmp("198.18.0.1", "230.18.77.9", w.igmp(w.IGMP_REPORT, "230.18.77.9"))
+        f = w.Frame(w.ether(w.group_mac("230.18.77.9"), mac, w.ETH_IPV4, pkt))
+        self.assertEqual((f.kind, f.igmp_type, f.igmp_group, f.ttl, f.tos >> 2),
+                         ("igmp", w.IGMP_REPORT, "230.18.77.9", 1, w.DSCP_CS6))
+        self.assertTrue(f.router_alert and f.ip_csum_ok and f.igmp_csum_ok)
+        # RFC 2236's example layout: type, max response time, checksum, group.
+        self.assertEqual(w.igmp(w.IGMP_QUERY, "0.0.0.0", 100), bytes.fromhex("1164ee9b00000000"))
+        bad = bytearray(pkt)
+        bad[-1] ^= 1
+        f = w.Frame(w.ether(mac, mac, w.ETH_IPV4, bytes(bad)))
+        self.assertFalse(f.igmp_csum_ok)
+
     def test_sequences_compare_wrap_aware(self):
         self.assertTrue(w.seq_lt(0xfffffff0, 5))
         self.assertFalse(w.seq_lt(5, 0xfffffff0))

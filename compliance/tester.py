@@ -42,6 +42,7 @@ class Port:
         self.ips = set()
         self.iut_mac = None
         self.log = []            # every MetaRoCE frame from the IUT: (time, Frame)
+        self.igmp = []           # every IGMP message from the IUT (Frame, with .t)
         self.violations = []     # (time, problem, repr) for frames that break wire.md
         self.handlers = []       # callables(frame, t) for MetaRoCE frames; may send
         self.arp_requests = 0
@@ -134,6 +135,10 @@ class Port:
                 self.arp_requests += 1
                 self.send(w.ether(f.src_mac, self.mac, w.ETH_ARP,
                                   w.arp(2, self.mac, f.arp_tpa, f.arp_sha, f.arp_spa)))
+            return
+        if f.kind == "igmp" and f.src_ip == self.iut_ip:
+            f.t = t
+            self.igmp.append(f)
             return
         if f.kind not in ("udp", "mrh") or getattr(f, "src_ip", None) != self.iut_ip:
             return
