@@ -1756,11 +1756,14 @@ void EngineImpl::resume_parked(Connection& c, Time now) {
   c.parked.resize(kept);
 }
 
+// Less the time the engine itself was stalled, as for silence: a parked message whose back-off
+// ended during a stall is checked at the first pass after it, without having asked again.
 bool EngineImpl::unreachable_too_long(const detail::MsgSlot& s, Time now) const {
   if (s.unreachable_ns == 0 || s.m.timeout <= Time{0}) return false;
   const uint32_t limit =
       s.m.retry_cnt == MessageDesc::kEngineRetries ? cfg_.max_retries : s.m.retry_cnt;
-  return now - Time(s.unreachable_ns) >= s.m.timeout * (int64_t{limit} + 1);
+  const Time since(s.unreachable_ns);
+  return now - since - stalled_since(since) >= s.m.timeout * (int64_t{limit} + 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1954,16 +1957,19 @@ bool EngineImpl::suspect(Time now, Connection& c, uint16_t path) {
   return true;
 }
 
-// The QP's retry limits (§4.5): retry_cnt timeouts of one packet, and the peer silent on every
-// path for at least `timeout` (since the message left or since the connection's last ACK
-// progress, whichever is later); in any case once it has been silent for timeout *
-// (retry_cnt + 1), provided the packet was resent at least once (retry_cnt > 0). Silence, not
+// The QP's retry limit (§4.5): the peer silent on every path for timeout * (retry_cnt + 1)
+// (since the message left or since the connection's last ACK progress, whichever is later),
+// what an InfiniBand requester waits before RETRY_EXC (retry_cnt resends, each after the local
+// ACK timeout), provided the packet was resent at least once (retry_cnt > 0). Our RTOs are far
+// shorter than a QP's timeout, so the packet's own count of expiries says nothing about time:
+// failing once it reached retry_cnt and the peer had been silent for one timeout failed QPs
+// whose peer engine was merely off the CPU for ~130 ms on a starved host (ibv_rc_pingpong's
+// 67 ms timeout: from a 1 ms RTO, 7 backed-off expiries take 127 ms). Silence, not
 // the message's age: under heavy random loss a packet may time out many times while the peer
 // keeps answering for the others, and that is not an unreachable peer. And silence to a resend:
 // timers that ran late (the engine off the CPU) leave a long silence nobody asked the peer to
-// break, and failing there failed QPs of a loaded host without a single retransmission. Nor
-// the time the engine itself was stalled (stalled()): a whole host paused for longer than the
-// limit would otherwise fail the QP at the expiry after the first resend.
+// break. Nor the time the engine itself was stalled (stalled()): a whole host paused for
+// longer than the limit would otherwise fail the QP at the expiry after the first resend.
 bool EngineImpl::out_of_retries(const Connection& c, const TxDesc& d, Time now) const {
   const detail::MsgSlot& s = slots_[d.slot];
   const uint32_t limit =
@@ -1971,10 +1977,7 @@ bool EngineImpl::out_of_retries(const Connection& c, const TxDesc& d, Time now) 
   if (s.m.timeout <= Time{0}) return d.rto_retries >= limit;
   const Time since(std::max(s.first_tx_ns, c.last_progress_ns));
   const Time silent = now - since - stalled_since(since);
-  if (silent >= s.m.timeout * (int64_t{limit} + 1) && d.rto_retries >= std::min(limit, 1u)) {
-    return true;
-  }
-  return d.rto_retries >= limit && silent >= s.m.timeout;
+  return silent >= s.m.timeout * (int64_t{limit} + 1) && d.rto_retries >= std::min(limit, 1u);
 }
 
 void EngineImpl::stalled(Time from, Time to) {

@@ -2497,6 +2497,39 @@ TEST(PathFailure, AStreamThatAppearsLateStillGetsItsMessage) {
   EXPECT_TRUE(f.node[0].host.failed.empty());
 }
 
+TEST(PathFailure, AStallOfTheWholeHostIsNotTimeAStreamWasUnreachable) {
+  // A message parked because its stream did not exist yet at the receiver (W§6.4), then both
+  // engines off the CPU for 600 ms, longer than the QP's timeout x (retry_cnt + 1) = 537 ms; the
+  // stream exists by then. Told of its stall, the sender resends after it and the message
+  // completes; not told (the control), the first pass after the stall gives it up unasked.
+  const Time timeout(int64_t{4096} << 14);
+  for (bool told : {true, false}) {
+    Fabric f;
+    bool exists = false;
+    f.node[1].host.verdict = [&](const Segment&) {
+      return exists ? Syndrome::kOk : Syndrome::kUnreachable;
+    };
+    submit_with_qp_limits(f, 100, 5, timeout);
+    f.run(f.now + 4ms);
+    ASSERT_TRUE(f.node[0].host.acked.empty());
+    // To the next refusal: the message is parked when the stall begins.
+    const uint64_t naks = f.node[0].e->stats().naks_received;
+    while (f.node[0].e->stats().naks_received == naks) ASSERT_TRUE(f.step());
+    exists = true;
+    const Time stall_from = f.now, stall_to = f.now + 600ms;
+    f.timers_held_until = stall_to;
+    if (told) f.node[0].e->stalled(stall_from, stall_to);
+    f.run(f.now + 2s);
+    if (!told) {
+      ASSERT_EQ(f.node[0].host.failed.size(), 1u) << "the control no longer fails";
+      EXPECT_EQ(f.node[0].host.failed[0].second, Syndrome::kRetryExceeded);
+      continue;
+    }
+    EXPECT_TRUE(f.node[0].host.failed.empty());
+    ASSERT_EQ(f.node[0].host.acked.size(), 1u);
+  }
+}
+
 TEST(PathFailure, TheQpsTimeoutBoundsWhenRetriesRunOut) {
   // retry_cnt 7, timeout 1 ms: the error comes no sooner than 1 ms after the message left (a
   // peer descheduled for less must not fail it) and no later than 8 ms.
@@ -2513,6 +2546,26 @@ TEST(PathFailure, TheQpsTimeoutBoundsWhenRetriesRunOut) {
     EXPECT_GE(failed_at, timeout);
     EXPECT_LE(failed_at, timeout * 8 + cfg.rto_max);
   }
+}
+
+TEST(PathFailure, APeerSilentForLessThanTimeoutTimesRetriesPlusOneIsNotGivenUpOn) {
+  // retry_cnt 7, timeout 10 ms, RTOs of 0.1 ms and up: the packet times out 7 times in under
+  // 13 ms. A peer silent for 50 ms (its engine off the CPU on a starved host, say) is still
+  // within what an InfiniBand requester waits, 8 x 10 ms: the message completes once it
+  // answers. Giving up at the 7th expiry once one timeout had passed failed it at ~13 ms.
+  EngineConfig cfg = Fabric::default_config();
+  cfg.rto_initial = 100us;
+  cfg.rto_min = 20us;
+  Fabric f(cfg);
+  bool silent = true;
+  f.fate = [&](const Sent& s) { return silent && s.from == 1 ? Fate::kDrop : Fate::kDeliver; };
+  submit_with_qp_limits(f, kMtu, 3, 10ms);
+  EXPECT_EQ(step_until_node0_fails(f, f.now + 50ms), Time::max());
+  EXPECT_GE(f.node[0].e->stats().timeouts, 7u);
+  silent = false;
+  f.run(f.now + 1s);
+  ASSERT_EQ(f.node[0].host.acked.size(), 1u);
+  EXPECT_TRUE(f.node[0].host.failed.empty());
 }
 
 // ---------------------------------------------------------------------------------------------
