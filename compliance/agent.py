@@ -5,8 +5,7 @@
 Reads one JSON command per line on stdin, answers one JSON line on stdout. It uses nothing but
 standard verbs (and librdmacm for group joins), so it drives any RDMA device whose RC QPs take an
 IPv4-mapped GID as their peer's address (compliance/README.md, "Adapter"). Commands (all answer
-{"ok": true, ...} or
-{"ok": false, "error": ...}):
+{"ok": true, ...} or {"ok": false, "error": ...}):
 
   {"cmd": "mr", "size": N, "fill": BYTE}              -> {"mr": id, "addr", "rkey", "lkey"}
   {"cmd": "qp", "ip": "198.18.x.y", "qpn": N, "min_rnr_timer", "timeout", "retry_cnt",

@@ -356,7 +356,7 @@ def arp(op, src_mac, src_ip, dst_mac, dst_ip):
 
 
 class Frame:
-    """A received Ethernet frame, decoded. kind: 'arp', 'mrh', 'other'."""
+    """A received Ethernet frame, decoded. kind: 'arp', 'udp', 'mrh', 'igmp', 'other'."""
 
     def __init__(self, raw):
         self.raw = raw
@@ -422,4 +422,3 @@ class Frame:
         self.igmp_csum_ok = ip_checksum(msg) == 0
         self.igmp_type, _, _, group = struct.unpack_from(">BBH4s", msg)
         self.igmp_group = socket.inet_ntoa(group)
-
