@@ -1756,14 +1756,22 @@ void EngineImpl::resume_parked(Connection& c, Time now) {
   c.parked.resize(kept);
 }
 
-// Less the time the engine itself was stalled, as for silence: a parked message whose back-off
-// ended during a stall is checked at the first pass after it, without having asked again.
+// The engine's own stalls are left out, as for silence: a parked message whose back-off ended
+// during a stall is checked at the first pass after it, without having asked again.
 bool EngineImpl::unreachable_too_long(const detail::MsgSlot& s, Time now) const {
   if (s.unreachable_ns == 0 || s.m.timeout <= Time{0}) return false;
-  const uint32_t limit =
-      s.m.retry_cnt == MessageDesc::kEngineRetries ? cfg_.max_retries : s.m.retry_cnt;
-  const Time since(s.unreachable_ns);
-  return now - since - stalled_since(since) >= s.m.timeout * (int64_t{limit} + 1);
+  return budget_spent(s, Time(s.unreachable_ns), now);
+}
+
+// The QP's retry_cnt, or the engine's for a message that names none.
+uint32_t EngineImpl::retry_limit(const detail::MsgSlot& s) const {
+  return s.m.retry_cnt == MessageDesc::kEngineRetries ? cfg_.max_retries : s.m.retry_cnt;
+}
+
+// Whether the QP's whole retry budget, timeout * (retry_cnt + 1), has passed since `since`,
+// leaving out the time the engine itself was stalled meanwhile (§4.5).
+bool EngineImpl::budget_spent(const detail::MsgSlot& s, Time since, Time now) const {
+  return now - since - stalled_since(since) >= s.m.timeout * (int64_t{retry_limit(s)} + 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1972,12 +1980,10 @@ bool EngineImpl::suspect(Time now, Connection& c, uint16_t path) {
 // longer than the limit would otherwise fail the QP at the expiry after the first resend.
 bool EngineImpl::out_of_retries(const Connection& c, const TxDesc& d, Time now) const {
   const detail::MsgSlot& s = slots_[d.slot];
-  const uint32_t limit =
-      s.m.retry_cnt == MessageDesc::kEngineRetries ? cfg_.max_retries : s.m.retry_cnt;
+  const uint32_t limit = retry_limit(s);
   if (s.m.timeout <= Time{0}) return d.rto_retries >= limit;
-  const Time since(std::max(s.first_tx_ns, c.last_progress_ns));
-  const Time silent = now - since - stalled_since(since);
-  return silent >= s.m.timeout * (int64_t{limit} + 1) && d.rto_retries >= std::min(limit, 1u);
+  return d.rto_retries >= std::min(limit, 1u) &&
+         budget_spent(s, Time(std::max(s.first_tx_ns, c.last_progress_ns)), now);
 }
 
 void EngineImpl::stalled(Time from, Time to) {

@@ -373,6 +373,8 @@ class EngineImpl final : public Engine {
   void park(Connection& c, uint32_t slot, Time now);
   void resume_parked(Connection& c, Time now);
   bool unreachable_too_long(const detail::MsgSlot& s, Time now) const;
+  uint32_t retry_limit(const detail::MsgSlot& s) const;
+  bool budget_spent(const detail::MsgSlot& s, Time since, Time now) const;
   uint16_t find_in_flight(const Connection& c, uint16_t path, uint32_t seq) const;
   uint32_t find_named(const Connection& c, uint16_t path, uint32_t seq) const;
   void list_append(Connection& c, uint16_t path, uint16_t idx);

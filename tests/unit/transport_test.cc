@@ -2547,10 +2547,10 @@ TEST(PathFailure, TheQpsTimeoutBoundsWhenRetriesRunOut) {
 }
 
 TEST(PathFailure, APeerSilentForLessThanTimeoutTimesRetriesPlusOneIsNotGivenUpOn) {
-  // retry_cnt 7, timeout 10 ms, RTOs of 0.1 ms and up: the packet times out 7 times in under
-  // 13 ms. A peer silent for 50 ms (its engine off the CPU on a starved host, say) is still
-  // within what an InfiniBand requester waits, 8 x 10 ms: the message completes once it
-  // answers. Giving up at the 7th expiry once one timeout had passed failed it at ~13 ms.
+  // retry_cnt 7, timeout 10 ms, RTOs of 0.1 ms and up: the packet times out 7 times well
+  // within 50 ms. A peer silent for 50 ms (its engine off the CPU on a starved host, say) is
+  // still within what an InfiniBand requester waits, 8 x 10 ms: the message completes once it
+  // answers. Giving up at the 7th expiry once one timeout had passed failed it at 25.5 ms.
   EngineConfig cfg = Fabric::default_config();
   cfg.rto_initial = 100us;
   cfg.rto_min = 20us;
