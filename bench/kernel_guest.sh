@@ -7,11 +7,23 @@
 # ten times slower than the host) on a shared machine.
 #   bench/kernel_guest.sh BUILD_DIR [OUT_DIR]     (default bench/results)
 #   KG_MTU=9000 KG_DUR=5 KG_LATN=5000 KG_REPS=3 KG_SPINS=adaptive,always SMP=2
+# KG_PROFILE=1 profiles instead (tests/kernel/guest/profile.sh; needs linux-perf): where the CPU
+# goes during ib_write_bw 64 KiB over each kind, and the engine thread's system calls.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "$1" && pwd)
 out=${2:-$here/results}
 mkdir -p "$out"
+if [ "${KG_PROFILE:-0}" = 1 ]; then
+  command -v perf > /dev/null || { echo "kernel_guest.sh: KG_PROFILE needs perf (linux-perf)"; exit 1; }
+  export KG_APPEND="kg.mtu=${KG_MTU:-9000} kg.window=${KG_WINDOW:-3}"
+  export KG_GUEST_SCRIPT=$here/../tests/kernel/guest/profile.sh
+  export KG_EXTRA_BINS="${KG_EXTRA_BINS:-} perf"
+  log=$out/kernel-guest-profile.log
+  "$here/../tests/kernel/kernel.sh" "$build" > "$log" 2>&1 || true
+  grep '^PROFILE' "$log" || { tail -30 "$log"; echo "kernel_guest.sh: no profile"; exit 1; }
+  exit 0
+fi
 export KG_APPEND="kg.mtu=${KG_MTU:-9000} kg.dur=${KG_DUR:-5} kg.latn=${KG_LATN:-5000} kg.reps=${KG_REPS:-3} kg.spins=${KG_SPINS:-adaptive,always}"
 export KG_GUEST_SCRIPT=$here/../tests/kernel/guest/bench.sh
 log=$out/kernel-guest.log
