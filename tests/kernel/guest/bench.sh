@@ -21,11 +21,7 @@ engine() {
   wait_port mr0 ACTIVE && wait_port mr1 ACTIVE
 }
 metaroce engine start --spin "${SPINS%% *}"
-rdma link add mr0 type metaroce netdev veth0
-rdma link add mr1 type metaroce netdev veth1
-rdma link add rxe0 type rxe netdev veth0
-rdma link add rxe1 type rxe netdev veth1
-for d in mr0 mr1 rxe0 rxe1; do wait_port "$d" ACTIVE; done
+rxe_beside
 echo "BENCH config mtu=$MTU dur=$DUR latn=$LATN reps=$REPS spins=$(echo $SPINS | tr ' ' ',') cpus=$(nproc)"
 for d in mr0 rxe0; do
   echo "BENCH $d $(ibv_devinfo -d $d | grep -E 'active_mtu' | tr -s ' \t' ' ')"

@@ -47,6 +47,16 @@ setup_veth() {
   ip neigh replace 198.18.0.2 lladdr "$(cat /sys/class/net/veth1/address)" dev veth0 nud permanent
 }
 
+# rxe_beside: two MetaRoCE devices (mr0, mr1) and two rxe devices (rxe0, rxe1) over the veth
+# pair, all ports ACTIVE (the benchmark guests; the engine must already run).
+rxe_beside() {
+  rdma link add mr0 type metaroce netdev veth0
+  rdma link add mr1 type metaroce netdev veth1
+  rdma link add rxe0 type rxe netdev veth0
+  rdma link add rxe1 type rxe netdev veth1
+  for d in mr0 mr1 rxe0 rxe1; do wait_port "$d" ACTIVE; done
+}
+
 # gid_index DEV IPV4: the index of the device's RoCE v2 GID of that address.
 gid_index() {
   hex=$(echo "$2" | awk -F. '{printf "%02x%02x:%02x%02x", $1,$2,$3,$4}')

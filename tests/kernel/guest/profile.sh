@@ -17,11 +17,7 @@ mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 echo 0 > /proc/sys/kernel/kptr_restrict
 echo -1 > /proc/sys/kernel/perf_event_paranoid
 metaroce engine start > /dev/null
-rdma link add mr0 type metaroce netdev veth0
-rdma link add mr1 type metaroce netdev veth1
-rdma link add rxe0 type rxe netdev veth0
-rdma link add rxe1 type rxe netdev veth1
-for d in mr0 mr1 rxe0 rxe1; do wait_port "$d" ACTIVE; done
+rxe_beside
 echo "PROFILE config mtu=$MTU window=${WIN}s cpus=$(nproc)"
 
 # The engine's datapath thread: "name utime stime" (clock ticks) of each thread of the engine.
