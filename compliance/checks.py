@@ -929,7 +929,7 @@ def rnr_backoff(ctx):
             # A later copy, early, but no more of them than RTO back-off (1, 2, 4 ms) sends in
             # the window, each resend perhaps doubled (a tail copy or a failover copy on another
             # path): a slow IUT still acting on the refusal. Inconclusive. One that resends at
-            # once on every refusal sent 11-27 here.
+            # once on every refusal sent 11-32 here.
             outcomes.append(outcome)
             continue
         if by - nak_at < 0.95 * timer:

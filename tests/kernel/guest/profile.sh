@@ -20,7 +20,7 @@ metaroce engine start > /dev/null
 rxe_beside
 echo "PROFILE config mtu=$MTU window=${WIN}s cpus=$(nproc)"
 
-# The engine's datapath thread: "name utime stime" (clock ticks) of each thread of the engine.
+# dp_tid: the engine's datapath thread; ticks TID: its user and system time (clock ticks).
 dp_tid() {
   for t in /proc/$(pidof metaroced)/task/*; do
     [ "$(cat "$t/comm")" = metaroce-dp ] && echo "${t##*/}"
