@@ -15,7 +15,8 @@ build=$(cd "$1" && pwd)
 out=${2:-$here/results}
 mkdir -p "$out"
 if [ "${KG_PROFILE:-0}" = 1 ]; then
-  command -v perf > /dev/null || { echo "kernel_guest.sh: KG_PROFILE needs perf (linux-perf)"; exit 1; }
+  command -v perf > /dev/null ||
+    { echo "kernel_guest.sh: KG_PROFILE needs perf (linux-perf)"; exit 1; }
   export KG_APPEND="kg.mtu=${KG_MTU:-9000} kg.window=${KG_WINDOW:-3}"
   export KG_GUEST_SCRIPT=$here/../tests/kernel/guest/profile.sh
   export KG_EXTRA_BINS="${KG_EXTRA_BINS:-} perf"

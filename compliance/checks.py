@@ -889,7 +889,8 @@ def rnr_backoff(ctx):
             now = time.monotonic()
             if refused:
                 first = refused[0][1].mrh
-                if (m.msn, m.offset) != (first.msn, first.offset) or now >= refused[0][0] + 0.95 * timer:
+                if (m.msn, m.offset) != (first.msn, first.offset) or \
+                        now >= refused[0][0] + 0.95 * timer:
                     return None
             refused.append((now, f))
             return (w.SYN_RNR, 0x80 | code)

@@ -29,12 +29,13 @@ dp_tid() {
 ticks() { cut -d' ' -f14,15 "/proc/$(pidof metaroced)/task/$1/stat"; }
 counters() {
   metaroce stat "$1" 2>/dev/null | tr -s ' ' |
-    grep -oE '(tx_packets|rx_packets|acks_sent|acks_received|retransmits|timeouts) [0-9]+' | tr '\n' ' '
+    grep -oE '(tx_packets|rx_packets|acks_sent|acks_received|retransmits|timeouts) [0-9]+' |
+    tr '\n' ' '
 }
 
 port=18800
 profile() {
-  local kind=$1 dev=$2 x0 x1 sp cp tid
+  local kind=$1 dev=$2 x0 x1 sp cp tid line
   x0=$(gid_index ${dev}0 198.18.0.1); x1=$(gid_index ${dev}1 198.18.0.2)
   port=$((port + 1))
   ib_write_bw -s 65536 -D $((3 * WIN + 4)) -d ${dev}0 -x "$x0" -p $port -F > /tmp/srv.log 2>&1 &
@@ -54,7 +55,8 @@ profile() {
     echo "PROFILE mr after ticks $(ticks "$tid") mr1 $(counters mr1) mr0 $(counters mr0)"
   fi
   wait $cp; wait $sp
-  echo "PROFILE $kind result $(grep -E '^ *[0-9]+ +[0-9]+ ' /tmp/cli.log | tail -1 | tr -s ' \t' ' ')"
+  line=$(grep -E '^ *[0-9]+ +[0-9]+ ' /tmp/cli.log | tail -1 | tr -s ' \t' ' ')
+  echo "PROFILE $kind result $line"
   perf report -i /tmp/perf.data --no-children --sort comm,dso 2>/dev/null | grep '%' | head -12 |
     tr -s ' ' | sed "s/^/PROFILE $kind share/"
   perf report -i /tmp/perf.data --no-children --sort comm,sym 2>/dev/null | grep '%' | head -25 |
