@@ -55,6 +55,7 @@ struct End {
   uint32_t endpoint = 0, plane = 0;
   uint64_t sent = 0, received = 0, ce = 0, bad = 0, reordered = 0, arp = 0;
   int64_t last_seq = -1;
+  bool goodbye_acked = false;
 };
 
 void drain(End& end) {
@@ -62,8 +63,11 @@ void drain(End& end) {
   const uint16_t n = rte_eth_rx_burst(end.port, 0, bufs, kBurst);
   for (uint16_t i = 0; i < n; ++i) {
     const auto* d = rte_pktmbuf_mtod(bufs[i], const uint8_t*);
+    const auto kind = metaroce::wire::goodbye_kind({d, rte_pktmbuf_data_len(bufs[i])});
     const auto info = metaroce::wire::parse_frame({d, rte_pktmbuf_data_len(bufs[i])}, kUdpPort);
-    if (info.kind == metaroce::wire::FrameKind::kArp) {
+    if (kind) {
+      end.goodbye_acked |= *kind == metaroce::wire::kGoodbyeAck;
+    } else if (info.kind == metaroce::wire::FrameKind::kArp) {
       ++end.arp;
     } else if (info.kind != metaroce::wire::FrameKind::kMetaRoce ||
                info.payload.size() < 4 || info.dst_mac != mac_of(end.endpoint, end.plane)) {
@@ -240,6 +244,21 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(200us);
   }
 
+  // Goodbye first (docs/spec/link.md §4): memif unmaps the rings from the fabric's interrupt
+  // thread when this client disconnects, and a fabric still polling them then crashed. The fabric
+  // answers and leaves the port alone until the link goes down. A fabric that does not answer
+  // within 5 s (far longer than the NIC waits: this is a test's tool) is left anyway, and the
+  // summary says so.
+  std::vector<uint8_t> bye(metaroce::wire::kGoodbyeFrameLen);
+  for (auto& end : ends) {
+    metaroce::wire::build_goodbye(bye, mac_of(end.endpoint, end.plane), metaroce::wire::kGoodbye);
+    if (!send_frame(end, pool, bye)) continue;
+    --end.sent;  // not traffic
+    for (auto until = Clock::now() + 5s; !end.goodbye_acked && Clock::now() < until;) {
+      drain(end);
+      std::this_thread::sleep_for(50us);
+    }
+  }
   uint64_t sent = 0, received = 0, ce = 0, bad = 0, reordered = 0;
   std::string per;
   for (const auto& end : ends) {
@@ -251,9 +270,9 @@ int main(int argc, char** argv) {
     char buf[256];
     std::snprintf(buf, sizeof(buf),
                   "%s{\"endpoint\":%u,\"plane\":%u,\"sent\":%" PRIu64 ",\"received\":%" PRIu64
-                  ",\"ce\":%" PRIu64 ",\"arp\":%" PRIu64 "}",
+                  ",\"ce\":%" PRIu64 ",\"arp\":%" PRIu64 ",\"goodbye_acked\":%s}",
                   per.empty() ? "" : ",", end.endpoint, end.plane, end.sent, end.received, end.ce,
-                  end.arp);
+                  end.arp, end.goodbye_acked ? "true" : "false");
     per += buf;
   }
   std::printf("{\"sent\":%" PRIu64 ",\"send_failed\":%" PRIu64 ",\"received\":%" PRIu64

@@ -38,6 +38,7 @@
 
 #include "datapath/fabric/fabric_control.h"
 #include "datapath/fabric/idle_policy.h"
+#include "datapath/wire/frame.h"
 
 namespace metaroce::fabric {
 namespace {
@@ -84,35 +85,29 @@ struct PortState {
   std::chrono::steady_clock::time_point quiet_since{};  // at most kQuietMax, as the NIC does
   rte_mbuf* tx[kBurst * 4];
   uint16_t tx_count = 0;
-  uint64_t rx_frames = 0, tx_frames = 0, tx_dropped = 0, rx_unusable = 0;
+  uint64_t rx_frames = 0, tx_frames = 0, tx_dropped = 0, rx_unusable = 0, goodbyes = 0;
 };
 
 // The goodbye exchange of docs/spec/link.md §4 is link-local, like MAC control frames: the fabric
 // answers it on the port it came from and forwards nothing. Returns true when m was one (freed).
-constexpr uint16_t kGoodbyeEtherType = 0x88b5;
-constexpr uint8_t kGoodbye = 1, kGoodbyeAck = 2;
 constexpr auto kQuietMax = std::chrono::seconds(1);
 bool answer_goodbye(rte_mempool* pool, PortState& p, rte_mbuf* m) {
-  const uint8_t* f = rte_pktmbuf_mtod(m, const uint8_t*);
-  if (rte_pktmbuf_data_len(m) < 15 || f[12] != (kGoodbyeEtherType >> 8) ||
-      f[13] != (kGoodbyeEtherType & 0xff))
-    return false;
-  const bool bye = f[14] == kGoodbye;
+  const auto kind =
+      wire::goodbye_kind({rte_pktmbuf_mtod(m, const uint8_t*), rte_pktmbuf_data_len(m)});
+  if (!kind) return false;
   rte_pktmbuf_free(m);
-  if (!bye) return true;
+  if (*kind != wire::kGoodbye) return true;
   if (rte_mbuf* a = rte_pktmbuf_alloc(pool)) {
-    if (auto* d = reinterpret_cast<uint8_t*>(rte_pktmbuf_append(a, 60))) {
-      std::memset(d, 0, 60);
-      std::memset(d, 0xff, 6);
-      d[12] = kGoodbyeEtherType >> 8;
-      d[13] = kGoodbyeEtherType & 0xff;
-      d[14] = kGoodbyeAck;
+    if (auto* d = reinterpret_cast<uint8_t*>(rte_pktmbuf_append(a, wire::kGoodbyeFrameLen))) {
+      // The fabric's ports have no address of their own; the acknowledgement's source is zero.
+      wire::build_goodbye({d, wire::kGoodbyeFrameLen}, wire::MacAddr{}, wire::kGoodbyeAck);
       if (rte_eth_tx_burst(p.port, 0, &a, 1) == 1) a = nullptr;
     }
     if (a) rte_pktmbuf_free(a);
   }
   p.quiet = true;
   p.quiet_since = std::chrono::steady_clock::now();
+  ++p.goodbyes;
   return true;
 }
 
@@ -222,7 +217,8 @@ std::string ports_text(const std::vector<PortState>& ports) {
     s += "port e" + std::to_string(p.endpoint) + ".p" + std::to_string(p.plane) + ": " +
          (p.up ? "connected" : "waiting") + ", rx " + std::to_string(p.rx_frames) + ", tx " +
          std::to_string(p.tx_frames) + ", tx_dropped " + std::to_string(p.tx_dropped) +
-         ", rx_unusable " + std::to_string(p.rx_unusable) + "\n";
+         ", rx_unusable " + std::to_string(p.rx_unusable) + ", goodbyes " +
+         std::to_string(p.goodbyes) + "\n";
   }
   return s;
 }

@@ -23,14 +23,9 @@ constexpr Time kArpRetrySlow = std::chrono::seconds(1);
 // operator changes is followed within it.
 constexpr Time kRouteRefresh = std::chrono::seconds(1);
 constexpr uint32_t kL2L4Header = wire::kUdpFrameHeaderLen;
-// Link goodbye (docs/spec/link.md §4): a port about to close tells its peer to stop touching the
-// shared link first. DPDK 22.11's memif unmaps its rings from the interrupt thread when the peer
-// disconnects, even while another thread is inside rx/tx on them.
-constexpr uint16_t kGoodbyeEtherType = 0x88b5;  // IEEE local experimental
-constexpr uint8_t kGoodbye = 1, kGoodbyeAck = 2;
-constexpr uint32_t kGoodbyeFrameLen = 60;
-// Long enough for a peer whose engine is napping or descheduled on a loaded host to answer; the
-// close waits only until the answer comes (well under a millisecond when idle).
+// Link goodbye (wire::build_goodbye): long enough for a peer whose engine is napping or
+// descheduled on a loaded host to answer; the close waits only until the answer comes (well
+// under a millisecond when idle).
 constexpr auto kGoodbyeWait = std::chrono::milliseconds(500);
 constexpr Time kQuietMax = std::chrono::seconds(1);
 
@@ -226,28 +221,16 @@ void LinkLayer::on_igmp(Plane& pl, const wire::FrameInfo& p) {
 void LinkLayer::send_goodbye(Plane& pl, uint8_t kind) {
   if (pl.udp) return;  // nothing shared to let go of: the kernel owns the sockets' buffers
   io::TxFrame f;
-  if (!pl.port->alloc_tx(f, kGoodbyeFrameLen)) return;
-  std::memset(f.data, 0, kGoodbyeFrameLen);
-  std::memcpy(f.data, wire::kBroadcastMac.data(), 6);
-  std::memcpy(f.data + 6, pl.port->mac().data(), 6);
-  f.data[12] = kGoodbyeEtherType >> 8;
-  f.data[13] = kGoodbyeEtherType & 0xff;
-  f.data[14] = kind;
-  f.len = kGoodbyeFrameLen;
+  if (!pl.port->alloc_tx(f, wire::kGoodbyeFrameLen)) return;
+  f.len = static_cast<uint32_t>(
+      wire::build_goodbye({f.data, wire::kGoodbyeFrameLen}, pl.port->mac(), kind));
   tap(pl, {f.data, f.len});
   pl.port->tx_burst({&f, 1});
 }
 
-std::optional<uint8_t> LinkLayer::goodbye_kind(const io::RxFrame& f) {
-  if (f.len < 15 || f.data[12] != (kGoodbyeEtherType >> 8) ||
-      f.data[13] != (kGoodbyeEtherType & 0xff))
-    return std::nullopt;
-  return f.data[14];
-}
-
 void LinkLayer::say_goodbye(Plane& pl) {
   if (pl.udp || !pl.port->link_up()) return;
-  send_goodbye(pl, kGoodbye);
+  send_goodbye(pl, wire::kGoodbye);
   // Real time even under a test clock: this waits for another process (or for the other end
   // of a link this engine also serves, which can no longer answer: it waits the full time only
   // if that end is still open, and links close one after the other).
@@ -257,10 +240,10 @@ void LinkLayer::say_goodbye(Plane& pl) {
     uint32_t n = pl.port->rx_burst(rx);
     bool acked = false;
     for (uint32_t i = 0; i < n; ++i) {
-      auto kind = goodbye_kind(rx[i]);
-      acked |= kind == kGoodbyeAck;
+      auto kind = wire::goodbye_kind({rx[i].data, rx[i].len});
+      acked |= kind == wire::kGoodbyeAck;
       // Both ends closing at once: answer the other's goodbye too, or it waits its full time.
-      if (kind == kGoodbye) send_goodbye(pl, kGoodbyeAck);
+      if (kind == wire::kGoodbye) send_goodbye(pl, wire::kGoodbyeAck);
     }
     pl.port->release({rx, n});
     if (acked) return;
@@ -282,10 +265,10 @@ void LinkLayer::handle_frame(Time t, Plane& pl, const io::RxFrame& f) {
                    static_cast<uint8_t>(&pl - planes_.data()));
     return;
   }
-  if (auto kind = goodbye_kind(f)) {
-    if (*kind == kGoodbye) {
+  if (auto kind = wire::goodbye_kind({f.data, f.len})) {
+    if (*kind == wire::kGoodbye) {
       // The peer is closing its end: answer, then leave the link alone until it is back.
-      send_goodbye(pl, kGoodbyeAck);
+      send_goodbye(pl, wire::kGoodbyeAck);
       pl.quiet = true;
       pl.quiet_since = t;
       pl.quiet_saw_down = false;

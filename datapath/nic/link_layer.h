@@ -133,7 +133,6 @@ class LinkLayer {
   void on_igmp(Plane& pl, const wire::FrameInfo& p);
   void say_goodbye(Plane& pl);
   void handle_frame(transport::Time now, Plane& pl, const io::RxFrame& f);
-  static std::optional<uint8_t> goodbye_kind(const io::RxFrame& f);
   void loop_back(uint16_t udp_src_port, std::span<const uint8_t> udp_payload);
   // Frames raw QPs sent (onto plane 0, and back to this device's own flow rules) and UD QPs'
   // datagrams to groups, in the order posted, as the ports have room. True if any left.

@@ -129,6 +129,22 @@ size_t build_udp_frame(std::span<uint8_t> out, const UdpFrameParams& pr,
   return kUdpFrameHeaderLen + payload.size();
 }
 
+size_t build_goodbye(std::span<uint8_t> out, const MacAddr& src_mac, uint8_t kind) {
+  if (out.size() < kGoodbyeFrameLen) return 0;
+  uint8_t* f = out.data();
+  std::memset(f, 0, kGoodbyeFrameLen);
+  std::memcpy(f, kBroadcastMac.data(), 6);
+  std::memcpy(f + 6, src_mac.data(), 6);
+  store_be16(f + 12, kEtherTypeGoodbye);
+  f[14] = kind;
+  return kGoodbyeFrameLen;
+}
+
+std::optional<uint8_t> goodbye_kind(std::span<const uint8_t> frame) {
+  if (frame.size() < 15 || load_be16(frame.data() + 12) != kEtherTypeGoodbye) return std::nullopt;
+  return frame[14];
+}
+
 size_t build_arp(std::span<uint8_t> out, const ArpPacket& a) {
   if (out.size() < kArpFrameLen) return 0;
   uint8_t* e = out.data();

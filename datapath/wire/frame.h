@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 namespace metaroce::wire {
@@ -95,6 +96,19 @@ size_t build_igmp(std::span<uint8_t> out, const MacAddr& src_mac, uint32_t src_i
 // The IGMP message in an IPv4 payload (FrameInfo::ip_payload of a frame of protocol 2): false
 // when it is shorter than 8 bytes or its checksum is wrong.
 bool parse_igmp(std::span<const uint8_t> ip_payload, IgmpMessage& out);
+
+// Link goodbye (docs/spec/link.md §4): a port about to close tells its peer to stop touching the
+// shared link first. DPDK 22.11's memif unmaps its rings from the interrupt thread when the peer
+// disconnects, even while another thread is inside rx/tx on them.
+inline constexpr uint16_t kEtherTypeGoodbye = 0x88b5;  // IEEE 802 local experimental
+inline constexpr uint8_t kGoodbye = 1, kGoodbyeAck = 2;
+inline constexpr size_t kGoodbyeFrameLen = 60;
+// A broadcast goodbye frame of `kind` from src_mac. Returns kGoodbyeFrameLen, or 0 when out is too
+// small.
+size_t build_goodbye(std::span<uint8_t> out, const MacAddr& src_mac, uint8_t kind);
+// The kind byte of a goodbye frame (any value: the receiver ignores kinds it does not know), or
+// nullopt when the frame is not one.
+std::optional<uint8_t> goodbye_kind(std::span<const uint8_t> frame);
 
 enum class FrameKind : uint8_t { kArp, kMetaRoce, kOther, kMalformed };
 

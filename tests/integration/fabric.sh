@@ -2,9 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # End-to-end check of the fabric emulator over DPDK memif: `metaroce fabric run` with 2 endpoints
 # and 2 planes, fabric_probe attached to all four ports, then forwarding and ECMP spraying, random
-# loss, a black-holed link changed live, ECN marking under congestion, and the trace under both
-# idle policies, each checked both from what the probe received and from `metaroce fabric stat
-# --json`. Usage: fabric.sh BUILD_DIR.
+# loss, a black-holed link changed live, ECN marking under congestion, the trace under both idle
+# policies and endpoints that come and go, each checked both from what the probe received and
+# from `metaroce fabric stat --json`. Usage: fabric.sh BUILD_DIR.
 set -euo pipefail
 
 BUILD=$(cd "${1:?usage: $0 BUILD_DIR}" && pwd)
@@ -113,6 +113,11 @@ check "every core link of both planes carries traffic" \
 check "edge links count what endpoints received" \
   'total("frames_out", "edge") >= 8000 and total("drop_queue") == 0' "$P" "$S"
 "$M" fabric stat "$FAB" | grep -q '^p1.edge1 ' || fail "stat table lacks p1.edge1"
+# The probe said goodbye on each port before it disconnected (link.md §4), and the fabric answered
+# and counted it: without it, memif's teardown raced the fabric's polling and crashed it.
+check "every port's goodbye was answered" 'all(e["goodbye_acked"] for e in p["ends"])' "$P" "$S"
+[ "$("$M" fabric stat "$FAB" | grep -c ', goodbyes 1$')" = 4 ] ||
+  fail "the fabric did not count one goodbye per port: $("$M" fabric stat "$FAB" | grep '^port')"
 
 # 2. A link changed live: endpoint 1's edge link of plane 1 black-holes, then comes back.
 "$M" fabric set "$FAB" --plane 1 --link edge1 down >/dev/null
@@ -170,4 +175,14 @@ EOF
     'p["rows"] >= 2 and p["bytes_out"] == total("bytes_out") > 0' "$T" "$S"
   stop_fabric
 done
+# 6. Endpoints that come and go: twenty probes in a row, each leaving right after its traffic.
+#    Before probes said goodbye, memif's teardown raced the fabric's polling: the fabric died of
+#    SIGSEGV within 20 such probes in 4 runs of 5 (docs/design.md, "Goodbye before close").
+start_fabric --links-per-plane 2 --spin always
+for i in $(seq 20); do
+  probe --count 200 --pps 200000 --linger-ms 0 >/dev/null || fail "probe $i of 20"
+  kill -0 "$FABRIC_PID" 2>/dev/null || fail "the fabric died after probe $i of 20"
+done
+echo "ok: the fabric outlived 20 probes that came and went"
+stop_fabric
 echo "PASS fabric"

@@ -3,7 +3,9 @@
 // its own reason, checksums are right.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "datapath/wire/bytes.h"
@@ -678,6 +680,31 @@ TEST(Arp, RequestAndReplyRoundTrip) {
 
   std::vector<uint8_t> small(59);
   EXPECT_EQ(build_arp(small, rep), 0u);
+}
+
+TEST(Goodbye, FrameHasTheSpecLayoutAndOnlyItIsRecognised) {
+  const MacAddr src{2, 0, 0, 0, 0, 7};
+  std::vector<uint8_t> f(kGoodbyeFrameLen, 0xee);
+  ASSERT_EQ(build_goodbye(f, src, kGoodbye), kGoodbyeFrameLen);
+  // link.md §4: broadcast, the closing port's MAC, EtherType 0x88B5, the kind, zero padding.
+  EXPECT_TRUE(std::equal(kBroadcastMac.begin(), kBroadcastMac.end(), f.begin()));
+  EXPECT_TRUE(std::equal(src.begin(), src.end(), f.begin() + 6));
+  EXPECT_EQ(f[12], 0x88);
+  EXPECT_EQ(f[13], 0xb5);
+  EXPECT_EQ(f[14], 1);
+  EXPECT_TRUE(std::all_of(f.begin() + 15, f.end(), [](uint8_t b) { return b == 0; }));
+  EXPECT_EQ(goodbye_kind(f), std::optional<uint8_t>(kGoodbye));
+  ASSERT_EQ(build_goodbye(f, src, kGoodbyeAck), kGoodbyeFrameLen);
+  EXPECT_EQ(goodbye_kind(f), std::optional<uint8_t>(kGoodbyeAck));
+  // A kind the receiver does not know is still a goodbye frame (to be ignored), never traffic.
+  f[14] = 9;
+  EXPECT_EQ(goodbye_kind(f), std::optional<uint8_t>(9));
+  EXPECT_EQ(goodbye_kind(std::span<const uint8_t>(f.data(), 14)), std::nullopt);
+  std::vector<uint8_t> arp(kArpFrameLen);
+  build_arp(arp, ArpPacket{ArpOp::kRequest, src, 1, {}, 2});
+  EXPECT_EQ(goodbye_kind(arp), std::nullopt);
+  std::vector<uint8_t> small(kGoodbyeFrameLen - 1);
+  EXPECT_EQ(build_goodbye(small, src, kGoodbye), 0u);
 }
 
 TEST(Arp, MalformedArpIsRefused) {
