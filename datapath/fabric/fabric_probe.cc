@@ -13,6 +13,7 @@
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -246,18 +247,20 @@ int main(int argc, char** argv) {
 
   // Goodbye first (docs/spec/link.md §4): memif unmaps the rings from the fabric's interrupt
   // thread when this client disconnects, and a fabric still polling them then crashed. The fabric
-  // answers and leaves the port alone until the link goes down. A fabric that does not answer
-  // within 5 s (far longer than the NIC waits: this is a test's tool) is left anyway, and the
-  // summary says so.
+  // answers and leaves the port alone until the link goes down, or for 1 s: so every port says
+  // it at once and all close together. A fabric that does not answer within 5 s (far longer than
+  // the NIC waits: this is a test's tool) is left anyway, and the summary says so.
   std::vector<uint8_t> bye(metaroce::wire::kGoodbyeFrameLen);
   for (auto& end : ends) {
     metaroce::wire::build_goodbye(bye, mac_of(end.endpoint, end.plane), metaroce::wire::kGoodbye);
-    if (!send_frame(end, pool, bye)) continue;
-    --end.sent;  // not traffic
-    for (auto until = Clock::now() + 5s; !end.goodbye_acked && Clock::now() < until;) {
-      drain(end);
-      std::this_thread::sleep_for(50us);
-    }
+    if (send_frame(end, pool, bye)) --end.sent;  // not traffic
+  }
+  const auto all_acked = [&] {
+    return std::all_of(ends.begin(), ends.end(), [](const End& e) { return e.goodbye_acked; });
+  };
+  for (auto until = Clock::now() + 5s; !all_acked() && Clock::now() < until;) {
+    for (auto& end : ends) drain(end);
+    std::this_thread::sleep_for(50us);
   }
   uint64_t sent = 0, received = 0, ce = 0, bad = 0, reordered = 0;
   std::string per;
