@@ -64,11 +64,12 @@ void drain(End& end) {
   const uint16_t n = rte_eth_rx_burst(end.port, 0, bufs, kBurst);
   for (uint16_t i = 0; i < n; ++i) {
     const auto* d = rte_pktmbuf_mtod(bufs[i], const uint8_t*);
-    const auto kind = metaroce::wire::goodbye_kind({d, rte_pktmbuf_data_len(bufs[i])});
-    const auto info = metaroce::wire::parse_frame({d, rte_pktmbuf_data_len(bufs[i])}, kUdpPort);
-    if (kind) {
+    if (const auto kind = metaroce::wire::goodbye_kind({d, rte_pktmbuf_data_len(bufs[i])})) {
       end.goodbye_acked |= *kind == metaroce::wire::kGoodbyeAck;
-    } else if (info.kind == metaroce::wire::FrameKind::kArp) {
+      continue;  // link-local: not traffic (freed with the burst below)
+    }
+    const auto info = metaroce::wire::parse_frame({d, rte_pktmbuf_data_len(bufs[i])}, kUdpPort);
+    if (info.kind == metaroce::wire::FrameKind::kArp) {
       ++end.arp;
     } else if (info.kind != metaroce::wire::FrameKind::kMetaRoce ||
                info.payload.size() < 4 || info.dst_mac != mac_of(end.endpoint, end.plane)) {
