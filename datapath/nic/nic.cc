@@ -1091,6 +1091,7 @@ void Nic::gather(uint64_t c, uint32_t offset, std::span<uint8_t> out) {
     }
     const ReadResponse& rr = it->second;
     if (!rr.mem) {
+      if (out.empty()) return;  // a zero-length READ names no memory at all
       std::memcpy(out.data(), reinterpret_cast<const uint8_t*>(rr.addr) + offset, out.size());
       return;
     }

@@ -919,7 +919,8 @@ Syndrome QueuePair::deliver(const transport::Segment& seg) {
         resp.op = Op::kReadResp;
         resp.lane = lane_;
         resp.length = seg.total_length;
-        nic_.queue_read_response(resp, mr->mem, mr->translate(seg.remote_addr), &seg);
+        nic_.queue_read_response(resp, mr ? mr->mem : nullptr,
+                                 mr ? mr->translate(seg.remote_addr) : 0, &seg);
       } else {
         result = mr_syndrome(c);
       }
@@ -998,6 +999,13 @@ void QueuePair::placement_failed(uint32_t /*msn*/) {
 MrCheck QueuePair::remote_access(const transport::Segment& seg, uint32_t pd, unsigned int need,
                                  uint64_t len, const MemoryRegion** mr) const {
   if (!(access_ & need)) return MrCheck::kNoAccess;
+  // A zero-length RDMA WRITE or READ names no memory, so its R_Key and address are not
+  // checked (IBA C9-88, as hardware and rxe do): UCX flushes an RC endpoint with an empty
+  // inline WRITE whose rkey and address are 0.
+  if (len == 0 && seg.total_length == 0 && seg.op != Op::kAtomicWrite) {
+    if (mr) *mr = nullptr;
+    return MrCheck::kOk;
+  }
   return nic_.mrs().check_remote(seg.rkey, pd, qpn_, need, seg.remote_addr, len, mr);
 }
 

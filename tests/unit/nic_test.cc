@@ -321,6 +321,49 @@ TEST_F(NicTest, WrongRkeyIsRemoteAccessErrorAndFlushesTheRest) {
   EXPECT_EQ(b_.buf[0], 0) << "a rejected WRITE wrote memory";
 }
 
+// UCX flushes an RC endpoint with an empty inline WRITE whose rkey and address are 0; a
+// zero-length WRITE or READ names no memory, so its key is not checked (IBA C9-88).
+TEST_F(NicTest, ZeroLengthWriteAndReadCheckNoKey) {
+  RecvWqe r;
+  r.wr_id = 50;
+  r.num_sge = 1;
+  r.sge[0] = sge(b_, 0, 64);
+  ASSERT_EQ(b_.qp->post_recv(r), 0);
+  SendWqe w;
+  w.op = WqeOp::kWrite;
+  w.signaled = true;
+  w.wr_id = 1;  // rkey and remote address 0, nothing inline, no SGE: UCX's flush
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  w.wr_id = 2;
+  w.op = WqeOp::kRead;
+  w.rkey = b_.key + 0x300;  // no such key
+  w.remote_addr = 12345;
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  w.wr_id = 3;
+  w.op = WqeOp::kWriteImm;  // consumes b's receive, with no data
+  w.imm = htonl(77);
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  auto c = run_until(a_, 3);
+  ASSERT_EQ(c.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(c[i].wr_id, i + 1u);
+    EXPECT_EQ(c[i].status, WcStatus::kSuccess) << "wr " << i + 1;
+  }
+  auto rc = run_until(b_, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(rc[0].byte_len, 0u);
+  EXPECT_EQ(b_.qp->state(), QpState::kRts) << "the responder's QP stays usable";
+  // A zero-length WRITE still needs the QP's own remote write right.
+  b_.qp->set_access(kLocalWrite);
+  w.wr_id = 4;
+  w.op = WqeOp::kWrite;
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRemAccessErr);
+}
+
 TEST_F(NicTest, OutOfBoundsWriteWritesNothing) {
   SendWqe w;
   w.wr_id = 3;
