@@ -31,6 +31,14 @@ constexpr int kPollBatch = 16;
 constexpr uint32_t kEmptyPollsBeforeYield = 64;
 thread_local uint32_t t_empty_polls = 0;
 
+// A UD receive's sl, as a RoCEv2 NIC reports it: the L3 type of the datagram whose header fills
+// the receive's first 40 bytes (mlx5: 2 for IPv4, 1 for IPv6, 0 for a RoCE v1 GRH). UCX's UD
+// transport reads it to find the destination address in the GRH and drops every datagram whose
+// address is not its own, so with 0 it heard nothing (verbs-mapping.md §5). MetaRoCE's
+// datagrams are IPv4 (wire.md §1).
+constexpr uint8_t kSlRoceV2Ipv4 = 2;
+uint8_t sl_of(const hostif::Cqe& c) { return (c.wc_flags & IBV_WC_GRH) ? kSlRoceV2Ipv4 : 0; }
+
 void note_empty_poll() {
   if (++t_empty_polls % kEmptyPollsBeforeYield == 0) sched_yield();
 }
@@ -163,7 +171,7 @@ uint32_t read_qp_num(ibv_cq_ex* x) { return to_cq(x)->cur.qp_num; }
 uint32_t read_src_qp(ibv_cq_ex* x) { return to_cq(x)->cur.src_qp; }
 unsigned int read_wc_flags(ibv_cq_ex* x) { return to_cq(x)->cur.wc_flags; }
 uint32_t read_slid(ibv_cq_ex*) { return 0; }  // no LIDs on Ethernet
-uint8_t read_sl(ibv_cq_ex*) { return 0; }
+uint8_t read_sl(ibv_cq_ex* x) { return sl_of(to_cq(x)->cur); }
 uint8_t read_dlid_path_bits(ibv_cq_ex*) { return 0; }
 // Tag matching (verbs-mapping.md §19): the tag and the TMH's context, set with IBV_WC_TM_MATCH.
 void read_tm_info(ibv_cq_ex* x, ibv_wc_tm_info* info) {
@@ -186,7 +194,8 @@ void to_wc(const hostif::Cqe& cqe, ibv_wc* wc) noexcept {
   wc->qp_num = cqe.qp_num;
   wc->src_qp = cqe.src_qp;
   wc->wc_flags = cqe.wc_flags;
-  // pkey_index, slid, sl and dlid_path_bits stay 0: there is one pkey and no LIDs on Ethernet.
+  wc->sl = sl_of(cqe);
+  // pkey_index, slid and dlid_path_bits stay 0: there is one pkey and no LIDs on Ethernet.
 }
 
 ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel,
@@ -242,8 +251,9 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) noexcep
   if (attr->wc_flags & IBV_WC_EX_WITH_SL) x.read_sl = read_sl;
   if (attr->wc_flags & IBV_WC_EX_WITH_DLID_PATH_BITS) x.read_dlid_path_bits = read_dlid_path_bits;
   if (attr->wc_flags & IBV_WC_EX_WITH_TM_INFO) x.read_tm_info = read_tm_info;
-  // No kernel command fills these for the extended constructor: do what it would have done.
-  verbs_init_cq(&cq->vcq.cq, context, attr->channel, attr->cq_context);
+  // libibverbs (__lib_ibv_create_cq_ex, then verbs_init_cq) fills context, channel and
+  // cq_context and counts the channel's user, as for create_cq: counting it here too left every
+  // channel busy for ever (UCX warned at each close that ibv_destroy_comp_channel failed).
   return &x;
 }
 
