@@ -23,9 +23,9 @@ inline constexpr uint32_t kAbiVersion = 3;  // 2: RegMrReq carries an IOVA; rere
 
 // Limits of the interface (the engine may grant less; ibv_query_device reports these).
 inline constexpr uint32_t kMaxSge = 16;
-inline constexpr uint32_t kMaxInline = 256;
+inline constexpr uint32_t kMaxInline = 1024;
 inline constexpr uint32_t kMaxQpWr = 16384;
-inline constexpr uint32_t kMaxCqe = 65536;
+inline constexpr uint32_t kMaxCqe = (1u << 22) - 1;  // a 256 MiB ring, as many as ConnectX offers
 inline constexpr uint32_t kMaxSrqWr = 16384;
 // Tag matching (verbs-mapping.md §19): a TM SRQ's list, and its tag-list operations in flight
 // (they are carried out before ibv_post_srq_ops returns: max_ops bounds nothing more).

@@ -62,14 +62,14 @@ struct mrib_create_srq_resp {
 #define MRIB_CAP_MAX_QP_WR 16384
 #define MRIB_CAP_MAX_SGE 16
 #define MRIB_CAP_MAX_CQ 16384
-#define MRIB_CAP_MAX_CQE 65536
+#define MRIB_CAP_MAX_CQE ((1u << 22) - 1)
 #define MRIB_CAP_MAX_MR (1u << 20)
 #define MRIB_CAP_MAX_PD 65536
 #define MRIB_CAP_MAX_SRQ 16384
 #define MRIB_CAP_MAX_SRQ_WR 16384
 #define MRIB_CAP_MAX_QP_RD_ATOM 16
 #define MRIB_CAP_MAX_AH (1u << 20)
-#define MRIB_CAP_MAX_INLINE 256
+#define MRIB_CAP_MAX_INLINE 1024
 #define MRIB_VENDOR_ID 0x4d5243 /* "MRC": no IEEE OUI is registered for MetaRoCE */
 #define MRIB_VENDOR_PART_ID 1
 #define MRIB_HW_VER 1

@@ -59,6 +59,17 @@ constexpr uint64_t kXrcSendOps = kUcSendOps | IBV_QP_EX_WITH_RDMA_READ |
                                  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
                                  IBV_QP_EX_WITH_ATOMIC_WRITE;
 
+// Inline data a send WQE slot holds: at least what was asked, and as a NIC does (mlx5 fills
+// its WQE basic blocks), the rest of the slot's last 64 bytes, and never less than
+// kMinGrantedInline. Libraries size their short messages by what they are granted, not by
+// what they asked: UCX asks for 64 bytes and caps its short puts and active messages there.
+constexpr uint32_t kMinGrantedInline = 128;
+uint32_t granted_inline(uint32_t sge, uint32_t want) noexcept {
+  const uint32_t fixed = sizeof(hostif::SendWqe) + sizeof(hostif::Sge) * sge;
+  const uint32_t slot = hostif::send_stride(sge, std::max(want, kMinGrantedInline));
+  return std::min(slot - fixed, hostif::kMaxInline);
+}
+
 // 0 or an errno for the requested caps; writes back what will be granted.
 int grant_caps(const ibv_qp_cap& want, ibv_qp_cap* got) noexcept {
   if (want.max_send_wr > hostif::kMaxQpWr || want.max_recv_wr > hostif::kMaxQpWr ||
@@ -69,6 +80,7 @@ int grant_caps(const ibv_qp_cap& want, ibv_qp_cap* got) noexcept {
   // Rings of zero entries are not worth a special case.
   if (got->max_send_wr == 0) got->max_send_wr = 1;
   if (got->max_recv_wr == 0) got->max_recv_wr = 1;
+  got->max_inline_data = granted_inline(want.max_send_sge, want.max_inline_data);
   return 0;
 }
 
