@@ -1002,7 +1002,7 @@ MrCheck QueuePair::remote_access(const transport::Segment& seg, uint32_t pd, uns
   // A zero-length RDMA WRITE or READ names no memory, so its R_Key and address are not
   // checked (IBA C9-88, as hardware and rxe do): UCX flushes an RC endpoint with an empty
   // inline WRITE whose rkey and address are 0.
-  if (len == 0 && seg.total_length == 0 && seg.op != Op::kAtomicWrite) {
+  if (len == 0 && seg.total_length == 0) {
     if (mr) *mr = nullptr;
     return MrCheck::kOk;
   }

@@ -23,13 +23,10 @@ MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ucx 
         --mca btl self -x UCX_TLS=rc_verbs,ud_verbs,self -x SYSFS_PATH -x LD_PRELOAD
         -x RDMAV_DRIVERS -x METAROCE_RUNDIR)
 
-contexts() {
-  "$METAROCE" engine status --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["contexts"]))'
-}
 # no_contexts WHAT: the engine holds no context (every rank's released) within 5 s.
 no_contexts() {
-  for _ in $(seq 50); do [ "$(contexts)" -eq 0 ] && return 0; sleep 0.1; done
-  fail "$1: the engine still holds $(contexts) contexts"
+  for _ in $(seq 50); do [ "$(engine_count contexts)" -eq 0 ] && return 0; sleep 0.1; done
+  fail "$1: the engine still holds $(engine_count contexts) contexts"
 }
 
 for np in 2 4; do

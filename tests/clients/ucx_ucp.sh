@@ -31,11 +31,7 @@ for api in tag am; do
   UCX_NET_DEVICES=mrA:1 timeout 120 io_demo "${flags[@]}" >"$LOGDIR/io-$api.server" 2>&1 &
   spid=$!
   PIDS+=("$spid")
-  # It listens on the RDMA CM only: wait for the engine to hold its CM id.
-  for _ in $(seq 100); do
-    [ "$("$METAROCE" engine status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["cm_ids"])')" -gt 0 ] && break
-    sleep 0.1
-  done
+  wait_cm_listener  # it listens through the RDMA CM alone
   crc=0
   UCX_NET_DEVICES=mrB:1 UCX_LOG_LEVEL=debug UCX_LOG_FILE="$LOGDIR/io-$api.ucx" \
     timeout 120 io_demo "${flags[@]}" -i 2000 -o read,write -I 198.18.0.2 198.18.0.1 \

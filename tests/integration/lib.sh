@@ -55,6 +55,24 @@ import json, sys
 print(json.load(sys.stdin)["counters"].get(sys.argv[1], 0))' "$2"
 }
 
+# engine_count contexts|cm_ids: how many device contexts (or RDMA CM ids) the engine serves.
+engine_count() {
+  "$METAROCE" engine status --json | python3 -c '
+import json, sys
+v = json.load(sys.stdin)[sys.argv[1]]
+print(len(v) if isinstance(v, list) else v)' "$1"
+}
+
+# wait_cm_listener: until the engine holds an RDMA CM id (a server listening through the CM
+# alone, with no TCP port to wait for), 10 s at most.
+wait_cm_listener() {
+  for _ in $(seq 100); do
+    [ "$(engine_count cm_ids)" -gt 0 ] && return 0
+    sleep 0.1
+  done
+  fail "no RDMA CM id appeared in the engine"
+}
+
 # make_pair [extra link options]: devices mrA (memif server) and mrB (memif client).
 make_pair() {
   local sock="metaroce-$TEST_NAME-$$"
