@@ -319,9 +319,17 @@ uint16_t CmService::ephemeral(uint16_t ps, uint32_t ip) const {
   return 0;
 }
 
+// A loopback address (127.0.0.0/8) stands for the host's first link, as the kernel's CM binds
+// and resolves one on its first active device (cm.md §1): libfabric's verbs provider binds
+// 127.0.0.1 to learn which device a passive endpoint would use.
+uint32_t CmService::unloop(const std::vector<CmLinkInfo>& links, uint32_t ip) {
+  return (ip >> 24) == 127 && !links.empty() ? links.front().ip : ip;
+}
+
 int CmService::bind(Id& id, uint32_t ip, uint16_t port) {
   const auto links = env_.links();
   std::string link;
+  ip = unloop(links, ip);
   if (ip != 0) {
     const CmLinkInfo* l = link_of_ip(links, ip);
     if (!l) return EADDRNOTAVAIL;
@@ -639,6 +647,8 @@ int CmService::command(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body,
           id->state != State::kAddrResolved)
         return EINVAL;
       const auto links = env_.links();
+      dst = unloop(links, dst);
+      src = unloop(links, src);
       const CmLinkInfo* l = nullptr;
       if (id->state == State::kBound && !id->any) l = link_of_ip(links, id->src_ip);
       else if (src) l = link_of_ip(links, src);

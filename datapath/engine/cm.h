@@ -135,6 +135,7 @@ class CmService {
   Id* by_comm(uint32_t comm);  // ids are their own communication ids
   const CmLinkInfo* link_of_ip(const std::vector<CmLinkInfo>& links, uint32_t ip) const;
   const CmLinkInfo* route(const std::vector<CmLinkInfo>& links, uint32_t dst) const;
+  static uint32_t unloop(const std::vector<CmLinkInfo>& links, uint32_t ip);
   bool port_taken(uint16_t ps, uint32_t ip, uint16_t port, const Id* except) const;
   uint16_t ephemeral(uint16_t ps, uint32_t ip) const;
   int bind(Id& id, uint32_t ip, uint16_t port);

@@ -366,6 +366,45 @@ TEST_F(CmTest, BindRefusesTakenPortsAndAddressesNoLinkHas) {
   EXPECT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_QUERY, q), ENOSYS);
 }
 
+// 127.0.0.1 is the host's first link, bound or resolved (the kernel's CM binds a loopback
+// address to its first active device): a listener bound there takes a connection resolved to it.
+TEST_F(CmTest, ALoopbackAddressStandsForTheFirstLink) {
+  constexpr uint32_t kLoopback = 0x7f000001;
+  auto [ch, fd] = a.channel();
+  const uint32_t listen = a.create(ch, RDMA_PS_TCP, 1);
+  ASSERT_EQ(a.bind(ch, listen, kLoopback, 7300), 0);
+  rdma_ucm_listen l{listen, 8};
+  ASSERT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_LISTEN, l), 0);
+  const uint32_t active = a.create(ch, RDMA_PS_TCP, 2);
+  rdma_ucm_resolve_ip r{};
+  r.id = active;
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_addr.s_addr = htonl(kLoopback);
+  dst.sin_port = htons(7300);
+  std::memcpy(&r.dst_addr, &dst, sizeof(dst));
+  ASSERT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_RESOLVE_IP, r), 0);
+  EXPECT_EQ(next_event(fd)->event, kAddrResolved);
+  rdma_ucm_resolve_route rr{active, 1000};
+  ASSERT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_RESOLVE_ROUTE, rr), 0);
+  EXPECT_EQ(next_event(fd)->event, kRouteResolved);
+  rdma_ucm_connect cn{};
+  cn.id = active;
+  cn.conn_param.qp_num = 0x333;
+  cn.conn_param.responder_resources = 1;
+  cn.conn_param.initiator_depth = 1;
+  ASSERT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_CONNECT, cn), 0);
+  pump();
+  const auto req = next_event(fd);
+  ASSERT_TRUE(req);
+  EXPECT_EQ(req->event, kConnectRequest) << "the listener on 127.0.0.1 takes the request";
+  // Any other 127/8 address is the same link; an address no link has is still refused.
+  const uint32_t other = a.create(ch);
+  EXPECT_EQ(a.bind(ch, other, 0x7f000002, 7301), 0);
+  const uint32_t none = a.create(ch);
+  EXPECT_EQ(a.bind(ch, none, 0x0a000001, 7302), EADDRNOTAVAIL);
+}
+
 TEST_F(CmTest, IdsAreNumberedPerProcessAndNamedOnlyByTheirOwn) {
   auto [p, pfd] = a.channel(100);
   auto [q, qfd] = a.channel(200);
