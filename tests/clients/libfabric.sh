@@ -2,11 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # libfabric's verbs provider over MetaRoCE (Debian's libfabric1 1.17, fi_pingpong from
 # libfabric-bin): FI_EP_MSG endpoints (RC through the RDMA CM) and FI_EP_RDM (verbs with
-# ofi_rxm), each of its 46 message sizes from 0 B to 6 MiB, data checked (-c). libfabric finds a device's
-# IP address on a kernel interface (FI_VERBS_IFACE) and binds 127.0.0.1 to choose a device for
-# its listener, so it runs in addr_ns.sh's namespace and through the CM's loopback rule (cm.md
-# §1); the server's listener is on the first link, mrA, where the client's route to 198.18.0.1
-# goes too.
+# ofi_rxm), each of its 46 message sizes from 0 B to 6 MiB, data checked (-c). libfabric finds
+# a device's IP address on a kernel interface (FI_VERBS_IFACE) and binds 127.0.0.1 to choose a
+# device for its listener, so it runs in addr_ns.sh's namespace and through the CM's loopback
+# rule (cm.md §1); the server's listener is on the first link, mrA, where the client's route to
+# 198.18.0.1 goes too.
 source "$(dirname "$0")/../integration/lib.sh"
 command -v fi_pingpong >/dev/null || { echo "SKIP: fi_pingpong (libfabric-bin) is not installed"; exit 77; }
 make_pair
