@@ -77,7 +77,9 @@ constexpr bool is_atomic(WqeOp op) { return op == WqeOp::kCmpSwp || op == WqeOp:
 // Operations whose WQE waits for a response from the peer (limited by max_rd_atomic).
 constexpr bool needs_response(WqeOp op) { return op == WqeOp::kRead || is_atomic(op); }
 
-enum WqeFlag : uint8_t { kSignaled = 1, kSolicited = 2, kFence = 4 };
+// kGathered: the SGEs' bytes were copied into the slot's inline area at post time (the SGEs
+// stay, for the NIC to check their keys and bounds; it sends the copy).
+enum WqeFlag : uint8_t { kSignaled = 1, kSolicited = 2, kFence = 4, kGathered = 8 };
 
 struct Sge {
   uint64_t addr;

@@ -631,7 +631,10 @@ void QueuePair::gather(uint32_t msn, uint32_t offset, std::span<uint8_t> out) {
       std::memcpy(out.data(), value + offset, std::min<size_t>(out.size(), kAtomicSize - offset));
     return;
   }
-  const uint32_t inline_len = std::min(w->inline_len, max_inline_);
+  // Copied into the WQE by the driver at post time, the SGEs checked at submission.
+  const bool gathered = (w->flags & hostif::kGathered) && w->inline_len == 0 &&
+                        s.length <= max_inline_;
+  const uint32_t inline_len = gathered ? s.length : std::min(w->inline_len, max_inline_);
   if (inline_len > 0) {
     const uint8_t* data = hostif::send_inline(slot, max_send_sge_);
     const size_t n = offset < inline_len ? std::min<size_t>(out.size(), inline_len - offset) : 0;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
@@ -387,6 +388,9 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data
   if (!ctx->state) return abandon(ctx, ENOMEM);
   ContextState& st = *ctx->state;
   st.first = ctx;
+  // Read once per context, as mlx5 reads its MLX5_* settings (verbs-mapping.md §1).
+  const char* copy = std::getenv("METAROCE_COPY_AT_POST");
+  st.copy_at_post = !copy || std::strcmp(copy, "0") != 0;
   if (reinterpret_cast<Device*>(ibdev)->kernel) return alloc_kernel_context(ctx, ibdev);
 
   int err = 0;

@@ -20,6 +20,7 @@
 #include "datapath/hostif/queues.h"
 #include "datapath/nic/link_config.h"
 #include "providers/metaroce/device_attr.h"
+#include "providers/metaroce/local_mrs.h"
 #include "providers/metaroce/verbs_abi.h"
 
 namespace metaroce::provider {
@@ -56,6 +57,8 @@ struct ContextState {
   // What ibv_import_pd / ibv_import_mr look up by handle (kernel-free; allocated, not imported).
   std::vector<Pd*> pds;
   std::vector<abi::VerbsMr*> mrs;
+  LocalMrs local_mrs;             // regions post_send may copy small messages from (any kind)
+  bool copy_at_post = true;       // METAROCE_COPY_AT_POST=0: never (qp.cc, copies_at_post)
   std::vector<Pd*> released_pds;  // ibv_unimport_pd'd; freed with the state
   // ibv_import_device (verbs-mapping.md §21): every context sharing this state, the one that
   // opened it first. The state and that first context live until the last of them closes.

@@ -137,6 +137,8 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
     mr->mr.handle = body->lkey;
     track(ibpd->context, mr);
   }
+  if (!implicit && !(flags & IBV_ACCESS_ON_DEMAND) && hca_va == reinterpret_cast<uintptr_t>(addr))
+    state_of(ibpd->context).local_mrs.add(mr->mr.lkey, hca_va, length);
   return &mr->mr;
 }
 
@@ -176,6 +178,12 @@ int rereg_mr(abi::VerbsMr* mr, int flags, ibv_pd* ibpd, void* addr, size_t lengt
   }
   // ibv_dereg_mr reads it (an on-demand region was never excluded from fork).
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) mr->access = access;
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {  // its new addresses are its own (no IOVA)
+    LocalMrs& known = state_of(mr->mr.context).local_mrs;
+    known.remove(mr->mr.lkey);
+    if (!(mr->access & IBV_ACCESS_ON_DEMAND))
+      known.add(mr->mr.lkey, reinterpret_cast<uintptr_t>(addr), length);
+  }
   return 0;
 }
 
@@ -307,6 +315,7 @@ int dereg_mr(abi::VerbsMr* mr) noexcept {
   const int err =
       engine_call(mr->mr.context, hostif::Op::kDeregMr, hostif::IdReq{mr->mr.lkey}, &resp);
   if (err && !engine_gone(err)) return err;
+  state_of(mr->mr.context).local_mrs.remove(mr->mr.lkey);
   if (state_of(mr->mr.context).kernel) {
     if (int e = kernel::dereg_mr(mr)) return e;
   } else {

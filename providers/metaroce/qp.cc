@@ -70,6 +70,20 @@ uint32_t granted_inline(uint32_t sge, uint32_t want) noexcept {
   return std::min(slot - fixed, hostif::kMaxInline);
 }
 
+// Whether a message of `total` bytes is copied into its WQE at post time though the
+// application did not ask for inline data (verbs-mapping.md §1, "Small messages"): SENDs and
+// WRITEs that fit the QP's inline room, whose SGEs lie in regions of this context
+// (LocalMrs::covers). The engine still checks the SGEs' keys and bounds, and sends the copy
+// instead of reading the application's memory: one system call fewer per message. A raw
+// packet QP's frame is gathered by the engine at post time anyway.
+bool copies_at_post(const Qp& qp, hostif::WqeOp op, uint64_t total) noexcept {
+  const bool message = op == hostif::WqeOp::kSend || op == hostif::WqeOp::kSendImm ||
+                       op == hostif::WqeOp::kSendInv || op == hostif::WqeOp::kWrite ||
+                       op == hostif::WqeOp::kWriteImm;
+  return message && total > 0 && total <= qp.cap.max_inline_data && qp.type != IBV_QPT_RAW_PACKET &&
+         state_of(qp.vqp.qp.context).copy_at_post;
+}
+
 // 0 or an errno for the requested caps; writes back what will be granted.
 int grant_caps(const ibv_qp_cap& want, ibv_qp_cap* got) noexcept {
   if (want.max_send_wr > hostif::kMaxQpWr || want.max_recv_wr > hostif::kMaxQpWr ||
@@ -469,9 +483,22 @@ int build_send(const Qp& qp, const ibv_send_wr& wr, uint8_t* slot) noexcept {
     return 0;
   }
   hostif::Sge* sge = hostif::send_sges(slot);
-  for (int i = 0; i < wr.num_sge; ++i)
+  uint64_t total = 0;
+  for (int i = 0; i < wr.num_sge; ++i) {
     sge[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+    total += wr.sg_list[i].length;
+  }
   w->num_sge = static_cast<uint16_t>(wr.num_sge);
+  if (copies_at_post(qp, *op, total) &&
+      state_of(qp.vqp.qp.context).local_mrs.covers(wr.sg_list, wr.num_sge)) {
+    uint8_t* data = hostif::send_inline(slot, qp.ring_sge);
+    for (int i = 0; i < wr.num_sge; ++i) {
+      std::memcpy(data, reinterpret_cast<const void*>(static_cast<uintptr_t>(wr.sg_list[i].addr)),
+                  wr.sg_list[i].length);
+      data += wr.sg_list[i].length;
+    }
+    w->flags |= hostif::kGathered;
+  }
   return 0;
 }
 

@@ -5,6 +5,7 @@
 // virtual clock.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -66,6 +67,7 @@ struct SendWqe {
   Sge sge[hostif::kMaxSge] = {};
   uint32_t inline_len = 0;
   uint8_t inline_data[hostif::kMaxInline] = {};
+  uint32_t gathered_len = 0;  // kGathered: that many bytes of inline_data are the SGEs' copy
   uint32_t ud_ip = 0, ud_qpn = 0, ud_qkey = 0;
   uint32_t xrc_srqn = 0;  // XRC initiator: the target's SRQ
 };
@@ -225,7 +227,9 @@ class TestQp {
     h->ud_qpn = w.ud_qpn;
     h->xrc_srqn = w.xrc_srqn;
     std::memcpy(hostif::send_sges(slot), w.sge, sizeof(Sge) * w.num_sge);
-    std::memcpy(hostif::send_inline(slot, header()->max_send_sge), w.inline_data, w.inline_len);
+    std::memcpy(hostif::send_inline(slot, header()->max_send_sge), w.inline_data,
+                std::max(w.inline_len, w.gathered_len));
+    if (w.gathered_len) h->flags |= hostif::kGathered;
     hostif::sq_post(header());
     return 0;
   }

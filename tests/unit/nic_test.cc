@@ -364,6 +364,45 @@ TEST_F(NicTest, ZeroLengthWriteAndReadCheckNoKey) {
   EXPECT_EQ(c[0].status, WcStatus::kRemAccessErr);
 }
 
+// A message the driver copied into its WQE at post time (kGathered) is sent from that copy,
+// not read from the application's memory; its SGEs' keys are still checked.
+TEST_F(NicTest, AGatheredWqeSendsItsCopyAndStillChecksItsKeys) {
+  RecvWqe r;
+  r.wr_id = 60;
+  r.num_sge = 1;
+  r.sge[0] = sge(b_, 0, 64);
+  ASSERT_EQ(b_.qp->post_recv(r), 0);
+  std::memset(a_.buf.data(), 0x11, 16);  // what the memory holds
+  SendWqe w;
+  w.wr_id = 1;
+  w.op = WqeOp::kSend;
+  w.signaled = true;
+  w.num_sge = 1;
+  w.sge[0] = sge(a_, 0, 16);
+  std::memset(w.inline_data, 0x22, 16);  // what the driver copied
+  w.gathered_len = 16;
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  auto c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  auto rc = run_until(b_, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].byte_len, 16u);
+  EXPECT_EQ(b_.buf[0], 0x22) << "the copy was sent, not the memory";
+  EXPECT_EQ(b_.buf[15], 0x22);
+  // A WRITE whose SGE names no region of the PD fails as any would.
+  w.wr_id = 2;
+  w.op = WqeOp::kWrite;
+  w.remote_addr = reinterpret_cast<uint64_t>(b_.buf.data() + 4096);
+  w.rkey = b_.key;
+  w.sge[0].lkey = a_.key + 0x500;
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kLocProtErr);
+  EXPECT_EQ(b_.buf[4096], 0) << "nothing of a refused WQE was sent";
+}
+
 TEST_F(NicTest, OutOfBoundsWriteWritesNothing) {
   SendWqe w;
   w.wr_id = 3;
