@@ -34,7 +34,7 @@ thread_local uint32_t t_empty_polls = 0;
 // A UD receive's sl, as a RoCEv2 NIC reports it: the L3 type of the datagram whose header fills
 // the receive's first 40 bytes (mlx5: 2 for IPv4, 1 for IPv6, 0 for a RoCE v1 GRH). UCX's UD
 // transport reads it to find the destination address in the GRH and drops every datagram whose
-// address is not its own, so with 0 it heard nothing (verbs-mapping.md §5). MetaRoCE's
+// address is not its own, so with 0 it heard nothing (verbs-mapping.md §7). MetaRoCE's
 // datagrams are IPv4 (wire.md §1).
 constexpr uint8_t kSlRoceV2Ipv4 = 2;
 uint8_t sl_of(const hostif::Cqe& c) { return (c.wc_flags & IBV_WC_GRH) ? kSlRoceV2Ipv4 : 0; }
