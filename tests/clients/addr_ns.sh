@@ -5,7 +5,9 @@
 # only the clients' own TCP exchange uses the kernel. Sourced after lib.sh and make_pair;
 # run_in_ns CMD... runs a command there. Removed with everything else on exit.
 NS="mrc$$"
-trap 'rc=$?; ip netns del "$NS" 2>/dev/null; (exit $rc); cleanup' EXIT
+# lib.sh's cleanup reads the exit status from $?: handed on with errexit off, or the subshell
+# that hands it on would end the trap before cleanup runs.
+trap 'rc=$?; ip netns del "$NS" 2>/dev/null; set +e; (exit $rc); cleanup' EXIT
 ip netns add "$NS" || { echo "SKIP: no network namespaces here"; exit 77; }
 ip -n "$NS" link set lo up
 ip -n "$NS" link add va type veth peer name vb
