@@ -14,9 +14,7 @@ contexts_of() {
   "$METAROCE" engine status --json | /usr/bin/python3 -c \
     'import json,sys; print(sum(1 for c in json.load(sys.stdin)["contexts"] if c["pid"] == int(sys.argv[1])))' "$1"
 }
-contexts() {
-  "$METAROCE" engine status --json | /usr/bin/python3 -c 'import json,sys; print(len(json.load(sys.stdin)["contexts"]))'
-}
+contexts() { engine_count contexts; }
 
 echo "== eight holders, two ib_write_bw pairs and ibv_devinfo on the same two devices"
 holders=()

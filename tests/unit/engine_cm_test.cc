@@ -95,6 +95,21 @@ class Engine {
     return cmd(ch, RDMA_USER_CM_CMD_BIND_IP, b);
   }
 
+  // RESOLVE_IP of id towards ip:port, then RESOLVE_ROUTE (each answers with its event): the
+  // first command's error, or 0.
+  int resolve(uint32_t ch, uint32_t id, uint32_t ip, uint16_t port) {
+    rdma_ucm_resolve_ip r{};
+    r.id = id;
+    sockaddr_in dst{};
+    dst.sin_family = AF_INET;
+    dst.sin_addr.s_addr = htonl(ip);
+    dst.sin_port = htons(port);
+    std::memcpy(&r.dst_addr, &dst, sizeof(dst));
+    if (int e = cmd(ch, RDMA_USER_CM_CMD_RESOLVE_IP, r)) return e;
+    rdma_ucm_resolve_route rr{id, 1000};
+    return cmd(ch, RDMA_USER_CM_CMD_RESOLVE_ROUTE, rr);
+  }
+
   CmService& cm() { return cm_; }
   std::vector<std::vector<uint8_t>> sent;
 
@@ -142,17 +157,8 @@ class CmTest : public ::testing::Test {
     EXPECT_EQ(a.cmd(c.a_ch, RDMA_USER_CM_CMD_LISTEN, l), 0);
     c.active = b.create(c.b_ch, RDMA_PS_TCP, 2);
     EXPECT_EQ(b.bind(c.b_ch, c.active, kIpB, 0), 0);
-    rdma_ucm_resolve_ip r{};
-    r.id = c.active;
-    sockaddr_in dst{};
-    dst.sin_family = AF_INET;
-    dst.sin_addr.s_addr = htonl(kIpA);
-    dst.sin_port = htons(port);
-    std::memcpy(&r.dst_addr, &dst, sizeof(dst));
-    EXPECT_EQ(b.cmd(c.b_ch, RDMA_USER_CM_CMD_RESOLVE_IP, r), 0);
+    EXPECT_EQ(b.resolve(c.b_ch, c.active, kIpA, port), 0);
     EXPECT_EQ(next_event(c.b_fd)->event, kAddrResolved);
-    rdma_ucm_resolve_route rr{c.active, 1000};
-    EXPECT_EQ(b.cmd(c.b_ch, RDMA_USER_CM_CMD_RESOLVE_ROUTE, rr), 0);
     EXPECT_EQ(next_event(c.b_fd)->event, kRouteResolved);
     rdma_ucm_connect cn{};
     cn.id = c.active;
@@ -198,16 +204,7 @@ class CmTest : public ::testing::Test {
   // Resolves id's address (kIpA:port) and route on b, and connects it (UD or RC by its port
   // space); ADDR_RESOLVED and ROUTE_RESOLVED are read from bfd.
   void resolve_and_connect(uint32_t bch, int bfd, uint32_t id, uint16_t port) {
-    rdma_ucm_resolve_ip r{};
-    r.id = id;
-    sockaddr_in dst{};
-    dst.sin_family = AF_INET;
-    dst.sin_addr.s_addr = htonl(kIpA);
-    dst.sin_port = htons(port);
-    std::memcpy(&r.dst_addr, &dst, sizeof(dst));
-    ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_RESOLVE_IP, r), 0);
-    rdma_ucm_resolve_route rr{id, 1000};
-    ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_RESOLVE_ROUTE, rr), 0);
+    ASSERT_EQ(b.resolve(bch, id, kIpA, port), 0);
     rdma_ucm_connect cn{};
     cn.id = id;
     ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_CONNECT, cn), 0);
@@ -376,17 +373,8 @@ TEST_F(CmTest, ALoopbackAddressStandsForTheFirstLink) {
   rdma_ucm_listen l{listen, 8};
   ASSERT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_LISTEN, l), 0);
   const uint32_t active = a.create(ch, RDMA_PS_TCP, 2);
-  rdma_ucm_resolve_ip r{};
-  r.id = active;
-  sockaddr_in dst{};
-  dst.sin_family = AF_INET;
-  dst.sin_addr.s_addr = htonl(kLoopback);
-  dst.sin_port = htons(7300);
-  std::memcpy(&r.dst_addr, &dst, sizeof(dst));
-  ASSERT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_RESOLVE_IP, r), 0);
+  ASSERT_EQ(a.resolve(ch, active, kLoopback, 7300), 0);
   EXPECT_EQ(next_event(fd)->event, kAddrResolved);
-  rdma_ucm_resolve_route rr{active, 1000};
-  ASSERT_EQ(a.cmd(ch, RDMA_USER_CM_CMD_RESOLVE_ROUTE, rr), 0);
   EXPECT_EQ(next_event(fd)->event, kRouteResolved);
   rdma_ucm_connect cn{};
   cn.id = active;
@@ -437,16 +425,7 @@ TEST_F(CmTest, UdExchangeGivesTheRequesterThePeersQpAndQkey) {
   rdma_ucm_listen l{listen, 8};
   ASSERT_EQ(a.cmd(ach, RDMA_USER_CM_CMD_LISTEN, l), 0);
   const uint32_t id = b.create(bch, RDMA_PS_UDP, 2);
-  rdma_ucm_resolve_ip r{};
-  r.id = id;
-  sockaddr_in dst{};
-  dst.sin_family = AF_INET;
-  dst.sin_addr.s_addr = htonl(kIpA);
-  dst.sin_port = htons(7174);
-  std::memcpy(&r.dst_addr, &dst, sizeof(dst));
-  ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_RESOLVE_IP, r), 0);
-  rdma_ucm_resolve_route rr{id, 1000};
-  ASSERT_EQ(b.cmd(bch, RDMA_USER_CM_CMD_RESOLVE_ROUTE, rr), 0);
+  ASSERT_EQ(b.resolve(bch, id, kIpA, 7174), 0);
   // A UD QP's INIT carries the UDP port space's Q_Key.
   EXPECT_EQ(qp_attr(b, bch, id, 1).qkey, 0x01234567u);
   rdma_ucm_connect cn{};
