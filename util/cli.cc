@@ -1609,7 +1609,10 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
         o << (i ? ", " : "") << "{\"pid\": " << x.pid << ", \"link\": "
           << json_string(hostif::get_name(x.link)) << ", \"pds\": " << x.pds << ", \"mrs\": "
           << x.mrs << ", \"cqs\": " << x.cqs << ", \"srqs\": " << x.srqs << ", \"qps\": "
-          << x.qps << "}";
+          << x.qps << ", \"mrs_shared\": " << x.mrs_shared << ", \"shared_bytes\": "
+          << x.shared_bytes << ", \"direct_accesses\": " << x.direct_accesses
+          << ", \"fallback_accesses\": " << x.fallback_accesses << ", \"memory_syscalls\": "
+          << x.memory_syscalls << "}";
       }
       o << "]}\n";
     } else {
@@ -1617,8 +1620,10 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
         << " link(s), " << sessions.size() << " context(s), " << info->cm_ids << " CM id(s)\n";
       for (const auto& x : sessions)
         o << "  pid " << x.pid << "  " << hostif::get_name(x.link) << "  pds " << x.pds
-          << "  mrs " << x.mrs << "  cqs " << x.cqs << "  srqs " << x.srqs << "  qps " << x.qps
-          << "\n";
+          << "  mrs " << x.mrs << " (" << x.mrs_shared << " shared, " << x.shared_bytes
+          << " B)  cqs " << x.cqs << "  srqs " << x.srqs << "  qps " << x.qps << "\n"
+          << "    memory: " << x.direct_accesses << " direct accesses, " << x.fallback_accesses
+          << " by system call (" << x.memory_syscalls << " calls)\n";
     }
     return ok();
   }

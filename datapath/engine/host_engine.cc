@@ -1020,6 +1020,14 @@ void HostEngine::admin(Session& s, const Message& req, Message* resp) {
       info.cqs = n.cqs;
       info.srqs = n.srqs;
       info.qps = n.qps;
+      on_datapath([&] {
+        const MappedMemory::Stats m = x.mapped()->stats();
+        info.mrs_shared = m.shared_regions;
+        info.shared_bytes = m.shared_bytes;
+        info.direct_accesses = m.direct;
+        info.fallback_accesses = m.fallback;
+        info.memory_syscalls = x.process_memory().calls();
+      });
       hostif::put_name(info.link, x.link()->cfg.name);
       r.set(info);
       break;
@@ -1028,6 +1036,27 @@ void HostEngine::admin(Session& s, const Message& req, Message* resp) {
       r.header.status = EOPNOTSUPP;
   }
   *resp = std::move(r);
+}
+
+int HostEngine::map_pages(Session& s, const hostif::MapPagesReq& b, int fd) {
+  uint64_t need = 0;
+  for (uint32_t i = 0; i < b.count; ++i) {
+    const hostif::SharedPiece& p = b.pieces[i];
+    if (p.len == 0 || (p.va | p.off | p.len) % 4096 || p.va + p.len < p.va ||
+        p.off + p.len < p.off)
+      return EINVAL;
+    need = std::max(need, p.off + p.len);
+  }
+  nic::Nic& nic = *s.link()->nic;
+  int e = 0;
+  on_datapath([&] {
+    // Each piece must lie in the region, which must be the context's, in that PD.
+    for (uint32_t i = 0; i < b.count && !e; ++i)
+      e = nic.check_mr(&s, b.lkey, b.pd, b.pieces[i].va, b.pieces[i].len);
+    if (!e) e = s.mapped()->map_shared(fd, need);
+    for (uint32_t i = 0; i < b.count && !e; ++i) s.mapped()->add_piece(b.lkey, b.pieces[i]);
+  });
+  return e;
 }
 
 int HostEngine::reg_kernel_mr(Session& s, const hostif::RegMrReq& b, hostif::RegMrResp* m) {
@@ -1185,8 +1214,17 @@ void HostEngine::serve(Session& s, Message& req, Message* resp) {
       int e = 0;
       on_datapath([&] {
         e = nic.rereg_mr(&s, b->lkey, b->flags, b->pd, b->addr, b->length, b->access);
+        // Its shared pages were the old translation's (the provider shares the new one's).
+        if (!e && (b->flags & nic::kReregTranslation)) s.mapped()->remove(b->lkey);
       });
       return done(e);
+    }
+    case Op::kMapPages: {
+      auto b = req.as<hostif::MapPagesReq>();
+      if (!b || s.kernel() || req.fds.size() != 1 || b->count == 0 ||
+          b->count > hostif::kMaxMapPieces)
+        return done(EINVAL);
+      return done(map_pages(s, *b, req.fds[0]));
     }
     case Op::kCheckMr: {
       auto b = req.as<hostif::CheckMrReq>();

@@ -138,6 +138,8 @@ class HostEngine {
   void kernel_device_gone(int fd);
   // kRegMr / kDeregMr of a kernel context: the region's pages mapped through the module.
   int reg_kernel_mr(Session& s, const hostif::RegMrReq& b, hostif::RegMrResp* m);
+  // kMapPages: pieces of a region of s that it may reach in the memfd fd.
+  int map_pages(Session& s, const hostif::MapPagesReq& b, int fd);
   // The RDMA CM (docs/spec/cm.md): a channel's first message, its commands, and what the
   // links' NICs received or could not deliver for it.
   void cm_open(Session& s, hostif::Message& req, hostif::Message* resp);

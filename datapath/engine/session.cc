@@ -35,7 +35,9 @@ bool Session::attach(Link* link, int async_fd, const KernelDevice* kdev) {
   link_ = link;
   async_fd_ = async_fd;
   kdev_ = kdev;
-  if (kdev_) mapped_ = std::make_unique<MappedMemory>(static_cast<uint32_t>(pid_));
+  // A kernel context's memory is its mapped regions only; a kernel-free one's, its shared pages
+  // and, for everything else, its address space.
+  mapped_ = std::make_unique<MappedMemory>(static_cast<uint32_t>(pid_), kdev_ ? nullptr : &memory_);
   // Events are written from the datapath thread, which must never block on a reader.
   if (async_fd_ >= 0) fcntl(async_fd_, F_SETFL, fcntl(async_fd_, F_GETFL) | O_NONBLOCK);
   return true;

@@ -43,8 +43,10 @@ class Session final : public nic::Owner {
   // it cannot.
   bool attach(Link* link, int async_fd, const KernelDevice* kdev = nullptr);
   const KernelDevice* kernel() const { return kdev_; }
-  // A kernel context's mapped regions (nullptr for a kernel-free one).
+  // Its mapped regions: a kernel context's, or a kernel-free context's shared pages (whose other
+  // accesses go through process_memory()). nullptr before attach.
   MappedMemory* mapped() { return mapped_.get(); }
+  const ProcessMemory& process_memory() const { return memory_; }
 
   // nic::Owner (called on the datapath thread).
   nic::Memory& memory() override { return mapped_ ? static_cast<nic::Memory&>(*mapped_) : memory_; }

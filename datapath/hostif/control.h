@@ -74,6 +74,9 @@ enum class Op : uint16_t {
   // Multicast (verbs-mapping.md §7): McastReq.
   kAttachMcast = 38,  // ibv_attach_mcast
   kDetachMcast = 39,  // ibv_detach_mcast
+  // Shared memory regions (docs/design.md): pages of a region the engine may reach in the
+  // memfd (the fd) instead of with system calls. MapPagesReq.
+  kMapPages = 40,
   // Administration (uid 0, or the engine's own user: a user who runs an engine for a private run
   // dir administers it): what `metaroce link` and `metaroce engine` ask.
   kLinkOpen = 100,
@@ -134,6 +137,19 @@ struct CmCommandReq {
   uint16_t body_len = 0;
   uint16_t extra_len = 0;
   uint16_t reserved[3] = {};
+};
+
+// [va, va + len) of the process is [off, off + len) of its memfd of shared pages; page-aligned.
+struct SharedPiece {
+  uint64_t va = 0, off = 0, len = 0;
+};
+inline constexpr uint32_t kMaxMapPieces = 64;
+struct MapPagesReq {  // kMapPages: pieces of region `lkey` of PD `pd`; more may follow
+  uint32_t lkey = 0;
+  uint32_t pd = 0;
+  uint32_t count = 0;
+  uint32_t reserved = 0;
+  SharedPiece pieces[kMaxMapPieces];
 };
 
 struct McastReq {  // kAttachMcast, kDetachMcast
@@ -477,6 +493,11 @@ struct SessionInfoResp {
   uint32_t pid = 0;
   uint32_t pds = 0, mrs = 0, cqs = 0, srqs = 0, qps = 0;
   char link[kNameLen] = {};
+  // How its memory is reached: regions with shared pages and their bytes; accesses by a plain
+  // copy and by the fallback (process_vm_readv/writev); its system calls for them.
+  uint32_t mrs_shared = 0;
+  uint32_t reserved = 0;
+  uint64_t shared_bytes = 0, direct_accesses = 0, fallback_accesses = 0, memory_syscalls = 0;
 };
 
 // --- framing ---------------------------------------------------------------------------------

@@ -391,6 +391,8 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void* /*private_data
   // Read once per context, as mlx5 reads its MLX5_* settings (verbs-mapping.md §1).
   const char* copy = std::getenv("METAROCE_COPY_AT_POST");
   st.copy_at_post = !copy || std::strcmp(copy, "0") != 0;
+  const char* share = std::getenv("METAROCE_SHARED_MR");
+  st.share_mrs = !share || std::strcmp(share, "0") != 0;
   if (reinterpret_cast<Device*>(ibdev)->kernel) return alloc_kernel_context(ctx, ibdev);
 
   int err = 0;

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "datapath/hostif/control.h"
@@ -21,6 +22,7 @@
 #include "datapath/nic/link_config.h"
 #include "providers/metaroce/device_attr.h"
 #include "providers/metaroce/local_mrs.h"
+#include "providers/metaroce/shared_pages.h"
 #include "providers/metaroce/verbs_abi.h"
 
 namespace metaroce::provider {
@@ -59,6 +61,9 @@ struct ContextState {
   std::vector<abi::VerbsMr*> mrs;
   LocalMrs local_mrs;             // regions post_send may copy small messages from (any kind)
   bool copy_at_post = true;       // METAROCE_COPY_AT_POST=0: never (qp.cc, copies_at_post)
+  bool share_mrs = true;          // METAROCE_SHARED_MR=0: never (pd.cc, share_pages)
+  std::mutex shared_mu;           // `shared`
+  std::unordered_map<uint32_t, SharedPages::Lease> shared;  // by lkey (pd.cc, share_pages)
   std::vector<Pd*> released_pds;  // ibv_unimport_pd'd; freed with the state
   // ibv_import_device (verbs-mapping.md §21): every context sharing this state, the one that
   // opened it first. The state and that first context live until the last of them closes.

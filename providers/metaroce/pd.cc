@@ -10,6 +10,7 @@
 #include "providers/metaroce/context.h"
 #include "providers/metaroce/convert.h"
 #include "providers/metaroce/kernel.h"
+#include "providers/metaroce/shared_pages.h"
 
 namespace metaroce::provider {
 
@@ -70,6 +71,57 @@ int dealloc_pd(ibv_pd* ibpd) noexcept {
   delete pd;
   return 0;
 }
+
+namespace {
+
+// Moves the whole pages of a region into the memfd the engine maps and tells the engine where
+// they are (docs/design.md, "Shared memory regions"); what does not move (share false: an
+// on-demand region, one with an IOVA of its own) is held, so that no other region moves it while
+// the engine reaches it by system call. Once the engine knows of a piece it keeps it until the
+// region goes, so the pieces stay with the region even if a later request of it fails.
+void share_pages(ibv_context* ctx, uint32_t pd, uint32_t lkey, uint64_t addr, uint64_t length,
+                 bool share) {
+  ContextState& st = state_of(ctx);
+  SharedPages& store = SharedPages::process();
+  SharedPages::Lease lease;
+  try {
+    lease = store.acquire(addr, length, share && st.share_mrs);
+  } catch (...) {  // no memory for the bookkeeping: the region is served by system calls
+    return;
+  }
+  hostif::MapPagesReq req;
+  req.lkey = lkey;
+  req.pd = pd;
+  const int fd = store.fd();
+  for (size_t i = 0; i < lease.pieces.size(); i += hostif::kMaxMapPieces) {
+    req.count =
+        static_cast<uint32_t>(std::min<size_t>(hostif::kMaxMapPieces, lease.pieces.size() - i));
+    std::copy_n(lease.pieces.begin() + static_cast<ptrdiff_t>(i), req.count, req.pieces);
+    hostif::Message resp;
+    if (engine_call(ctx, hostif::Op::kMapPages, req, &resp, {fd})) break;
+  }
+  std::lock_guard lock(st.shared_mu);
+  try {
+    st.shared[lkey] = std::move(lease);
+  } catch (...) {  // kept as they are (coherent either way) until the process exits
+  }
+}
+
+// The region's pages, which the engine has forgotten, back to private memory.
+void unshare_pages(ibv_context* ctx, uint32_t lkey) {
+  ContextState& st = state_of(ctx);
+  SharedPages::Lease lease;
+  {
+    std::lock_guard lock(st.shared_mu);
+    auto it = st.shared.find(lkey);
+    if (it == st.shared.end()) return;
+    lease = std::move(it->second);
+    st.shared.erase(it);
+  }
+  SharedPages::process().release(lease);
+}
+
+}  // namespace
 
 ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int access) noexcept {
   const auto flags = static_cast<unsigned>(access) & ~kHintAccess;
@@ -139,6 +191,12 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
   }
   if (!implicit && !(flags & IBV_ACCESS_ON_DEMAND) && hca_va == reinterpret_cast<uintptr_t>(addr))
     state_of(ibpd->context).local_mrs.add(mr->mr.lkey, hca_va, length);
+  // On-demand regions stay the engine's to fault in page by page; a region with an IOVA of its
+  // own is reached by system call (pieces are named by process address, checked as IOVAs); a
+  // kernel context's are the pages the module pinned. Their pages are held.
+  share_pages(ibpd->context, pd->id, mr->mr.lkey, reinterpret_cast<uintptr_t>(addr), length,
+              !kernel && !implicit && !(flags & IBV_ACCESS_ON_DEMAND) &&
+                  hca_va == reinterpret_cast<uintptr_t>(addr));
   return &mr->mr;
 }
 
@@ -181,8 +239,13 @@ int rereg_mr(abi::VerbsMr* mr, int flags, ibv_pd* ibpd, void* addr, size_t lengt
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {  // its new addresses are its own (no IOVA)
     LocalMrs& known = state_of(mr->mr.context).local_mrs;
     known.remove(mr->mr.lkey);
-    if (!(mr->access & IBV_ACCESS_ON_DEMAND))
-      known.add(mr->mr.lkey, reinterpret_cast<uintptr_t>(addr), length);
+    // The engine forgot the old translation's shared pages; the new one's are shared anew.
+    unshare_pages(mr->mr.context, mr->mr.lkey);
+    const bool odp = mr->access & IBV_ACCESS_ON_DEMAND;
+    if (!odp) known.add(mr->mr.lkey, reinterpret_cast<uintptr_t>(addr), length);
+    const Pd* pd = to_pd((flags & IBV_REREG_MR_CHANGE_PD) ? ibpd : mr->mr.pd);
+    share_pages(mr->mr.context, pd->id, mr->mr.lkey, reinterpret_cast<uintptr_t>(addr), length,
+                !odp);
   }
   return 0;
 }
@@ -316,6 +379,7 @@ int dereg_mr(abi::VerbsMr* mr) noexcept {
       engine_call(mr->mr.context, hostif::Op::kDeregMr, hostif::IdReq{mr->mr.lkey}, &resp);
   if (err && !engine_gone(err)) return err;
   state_of(mr->mr.context).local_mrs.remove(mr->mr.lkey);
+  unshare_pages(mr->mr.context, mr->mr.lkey);
   if (state_of(mr->mr.context).kernel) {
     if (int e = kernel::dereg_mr(mr)) return e;
   } else {

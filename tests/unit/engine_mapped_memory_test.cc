@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // A kernel context's memory: accesses by registered address reach the region's mapping (the
 // module's pinned pages; anonymous pages here), and nothing else.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "datapath/engine/kernel_device.h"
 #include "datapath/engine/mapped_memory.h"
@@ -86,6 +89,97 @@ TEST(MappedMemoryTest, ABatchStopsAtItsFirstUnreachableAccess) {
   uint8_t a[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   const nic::Access batch[3] = {{0x20000, a, 8}, {0x30000, a, 8}, {0x20010, a, 8}};
   EXPECT_EQ(m.write(batch), 1u);
+}
+
+// What a kernel-free context's fallback sees: the accesses handed to it, in order.
+class RecordingMemory final : public nic::Memory {
+ public:
+  size_t read(std::span<const nic::Access> a) override { return take(a); }
+  size_t write(std::span<const nic::Access> a) override { return take(a); }
+  std::vector<uint64_t> addrs;
+  size_t calls = 0;
+  size_t fail_at = SIZE_MAX;  // the index (over all accesses) that fails
+
+ private:
+  size_t take(std::span<const nic::Access> a) {
+    ++calls;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (addrs.size() == fail_at) return i;
+      addrs.push_back(a[i].addr);
+    }
+    return a.size();
+  }
+};
+
+// A sealed memfd as the provider makes one (shared_pages.cc).
+int sealed_memfd(uint64_t size, unsigned seals = F_SEAL_SHRINK) {
+  const int fd = memfd_create("metaroce-mr-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
+  if (seals) EXPECT_EQ(fcntl(fd, F_ADD_SEALS, seals), 0);
+  return fd;
+}
+
+TEST(MappedMemoryTest, SharedPiecesAreCopiedDirectlyAndTheRestGoesToTheFallbackInOrder) {
+  RecordingMemory fallback;
+  MappedMemory m(7, &fallback);
+  const int fd = sealed_memfd(uint64_t{1} << 32);
+  ASSERT_EQ(m.map_shared(fd, 3 * kPage), 0);
+  // Region 9: pages at 0x100000 (memfd offset 2 pages) and 0x102000 (offset 0), separately.
+  m.add_piece(9, {0x100000, 2 * kPage, kPage});
+  m.add_piece(9, {0x102000, 0, kPage});
+  uint8_t x[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+  const nic::Access batch[5] = {{0x100010, x, 16},   // direct
+                                {0x0ff000, x, 16},   // before: fallback
+                                {0x101000, x, 16},   // between the pieces: fallback
+                                {0x102ff8, x, 8},    // direct, last bytes of the second piece
+                                {0x100ffc, x, 8}};   // across a piece's end: fallback
+  EXPECT_EQ(m.write(batch), 5u);
+  EXPECT_EQ(fallback.addrs, (std::vector<uint64_t>{0x0ff000, 0x101000, 0x100ffc}));
+  EXPECT_EQ(fallback.calls, 2u) << "consecutive fallback accesses go in one call";
+  uint8_t back[16] = {};
+  ASSERT_EQ(pread(fd, back, 16, static_cast<off_t>(2 * kPage + 0x10)), 16);
+  EXPECT_EQ(std::memcmp(back, x, 16), 0);
+  ASSERT_EQ(pread(fd, back, 8, static_cast<off_t>(kPage - 8)), 8);
+  EXPECT_EQ(std::memcmp(back, x, 8), 0);
+  const MappedMemory::Stats s = m.stats();
+  EXPECT_EQ(s.shared_regions, 1u);
+  EXPECT_EQ(s.shared_bytes, 2 * kPage);
+  EXPECT_EQ(s.direct, 2u);
+  EXPECT_EQ(s.fallback, 3u);
+  // The fallback's failure is the batch's: the first access not done.
+  fallback.fail_at = fallback.addrs.size() + 1;
+  EXPECT_EQ(m.read(batch), 2u) << "access 2 (the second for the fallback) failed";
+  // Gone with the region.
+  EXPECT_EQ(m.remove(9), nullptr);
+  fallback.fail_at = SIZE_MAX;
+  const size_t before = fallback.addrs.size();
+  EXPECT_EQ(m.read({batch, 1}), 1u);
+  EXPECT_EQ(fallback.addrs.size(), before + 1) << "a removed piece is not reached directly";
+  close(fd);
+}
+
+TEST(MappedMemoryTest, OnlyASealedMemfdIsMappedAndItGrows) {
+  MappedMemory m(7);
+  const int unsealed = sealed_memfd(1 << 20, 0);
+  EXPECT_EQ(m.map_shared(unsealed, kPage), EINVAL) << "it could shrink under the mapping";
+  const int fd = sealed_memfd(uint64_t{4} << 30);
+  EXPECT_EQ(m.map_shared(fd, (uint64_t{4} << 30) + 1), EINVAL) << "past its end";
+  ASSERT_EQ(m.map_shared(fd, kPage), 0);
+  m.add_piece(1, {0x200000, (uint64_t{3} << 30), kPage});
+  ASSERT_EQ(m.map_shared(fd, (uint64_t{3} << 30) + kPage), 0) << "grown past the first GiB";
+  const uint8_t v = 0x5c;
+  ASSERT_EQ(write_at(m, 0x200000, &v, 1), 1u);
+  uint8_t back = 0;
+  ASSERT_EQ(pread(fd, &back, 1, static_cast<off_t>(uint64_t{3} << 30)), 1);
+  EXPECT_EQ(back, 0x5c);
+  const int other = sealed_memfd(1 << 20);
+  EXPECT_EQ(m.map_shared(other, kPage), EINVAL) << "one memfd per context";
+  char path[] = "/tmp/metaroce-mapped-XXXXXX";
+  const int file = mkstemp(path);
+  unlink(path);
+  EXPECT_EQ(MappedMemory(1).map_shared(file, 0), EINVAL) << "not a memfd";
+  for (int f : {unsealed, fd, other, file}) close(f);
 }
 
 }  // namespace
