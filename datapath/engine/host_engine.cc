@@ -504,6 +504,9 @@ void HostEngine::datapath_main() {
     if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0)
       log("cannot pin the datapath thread to the given cores");
   }
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  const int cpus = sched_getaffinity(0, sizeof(mine), &mine) == 0 ? CPU_COUNT(&mine) : 1;
   Time last_work = now();
   StallGuard stalls(opt_.stall, last_work);
   for (;;) {
@@ -539,7 +542,10 @@ void HostEngine::datapath_main() {
     }
     stalls.quiet();
     if (opt_.spin == SpinPolicy::kAlways || t - last_work < opt_.spin_before_sleep) {
-      __builtin_ia32_pause();
+      // With fewer cores than threads that want one, spinning on a core takes it from the
+      // application whose work we wait for: give it up each pass (docs/design.md, "Spinning").
+      if (crowded(cpus)) sched_yield();
+      else __builtin_ia32_pause();
       continue;
     }
     const Time meant = idle_wait(t, t - last_work);
@@ -550,15 +556,27 @@ void HostEngine::datapath_main() {
   run_commands();
 }
 
+bool HostEngine::crowded(int cpus) const {
+  // Threads that want a core: this one, and a polling thread per context (perftest, UCX and
+  // NCCL poll their CQs). An estimate, but the counts that matter are small.
+  uint32_t busy = 1;
+  for (const Link* l : active_) busy += l->sessions.load(std::memory_order_relaxed);
+  return static_cast<uint32_t>(cpus) < busy;
+}
+
 // Returns when it meant to wake: t + the nap it took (t if none).
 Time HostEngine::idle_wait(Time t, Time idle_for) {
   Time deadline = Time::max();
   bool queues = false;
+  Time shortest = Time::max();
   for (Link* l : active_) {
     deadline = std::min(deadline, l->nic->next_deadline());
     queues |= l->nic->qp_count() > 0;
+    shortest = std::min(shortest, l->nic->shortest_timer());
   }
-  const Time nap = queues ? opt_.max_nap : opt_.max_nap_unused;
+  // While a link has queue pairs, a frame may be waiting unseen for as long as the nap: never
+  // longer than the shortest time after which its sender takes it for lost.
+  const Time nap = queues ? std::min(opt_.max_nap, shortest) : opt_.max_nap_unused;
   Time sleep = std::min(nap, deadline > t ? deadline - t : Time::zero());
   if (sleep <= Time::zero()) return t;
   // Every link whose port can wake us (UDP sockets, in-process links) is waited on together with

@@ -105,6 +105,8 @@ class HostEngine {
   // Datapath thread.
   void datapath_main();
   transport::Time idle_wait(transport::Time now, transport::Time idle_for);
+  // Whether the host has fewer of the datapath's CPUs (cpus) than threads that want one.
+  bool crowded(int cpus) const;
   bool commands_pending() const { return cmd_pending_.load(std::memory_order_acquire); }
   void run_commands();
   // Runs fn on the datapath thread and waits for it (inline when that thread is not running).

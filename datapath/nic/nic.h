@@ -134,6 +134,9 @@ class Nic final : private transport::Host {
   Nic& operator=(const Nic&) = delete;
 
   const LinkConfig& config() const { return cfg_.link; }
+  // The transport's shortest timer (its minimum retransmission timeout): how long a packet of
+  // this link may wait unseen before a peer takes it for lost.
+  transport::Time shortest_timer() const { return cfg_.engine.rto_min; }
   uint32_t active_mtu() const { return active_mtu_; }
 
   // --- objects: 0 or an errno (EINVAL: not one of the owner's; EBUSY: still in use) ----------
