@@ -483,22 +483,10 @@ int build_send(const Qp& qp, const ibv_send_wr& wr, uint8_t* slot) noexcept {
     return 0;
   }
   hostif::Sge* sge = hostif::send_sges(slot);
-  uint64_t total = 0;
-  for (int i = 0; i < wr.num_sge; ++i) {
+  for (int i = 0; i < wr.num_sge; ++i)
     sge[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
-    total += wr.sg_list[i].length;
-  }
   w->num_sge = static_cast<uint16_t>(wr.num_sge);
-  if (copies_at_post(qp, *op, total) &&
-      state_of(qp.vqp.qp.context).local_mrs.covers(wr.sg_list, wr.num_sge)) {
-    uint8_t* data = hostif::send_inline(slot, qp.ring_sge);
-    for (int i = 0; i < wr.num_sge; ++i) {
-      std::memcpy(data, reinterpret_cast<const void*>(static_cast<uintptr_t>(wr.sg_list[i].addr)),
-                  wr.sg_list[i].length);
-      data += wr.sg_list[i].length;
-    }
-    w->flags |= hostif::kGathered;
-  }
+  gather_at_post(qp, slot, wr.sg_list, wr.num_sge);
   return 0;
 }
 
@@ -526,6 +514,22 @@ hostif::WcOpcode flush_opcode(hostif::WqeOp op) {
 }
 
 }  // namespace
+
+void gather_at_post(const Qp& qp, uint8_t* slot, const ibv_sge* sg, int n) noexcept {
+  hostif::SendWqe* w = hostif::send_wqe(slot);
+  w->flags &= static_cast<uint8_t>(~hostif::kGathered);
+  uint64_t total = 0;
+  for (int i = 0; i < n; ++i) total += sg[i].length;
+  if (!copies_at_post(qp, w->op, total) || !state_of(qp.vqp.qp.context).local_mrs.covers(sg, n))
+    return;
+  uint8_t* data = hostif::send_inline(slot, qp.ring_sge);
+  for (int i = 0; i < n; ++i) {
+    std::memcpy(data, reinterpret_cast<const void*>(static_cast<uintptr_t>(sg[i].addr)),
+                sg[i].length);
+    data += sg[i].length;
+  }
+  w->flags |= hostif::kGathered;
+}
 
 void fill_bind(hostif::SendWqe* w, uint32_t rkey, uint32_t new_rkey,
                const ibv_mw_bind_info& b) noexcept {

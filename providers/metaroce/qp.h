@@ -83,6 +83,10 @@ void fill_bind(hostif::SendWqe* w, uint32_t rkey, uint32_t new_rkey,
 int query_ece(ibv_qp* qp, ibv_ece* ece) noexcept;
 int set_ece(ibv_qp* qp, ibv_ece* ece) noexcept;
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
+// A small SEND or WRITE whose SGEs (already in the slot) lie in the context's own regions is
+// copied into its WQE now, flagged kGathered (verbs-mapping.md §1, "Small messages"); anything
+// else is left for the engine to gather. ibv_post_send and ibv_wr_set_sge(_list) alike.
+void gather_at_post(const Qp& qp, uint8_t* slot, const ibv_sge* sg, int n) noexcept;
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept;
 
 // The receive queue behind an ibv_wq (wq.cc): a raw packet QP of the engine's type kWq, whose

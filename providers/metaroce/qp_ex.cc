@@ -133,6 +133,8 @@ void wr_set_sge(ibv_qp_ex* qpx, uint32_t lkey, uint64_t addr, uint32_t length) {
   hostif::send_sges(slot)[0] = {addr, length, lkey};
   hostif::send_wqe(slot)->num_sge = 1;
   hostif::send_wqe(slot)->inline_len = 0;
+  const ibv_sge one{addr, length, lkey};
+  gather_at_post(*qp, slot, &one, 1);
 }
 
 void wr_set_sge_list(ibv_qp_ex* qpx, size_t num_sge, const ibv_sge* list) {
@@ -144,6 +146,7 @@ void wr_set_sge_list(ibv_qp_ex* qpx, size_t num_sge, const ibv_sge* list) {
   for (size_t i = 0; i < num_sge; ++i) sge[i] = {list[i].addr, list[i].length, list[i].lkey};
   hostif::send_wqe(slot)->num_sge = static_cast<uint16_t>(num_sge);
   hostif::send_wqe(slot)->inline_len = 0;
+  gather_at_post(*qp, slot, list, static_cast<int>(num_sge));
 }
 
 void wr_set_inline_data_list(ibv_qp_ex* qpx, size_t num_buf, const ibv_data_buf* bufs) {

@@ -317,6 +317,90 @@ void free_and_reallocate() {
   std::puts("ok free and reallocate under a live region");
 }
 
+// A's accesses to its own memory as the engine counts them (its context's direct and system-call
+// accesses), from `metaroce engine status --json`.
+uint64_t accesses_of(const char* metaroce, const std::string& link) {
+  const std::string cmd = std::string(metaroce) + " engine status --json";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (f && std::fgets(buf, sizeof(buf), f)) out += buf;
+  if (f) pclose(f);
+  const size_t at = out.find("\"link\": \"" + link + "\"");
+  uint64_t n = 0;
+  for (const char* key : {"\"direct_accesses\": ", "\"fallback_accesses\": "}) {
+    const size_t k = at == std::string::npos ? std::string::npos : out.find(key, at);
+    if (k != std::string::npos) n += std::strtoull(out.c_str() + k + std::strlen(key), nullptr, 10);
+  }
+  return n;
+}
+
+// Small SENDs posted with the ibv_wr_* interface are copied into their WQE at post time, as
+// ibv_post_send's are: the engine sends them without reading A's memory (and B gets each byte).
+void wr_sends_gathered(const char* metaroce) {
+  ibv_qp_init_attr_ex attr{};
+  attr.send_cq = attr.recv_cq = A.cq;
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 8;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  attr.pd = A.pd;
+  attr.send_ops_flags = IBV_QP_EX_WITH_SEND;
+  ibv_qp* qp = ibv_create_qp_ex(A.ctx, &attr);
+  if (!qp) die("create_qp_ex");
+  ibv_qp_ex* qpx = ibv_qp_to_qp_ex(qp);
+  ibv_destroy_qp(A.qp);
+  A.qp = qp;
+  modify_to_init(A.qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  ibv_destroy_qp(B.qp);
+  ibv_qp_init_attr battr{};
+  battr.send_cq = battr.recv_cq = B.cq;
+  battr.qp_type = IBV_QPT_RC;
+  battr.cap.max_send_wr = battr.cap.max_recv_wr = 8;
+  battr.cap.max_send_sge = battr.cap.max_recv_sge = 1;
+  B.qp = ibv_create_qp(B.pd, &battr);
+  if (!B.qp) die("create qp B");
+  modify_to_init(B.qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  modify_to_rts(A.qp, RcPeer{B.qp->qp_num, B.gid.raw});
+  modify_to_rts(B.qp, RcPeer{A.qp->qp_num, A.gid.raw});
+  uint8_t* rx = anon(kPage);
+  ibv_mr* rx_mr = reg(rx, kPage);
+  const uint64_t before = accesses_of(metaroce, A.ctx->device->name);
+  constexpr int kSends = 64;
+  size_t bad = 0;
+  for (int i = 0; i < kSends; ++i) {
+    ibv_sge r{reinterpret_cast<uintptr_t>(rx), 16, rx_mr->lkey};
+    ibv_recv_wr rwr{}, *rbad = nullptr;
+    rwr.sg_list = &r;
+    rwr.num_sge = 1;
+    if (ibv_post_recv(B.qp, &rwr, &rbad)) die("post_recv");
+    for (int k = 0; k < 16; ++k) a_buf[k] = pattern(10 + i, k);
+    ibv_wr_start(qpx);
+    qpx->wr_id = i;
+    qpx->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_send(qpx);
+    ibv_wr_set_sge(qpx, a_mr->lkey, reinterpret_cast<uintptr_t>(a_buf), 16);
+    if (ibv_wr_complete(qpx)) die("wr_complete");
+    std::memset(a_buf, 0, 16);  // after post: a copy made later would send zeros
+    ibv_wc wc{};
+    for (int got = 0; got < 2;) {
+      ibv_cq* cq = got == 0 ? A.cq : B.cq;
+      int n;
+      while ((n = ibv_poll_cq(cq, 1, &wc)) == 0) {}
+      CHECK(n == 1 && wc.status == IBV_WC_SUCCESS, "wr send %d: %s", i, ibv_wc_status_str(wc.status));
+      ++got;
+    }
+    for (int k = 0; k < 16; ++k) bad += rx[k] != pattern(10 + i, k);
+  }
+  CHECK(bad == 0, "wr sends: %zu bytes wrong at B", bad);
+  const uint64_t after = accesses_of(metaroce, A.ctx->device->name);
+  CHECK(after - before < kSends, "the engine read A's memory for the wr sends (%lu accesses)",
+        static_cast<unsigned long>(after - before));
+  ibv_dereg_mr(rx_mr);
+  munmap(rx, kPage);
+  std::puts("ok ibv_wr_* sends copied at post");
+}
+
 // The region's memory unmapped: the engine cannot read its first (partial) page; the READ
 // completes in error, the QP with it, and nothing else happens. Last: the QP is spent.
 void unmapped() {
@@ -354,6 +438,9 @@ int main(int argc, char** argv) {
   rereg();
   dontneed();
   free_and_reallocate();
+  if (metaroce && !(std::getenv("METAROCE_COPY_AT_POST") &&
+                    std::strcmp(std::getenv("METAROCE_COPY_AT_POST"), "0") == 0))
+    wr_sends_gathered(metaroce);
   unmapped();
   std::printf("%s: %d failure(s)\n", kProgram, failures);
   return failures ? 1 : 0;
