@@ -584,7 +584,6 @@ void EngineImpl::submit(const MessageDesc& msg) {
   else c.head = idx;
   c.tail = idx;
   if (c.cursor == kNoSlot) c.cursor = idx;
-  settle();
 }
 
 // Token bucket on the engine's clock: credit in Mbit/s * ns, a byte costs 8000 (congestion.md §3.3).
@@ -1023,7 +1022,6 @@ void EngineImpl::on_packet(Time now, uint32_t peer_ip, uint16_t udp_src_port, bo
     if (c) touch(*c);
   }
   flush_completions();
-  settle();
 }
 
 EngineImpl::RecvDir* EngineImpl::find_dir(Connection& c, uint32_t conn_id) {
@@ -2180,6 +2178,7 @@ void EngineImpl::expire(Time now, Connection& c, uint16_t path) {
 }
 
 void EngineImpl::on_timer(Time now) {
+  settle();
   reap_closed();
   // Only the connections whose deadline has come (congestion.md §7.1).
   due_now_.clear();
@@ -2281,7 +2280,7 @@ void EngineImpl::touch(Connection& c, bool work) {
   }
 }
 
-void EngineImpl::settle() {
+void EngineImpl::settle() const {
   for (size_t i = 0; i < touched_.size(); ++i) {  // no call below touches, but be safe
     Connection& c = *touched_[i];
     c.touched = false;
@@ -2339,6 +2338,7 @@ Time EngineImpl::conn_due(const Connection& c) const {
 }
 
 Time EngineImpl::next_deadline() const {
+  settle();
   clean_heap_top();
   return heap_.empty() ? Time::max() : heap_.front().first;
 }

@@ -415,9 +415,11 @@ class EngineImpl final : public Engine {
   void refill(Connection& c, Time now);
   // Scheduling: only connections that changed are looked at again. touch(c, work): c changed,
   // its deadline is recomputed at the next settle(); work: poll_tx visits it too. settle() ends
-  // every public call that can change a connection.
+  // every public call that can change a connection, except on_packet and submit: a burst of
+  // packets or messages settles once, when the deadlines are next asked for (next_deadline,
+  // on_timer) or poll_tx ends; only they read the heap.
   void touch(Connection& c, bool work = true);
-  void settle();
+  void settle() const;
   Time conn_due(const Connection& c) const;
   void timer_conn(Time now, Connection& c);
   // The heap's earliest entry made exact (stale entries dropped, early ones moved to their
@@ -450,7 +452,7 @@ class EngineImpl final : public Engine {
   uint32_t planes_up_ = UINT32_MAX;
   bool closing_ = false;  // some connection waits to be forgotten
   std::vector<Connection*> conn_list_;
-  std::vector<Connection*> touched_;        // since the last settle()
+  mutable std::vector<Connection*> touched_;  // since the last settle()
   std::vector<Connection*> work_;           // for poll_tx, in the order they were touched
   std::vector<Connection*> due_now_;        // on_timer scratch
   using HeapEntry = std::pair<Time, uint32_t>;  // (when, conn_id): min-heap by time
