@@ -55,7 +55,8 @@ Side open_side(const std::string& dev) {
   return s;
 }
 
-void connect(Side& a, Side& b) {
+// A fresh RC QP on each side (a_qp: A's, made by the caller), connected.
+void connect(Side& a, Side& b, ibv_qp* a_qp = nullptr) {
   for (Side* s : {&a, &b}) {
     if (s->qp) ibv_destroy_qp(s->qp);
     ibv_qp_init_attr attr{};
@@ -63,7 +64,7 @@ void connect(Side& a, Side& b) {
     attr.qp_type = IBV_QPT_RC;
     attr.cap.max_send_wr = attr.cap.max_recv_wr = 8;
     attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-    s->qp = ibv_create_qp(s->pd, &attr);
+    s->qp = s == &a && a_qp ? a_qp : ibv_create_qp(s->pd, &attr);
     if (!s->qp) die("create qp");
     modify_to_init(s->qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
   }
@@ -131,14 +132,20 @@ bool sharing() {
   return !v || std::strcmp(v, "0") != 0;
 }
 
-// The sum of a field over the engine's contexts (`metaroce engine status --json`).
-uint64_t engine_sum(const char* metaroce, const char* field) {
+// What `metaroce engine status --json` says.
+std::string engine_status(const char* metaroce) {
   const std::string cmd = std::string(metaroce) + " engine status --json";
   FILE* f = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
   while (f && std::fgets(buf, sizeof(buf), f)) out += buf;
   if (f) pclose(f);
+  return out;
+}
+
+// The sum of a field over the engine's contexts.
+uint64_t engine_sum(const char* metaroce, const char* field) {
+  const std::string out = engine_status(metaroce);
   const std::string key = std::string("\"") + field + "\": ";
   uint64_t sum = 0;
   for (size_t at = out.find(key); at != std::string::npos; at = out.find(key, at + 1))
@@ -320,12 +327,7 @@ void free_and_reallocate() {
 // A's accesses to its own memory as the engine counts them (its context's direct and system-call
 // accesses), from `metaroce engine status --json`.
 uint64_t accesses_of(const char* metaroce, const std::string& link) {
-  const std::string cmd = std::string(metaroce) + " engine status --json";
-  FILE* f = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (f && std::fgets(buf, sizeof(buf), f)) out += buf;
-  if (f) pclose(f);
+  const std::string out = engine_status(metaroce);
   const size_t at = out.find("\"link\": \"" + link + "\"");
   uint64_t n = 0;
   for (const char* key : {"\"direct_accesses\": ", "\"fallback_accesses\": "}) {
@@ -349,20 +351,7 @@ void wr_sends_gathered(const char* metaroce) {
   ibv_qp* qp = ibv_create_qp_ex(A.ctx, &attr);
   if (!qp) die("create_qp_ex");
   ibv_qp_ex* qpx = ibv_qp_to_qp_ex(qp);
-  ibv_destroy_qp(A.qp);
-  A.qp = qp;
-  modify_to_init(A.qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-  ibv_destroy_qp(B.qp);
-  ibv_qp_init_attr battr{};
-  battr.send_cq = battr.recv_cq = B.cq;
-  battr.qp_type = IBV_QPT_RC;
-  battr.cap.max_send_wr = battr.cap.max_recv_wr = 8;
-  battr.cap.max_send_sge = battr.cap.max_recv_sge = 1;
-  B.qp = ibv_create_qp(B.pd, &battr);
-  if (!B.qp) die("create qp B");
-  modify_to_init(B.qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-  modify_to_rts(A.qp, RcPeer{B.qp->qp_num, B.gid.raw});
-  modify_to_rts(B.qp, RcPeer{A.qp->qp_num, A.gid.raw});
+  connect(A, B, qp);
   uint8_t* rx = anon(kPage);
   ibv_mr* rx_mr = reg(rx, kPage);
   const uint64_t before = accesses_of(metaroce, A.ctx->device->name);
