@@ -289,6 +289,16 @@ bool SharedPages::convert(uint64_t s, uint64_t e, uint64_t* off) {
   return true;
 }
 
+bool SharedPages::still_mapped(const std::vector<Vma>& vmas, uint64_t off, const Range& r) const {
+  uint64_t covered = 0;
+  for (const Vma& v : vmas) {
+    if (v.ino != ino_ || v.perms[3] != 's' || v.end <= r.va || v.start >= r.va + r.len) continue;
+    const uint64_t from = std::max(v.start, r.va), to = std::min(v.end, r.va + r.len);
+    if (v.off + (from - v.start) == off + (from - r.va)) covered += to - from;
+  }
+  return covered == r.len;
+}
+
 void SharedPages::orphan_stale(uint64_t a, uint64_t b, const std::vector<Vma>& vmas) {
   for (auto it = by_va_.lower_bound(a); it != by_va_.begin();) {  // one may start before a
     --it;
@@ -297,13 +307,7 @@ void SharedPages::orphan_stale(uint64_t a, uint64_t b, const std::vector<Vma>& v
   }
   for (auto it = by_va_.lower_bound(a); it != by_va_.end() && it->first < b;) {
     Range& r = by_off_.at(it->second);
-    uint64_t covered = 0;
-    for (const Vma& v : vmas) {
-      if (v.ino != ino_ || v.perms[3] != 's' || v.end <= r.va || v.start >= r.va + r.len) continue;
-      const uint64_t from = std::max(v.start, r.va), to = std::min(v.end, r.va + r.len);
-      if (v.off + (from - v.start) == it->second + (from - r.va)) covered += to - from;
-    }
-    if (r.va + r.len <= a || covered == r.len) {
+    if (r.va + r.len <= a || still_mapped(vmas, it->second, r)) {
       ++it;
       continue;
     }
@@ -395,13 +399,8 @@ std::vector<SharedPiece> SharedPages::share_pages(uint64_t a, uint64_t b) {
 
 SharedPages::Revert SharedPages::revert(uint64_t off, const Range& r) {
   // Still ours where the region left them? Then they move back to private memory.
-  const std::vector<Vma> vmas = read_maps<Vma>(r.va, r.va + r.len);
-  uint64_t covered = 0;
-  for (const Vma& v : vmas)
-    if (v.ino == ino_ && v.perms[3] == 's' && v.off + (std::max(v.start, r.va) - v.start) ==
-                                                  off + (std::max(v.start, r.va) - r.va))
-      covered += std::min(v.end, r.va + r.len) - std::max(v.start, r.va);
-  if (covered != r.len) return Revert::kGone;  // unmapped or moved since
+  if (!still_mapped(read_maps<Vma>(r.va, r.va + r.len), off, r))
+    return Revert::kGone;  // unmapped or moved since
   WriteFence fence;
   if (threads() > 1 && !fence.arm(r.va, r.len, true)) return Revert::kKept;
   return make_private(r.va, r.len) ? Revert::kDone : Revert::kKept;

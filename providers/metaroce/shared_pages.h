@@ -64,6 +64,8 @@ class SharedPages {
   };
   struct Vma;
   bool ensure_fd();
+  // Whether range r (at offset off) is still all mapped where it was, per vmas.
+  bool still_mapped(const std::vector<Vma>& vmas, uint64_t off, const Range& r) const;
   void orphan_stale(uint64_t a, uint64_t b, const std::vector<Vma>& vmas);
   std::vector<SharedPiece> share_pages(uint64_t a, uint64_t b);  // acquire's moves
   bool convert(uint64_t s, uint64_t e, uint64_t* off);
