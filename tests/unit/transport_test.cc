@@ -2524,7 +2524,9 @@ TEST(PathFailure, AStallOfTheWholeHostIsNotTimeAStreamWasUnreachable) {
     while (f.node[0].e->stats().naks_received == naks) ASSERT_TRUE(f.step());
     exists = true;
     through_stall(f, f.now, f.now + 600ms, told);
-    if (told) EXPECT_EQ(f.node[0].host.acked.size(), 1u);
+    if (told) {
+      EXPECT_EQ(f.node[0].host.acked.size(), 1u);
+    }
   }
 }
 
