@@ -37,21 +37,13 @@ constexpr uint8_t kGuard = 0xEE;
 
 uint8_t pattern(uint32_t seed, size_t i) { return static_cast<uint8_t>((seed * 131 + i * 7) ^ (i >> 9)); }
 
-struct Side {
-  ibv_context* ctx = nullptr;
-  ibv_pd* pd = nullptr;
-  ibv_cq* cq = nullptr;
+struct Side : DeviceBasics {
   ibv_qp* qp = nullptr;
-  ibv_gid gid{};
 };
 
 Side open_side(const std::string& dev) {
   Side s;
-  s.ctx = open_device_named(dev);
-  s.pd = ibv_alloc_pd(s.ctx);
-  s.cq = ibv_create_cq(s.ctx, 16, nullptr, nullptr, 0);
-  if (!s.pd || !s.cq) die("pd/cq");
-  if (ibv_query_gid(s.ctx, 1, 0, &s.gid)) die("query gid");
+  static_cast<DeviceBasics&>(s) = open_basics(dev, 16);
   return s;
 }
 

@@ -112,6 +112,24 @@ inline ibv_context* open_device_named(const std::string& name) {
   return ctx;
 }
 
+// What a test program opens a device for first: a PD, a CQ of `cqe` entries, and GID 0.
+struct DeviceBasics {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_gid gid{};
+};
+
+inline DeviceBasics open_basics(const std::string& name, int cqe) {
+  DeviceBasics d;
+  d.ctx = open_device_named(name);
+  d.pd = ibv_alloc_pd(d.ctx);
+  d.cq = ibv_create_cq(d.ctx, cqe, nullptr, nullptr, 0);
+  if (!d.pd || !d.cq) die("pd/cq");
+  if (ibv_query_gid(d.ctx, 1, 0, &d.gid)) die("ibv_query_gid");
+  return d;
+}
+
 // RESET -> INIT with the given remote access rights, on port 1.
 inline void modify_to_init(ibv_qp* qp, unsigned int access) {
   ibv_qp_attr a{};

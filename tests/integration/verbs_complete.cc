@@ -42,22 +42,9 @@ constexpr size_t kBuf = 1 << 16;
 constexpr unsigned kRemote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                              IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
-struct Dev {
-  ibv_context* ctx = nullptr;
-  ibv_pd* pd = nullptr;
-  ibv_cq* cq = nullptr;
-  ibv_gid gid{};
-};
+using Dev = DeviceBasics;
 
-Dev open_dev(const char* name) {
-  Dev d;
-  d.ctx = open_device_named(name);
-  d.pd = ibv_alloc_pd(d.ctx);
-  d.cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
-  if (!d.pd || !d.cq) die("pd/cq");
-  if (ibv_query_gid(d.ctx, 1, 0, &d.gid)) die("ibv_query_gid");
-  return d;
-}
+Dev open_dev(const char* name) { return open_basics(name, 64); }
 
 // Two RC QPs of the device connected to each other.
 std::pair<ibv_qp*, ibv_qp*> qp_pair(Dev& d) {
