@@ -20,7 +20,7 @@ HUGE=/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages
 huge_reserved=""
 if [ -w "$HUGE" ] && [ "$(cat "$HUGE")" = 0 ] && echo 2 >"$HUGE" 2>/dev/null; then
   huge_reserved=1
-  trap 'rc=$?; echo 0 >"$HUGE" 2>/dev/null; (exit $rc); cleanup' EXIT
+  trap 'rc=$?; set +e; echo 0 >"$HUGE" 2>/dev/null; (exit $rc); cleanup' EXIT
 fi
 run shared METAROCE_SHARED_MR=1
 run syscall METAROCE_SHARED_MR=0

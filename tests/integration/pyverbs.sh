@@ -43,7 +43,7 @@ if [ "$(id -u)" -eq 0 ] && ip netns add "mrpy$$" 2>/dev/null; then
   ip -n "$ns" link set mrA up
 fi
 drop_ns() { [ -n "$ns" ] && ip netns del "$ns" 2>/dev/null; ns=""; }
-trap 'rc=$?; drop_ns; (exit $rc); cleanup' EXIT
+trap 'rc=$?; set +e; drop_ns; (exit $rc); cleanup' EXIT
 if [ -n "$ns" ]; then
   # Not under a sanitizer's preloaded runtime (ip, unshare, mount); python gets it back.
   py_preload=${LD_PRELOAD:-}
