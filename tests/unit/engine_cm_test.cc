@@ -84,13 +84,19 @@ class Engine {
     return id.id;
   }
 
-  int bind(uint32_t ch, uint32_t id, uint32_t ip, uint16_t port) {
-    rdma_ucm_bind_ip b{};
-    b.id = id;
+  // ip:port (host order) as the kernel's ucma structures carry it.
+  static sockaddr_in v4(uint32_t ip, uint16_t port) {
     sockaddr_in in{};
     in.sin_family = AF_INET;
     in.sin_addr.s_addr = htonl(ip);
     in.sin_port = htons(port);
+    return in;
+  }
+
+  int bind(uint32_t ch, uint32_t id, uint32_t ip, uint16_t port) {
+    rdma_ucm_bind_ip b{};
+    b.id = id;
+    const sockaddr_in in = v4(ip, port);
     std::memcpy(&b.addr, &in, sizeof(in));
     return cmd(ch, RDMA_USER_CM_CMD_BIND_IP, b);
   }
@@ -100,10 +106,7 @@ class Engine {
   int resolve(uint32_t ch, uint32_t id, uint32_t ip, uint16_t port) {
     rdma_ucm_resolve_ip r{};
     r.id = id;
-    sockaddr_in dst{};
-    dst.sin_family = AF_INET;
-    dst.sin_addr.s_addr = htonl(ip);
-    dst.sin_port = htons(port);
+    const sockaddr_in dst = v4(ip, port);
     std::memcpy(&r.dst_addr, &dst, sizeof(dst));
     if (int e = cmd(ch, RDMA_USER_CM_CMD_RESOLVE_IP, r)) return e;
     rdma_ucm_resolve_route rr{id, 1000};
