@@ -197,6 +197,7 @@ struct Connection {
   uint32_t rx_demand = 0;                   // of the last division (§3.2)
   uint32_t rx_hint_told = 0;                // the share our last ACK to it carried
   uint32_t rx_dir = 0;                      // where its newest data packet came: direction
+  uint32_t min_srtt_ns = 0;                 // smallest srtt of the active paths (refresh_min_srtt)
 
   std::array<uint16_t, kMaxPlanes> plane_in_flight{};
   uint16_t rr_next = 0;                     // spraying position
@@ -339,6 +340,7 @@ class EngineImpl final : public Engine {
     return static_cast<uint32_t>(wire::kDataHeadersLen + (m.xrc ? wire::kXrcExtLen : 0));
   }
   int64_t srtt_ref(const Connection& c, const TxPath& tp) const;
+  void refresh_min_srtt(Connection& c);
   // An open path to send on, kNoPath if none. avoid_plane: a plane to use only when no
   // other plane has an open path (-1: none).
   uint16_t choose_path(const Connection& c, Time now, int avoid_plane = -1,
