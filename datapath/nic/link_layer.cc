@@ -65,20 +65,33 @@ class LinkLayer::Sink final : public FrameSink {
         give_back(open_plane_, open_);  // the peer is closing that plane, or it is down: a loss
         return;
       }
-      auto known = pl.arp.find(peer_ip);
-      wire::UdpFrameParams a;
-      a.src_mac = pl.port->mac();
-      // Until ARP answers, broadcast: every link we run on is point to point or a fabric plane.
-      a.dst_mac = known != pl.arp.end() ? known->second : wire::kBroadcastMac;
-      a.src_ip = link_.cfg_.ip;
-      a.dst_ip = peer_ip;
-      a.src_port = udp_src_port;
-      a.dst_port = link_.cfg_.udp_port;
-      wire::write_udp_headers({f.frame.data, kL2L4Header}, a, len);
+      Plane::HeaderCache& h = pl.hdr;
+      if (h.peer_ip != peer_ip || h.arp_gen != pl.arp.gen() || h.src_ip != link_.cfg_.ip ||
+          h.udp_port != link_.cfg_.udp_port) {
+        fill_header_cache(pl, peer_ip);
+      }
+      wire::stamp_udp_headers({f.frame.data, kL2L4Header}, h.t, udp_src_port, len);
     }
     f.frame.len = pl.header_room + len;
     Batch& b = batches_[open_plane_];
     b.frames.push_back(f);
+  }
+
+  // Headers to peer_ip as write_udp_headers makes them; until ARP answers, to the broadcast
+  // address: every link we run on is point to point or a fabric plane.
+  void fill_header_cache(Plane& pl, uint32_t peer_ip) {
+    const io::MacAddr* known = pl.arp.find(peer_ip);
+    wire::UdpFrameParams a;
+    a.src_mac = pl.port->mac();
+    a.dst_mac = known ? *known : wire::kBroadcastMac;
+    a.src_ip = link_.cfg_.ip;
+    a.dst_ip = peer_ip;
+    a.dst_port = link_.cfg_.udp_port;
+    wire::make_udp_template(pl.hdr.t, a);  // these parameters are always valid
+    pl.hdr.peer_ip = peer_ip;
+    pl.hdr.src_ip = link_.cfg_.ip;
+    pl.hdr.udp_port = link_.cfg_.udp_port;
+    pl.hdr.arp_gen = pl.arp.gen();
   }
 
   void flush(std::span<uint8_t* const> bad) override {
@@ -294,7 +307,7 @@ void LinkLayer::handle_frame(Time t, Plane& pl, const io::RxFrame& f) {
       else counters_.rx_drop_not_ours++;
       return;
     }
-    pl.arp[p.arp.sender_ip] = p.arp.sender_mac;
+    pl.arp.set(p.arp.sender_ip, p.arp.sender_mac);
     if (p.arp.op == wire::ArpOp::kRequest) send_arp(pl, true, p.arp.sender_ip, p.arp.sender_mac);
     return;
   }
@@ -310,7 +323,7 @@ void LinkLayer::handle_frame(Time t, Plane& pl, const io::RxFrame& f) {
     return;
   }
   // Every frame of ours teaches the peer's address, so ARP is rarely on the critical path.
-  if (!pl.arp.count(p.src_ip)) pl.arp[p.src_ip] = p.src_mac;
+  if (!pl.arp.count(p.src_ip)) pl.arp.set(p.src_ip, p.src_mac);
   nic_.on_packet(t, p.src_ip, p.src_port, p.ecn == wire::Ecn::kCe, p.payload,
                  static_cast<uint8_t>(&pl - planes_.data()));
 }
@@ -422,8 +435,8 @@ bool LinkLayer::route(uint32_t peer) {
     }
     if (h.mac_known) {
       // The kernel's neighbour entry (static, or one it resolved itself) is the authority.
-      pl.arp[h.ip] = h.mac;
-      pl.arp[peer] = h.mac;
+      pl.arp.set(h.ip, h.mac);
+      pl.arp.set(peer, h.mac);
     } else if (before != h.ip) {
       pl.arp.erase(peer);
       changed = true;
@@ -459,8 +472,8 @@ void LinkLayer::resolve(Time t) {
       if (pl.udp || pl.arp.count(peer)) continue;
       auto via = pl.via.find(peer);
       const uint32_t hop = via == pl.via.end() ? peer : via->second;
-      if (auto mac = pl.arp.find(hop); mac != pl.arp.end()) {
-        pl.arp[peer] = mac->second;
+      if (const io::MacAddr* mac = pl.arp.find(hop)) {
+        pl.arp.set(peer, *mac);
         continue;
       }
       all = false;

@@ -93,6 +93,28 @@ class LinkLayer {
  private:
   class Sink;
   // A port and what the link knows about the far side of it.
+  // Peer IP -> MAC with a generation that every change bumps, so that what was built from an
+  // entry (a frame header) knows when it is stale.
+  class ArpTable {
+   public:
+    const io::MacAddr* find(uint32_t ip) const {
+      auto it = map_.find(ip);
+      return it == map_.end() ? nullptr : &it->second;
+    }
+    bool count(uint32_t ip) const { return map_.count(ip) != 0; }
+    void set(uint32_t ip, const io::MacAddr& mac) {
+      auto [it, added] = map_.try_emplace(ip, mac);
+      if (!added && it->second == mac) return;
+      it->second = mac;
+      ++gen_;
+    }
+    void erase(uint32_t ip) { gen_ += map_.erase(ip); }
+    uint64_t gen() const { return gen_; }
+
+   private:
+    std::unordered_map<uint32_t, io::MacAddr> map_;
+    uint64_t gen_ = 0;
+  };
   struct Plane {
     std::unique_ptr<io::Port> port;
     // A UDP-socket plane: the kernel frames, routes and resolves; no ARP, no goodbye.
@@ -100,7 +122,15 @@ class LinkLayer {
     uint32_t header_room = 0;  // bytes in front of the UDP payload that the link layer writes
     bool kernel = false;       // the port has a kernel interface: routes come from the kernel
     // Peer IP -> the MAC its packets go to on this plane: the peer's own, or its next hop's.
-    std::unordered_map<uint32_t, io::MacAddr> arp;
+    ArpTable arp;
+    // The headers of the last peer's frames, stamped on each packet to it (Sink::commit):
+    // valid while the peer, the ARP table's generation and our address are those it was made for.
+    struct HeaderCache {
+      uint32_t peer_ip = 0, src_ip = 0;
+      uint16_t udp_port = 0;
+      uint64_t arp_gen = ~uint64_t{0};
+      wire::UdpHeaderTemplate t;
+    } hdr;
     // Peers reached through a router on this plane (the kernel's route): peer -> next hop.
     std::unordered_map<uint32_t, uint32_t> via;
     // Set when the peer said goodbye: the port is not touched until the link comes back.

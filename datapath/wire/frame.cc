@@ -121,6 +121,32 @@ size_t write_udp_headers(std::span<uint8_t> hdr, const UdpFrameParams& pr, size_
   return kUdpFrameHeaderLen;
 }
 
+bool make_udp_template(UdpHeaderTemplate& t, const UdpFrameParams& pr) {
+  if (pr.udp_checksum || write_udp_headers(t.bytes, pr, 0) == 0) return false;
+  uint8_t* ip = t.bytes.data() + kEthHeaderLen;
+  store_be16(ip + 2, 0);
+  store_be16(ip + 10, 0);
+  t.ip_sum = ip_header_sum_native(ip);
+  return true;
+}
+
+size_t stamp_udp_headers(std::span<uint8_t> hdr, const UdpHeaderTemplate& t, uint16_t src_port,
+                         size_t payload_len) {
+  if (hdr.size() < kUdpFrameHeaderLen || payload_len > kMaxUdpPayload) return 0;
+  uint8_t* e = hdr.data();
+  std::memcpy(e, t.bytes.data(), kUdpFrameHeaderLen);
+  uint8_t* ip = e + kEthHeaderLen;
+  store_be16(ip + 2, static_cast<uint16_t>(kIpv4HeaderLen + kUdpHeaderLen + payload_len));
+  uint16_t len_native;
+  std::memcpy(&len_native, ip + 2, 2);  // summed in the order the template's sum was
+  const uint16_t csum = static_cast<uint16_t>(~fold(t.ip_sum + len_native));
+  std::memcpy(ip + 10, &csum, 2);
+  uint8_t* udp = ip + kIpv4HeaderLen;
+  store_be16(udp, src_port);
+  store_be16(udp + 4, static_cast<uint16_t>(kUdpHeaderLen + payload_len));
+  return kUdpFrameHeaderLen;
+}
+
 size_t build_udp_frame(std::span<uint8_t> out, const UdpFrameParams& pr,
                        std::span<const uint8_t> payload) {
   if (out.size() < kUdpFrameHeaderLen + payload.size()) return 0;

@@ -52,6 +52,20 @@ struct UdpFrameParams {
 // buffer (hdr.size() >= 42 + payload_len). Returns 42, or 0 when something does not fit.
 size_t write_udp_headers(std::span<uint8_t> hdr, const UdpFrameParams& params,
                          size_t payload_len);
+// The headers of every frame to one peer on one plane, but for the lengths and the UDP source
+// port (the path's entropy): written once by make_udp_template, then stamped on each packet by
+// stamp_udp_headers, which patches three fields and adds the length to the IPv4 header's
+// precomputed sum. Byte for byte what write_udp_headers writes (wire_test checks it).
+struct UdpHeaderTemplate {
+  std::array<uint8_t, kUdpFrameHeaderLen> bytes{};
+  uint32_t ip_sum = 0;  // ones' complement sum of the IPv4 header, length and checksum zero
+};
+// False (nothing usable) for parameters write_udp_headers refuses, and with udp_checksum,
+// whose sum covers the payload.
+bool make_udp_template(UdpHeaderTemplate& t, const UdpFrameParams& params);
+// Returns 42, or 0 when hdr is short or payload_len too long.
+size_t stamp_udp_headers(std::span<uint8_t> hdr, const UdpHeaderTemplate& t, uint16_t src_port,
+                         size_t payload_len);
 // Headers plus a copy of payload into out. Returns the frame length or 0.
 size_t build_udp_frame(std::span<uint8_t> out, const UdpFrameParams& params,
                        std::span<const uint8_t> payload);

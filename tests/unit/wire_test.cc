@@ -573,6 +573,39 @@ TEST(Frame, Ipv4ChecksumMatchesAWorkedExample) {
   EXPECT_EQ(load_be16(&frame[kEthHeaderLen + 10]), 0xb861);
 }
 
+// The per-packet path stamps a template instead of writing every field: byte for byte the same
+// headers, for every length and source port, and parse_frame accepts them.
+TEST(Frame, StampedTemplateEqualsWrittenHeaders) {
+  for (uint8_t dscp : {0, 26, 63}) {
+    UdpFrameParams pr = sample_params();
+    pr.dscp = dscp;
+    pr.ttl = static_cast<uint8_t>(1 + dscp);
+    UdpHeaderTemplate t;
+    ASSERT_TRUE(make_udp_template(t, pr));
+    for (size_t len : {size_t{0}, size_t{1}, size_t{87}, size_t{4096 + 64}, size_t{65507}}) {
+      for (uint16_t port : {uint16_t{0}, uint16_t{49200}, uint16_t{65535}}) {
+        pr.src_port = port;
+        std::vector<uint8_t> want(kUdpFrameHeaderLen + len), got(kUdpFrameHeaderLen + len);
+        ASSERT_EQ(write_udp_headers(want, pr, len), kUdpFrameHeaderLen);
+        ASSERT_EQ(stamp_udp_headers(got, t, port, len), kUdpFrameHeaderLen);
+        EXPECT_EQ(want, got) << "dscp " << int{dscp} << " len " << len << " port " << port;
+        EXPECT_EQ(parse_frame(got, pr.dst_port).kind, FrameKind::kMetaRoce);
+      }
+    }
+  }
+  UdpFrameParams pr = sample_params();
+  UdpHeaderTemplate t;
+  std::array<uint8_t, kUdpFrameHeaderLen> hdr{};
+  ASSERT_TRUE(make_udp_template(t, pr));
+  EXPECT_EQ(stamp_udp_headers(std::span(hdr.data(), 41), t, 1, 10), 0u);
+  EXPECT_EQ(stamp_udp_headers(hdr, t, 1, 65508), 0u);
+  pr.udp_checksum = true;  // its sum covers the payload: no template
+  EXPECT_FALSE(make_udp_template(t, pr));
+  pr = sample_params();
+  pr.dscp = 64;
+  EXPECT_FALSE(make_udp_template(t, pr));
+}
+
 TEST(Frame, UdpFrameRoundTripsWithEcnDscpAndPorts) {
   UdpFrameParams pr = sample_params();
   pr.dscp = 26;
