@@ -300,6 +300,41 @@ TEST(SackWindow, InOrderAndOutOfOrderArrivalsMoveCumAndSack) {
   EXPECT_EQ(w.cum(), 6u);
 }
 
+// Against a set of received sequences, through reordering, duplicates, floors and the in-order
+// shortcut: cum is the first missing sequence and the SACK lists exactly the rest.
+TEST(SackWindow, AgreesWithASetOfReceivedSequencesUnderRandomArrivals) {
+  std::mt19937 rng(7);
+  SackWindow w;
+  std::set<uint32_t> got;
+  uint32_t cum = 0, next = 0;
+  for (int step = 0; step < 200000; ++step) {
+    const uint32_t r = rng() % 100;
+    uint32_t seq;
+    if (r < 60) seq = next++;                                       // in order
+    else if (r < 95) seq = cum + rng() % (SackWindow::kSpan + 1);  // anywhere in the window
+    else seq = cum - 1 - rng() % 8;                                 // old duplicate
+    if (r == 99) {                                                  // the sender's floor
+      const uint32_t floor = cum + rng() % 16;
+      w.advance_to(floor);
+      for (uint32_t s = cum; s != floor; ++s) got.insert(s);
+    } else if (w.check(seq) == SackWindow::Check::kNew) {
+      ASSERT_FALSE(got.count(seq)) << seq;
+      w.mark(seq);
+      got.insert(seq);
+    } else {
+      ASSERT_TRUE(seq_diff(cum, seq) < 0 || got.count(seq) || seq_diff(cum, seq) > 256) << seq;
+    }
+    while (got.count(cum)) got.erase(cum++);
+    if (seq_diff(next, cum) > 0) next = cum;
+    ASSERT_EQ(w.cum(), cum) << "step " << step;
+    const auto sack = w.sack();
+    for (uint32_t i = 0; i < SackWindow::kSpan; ++i) {
+      const bool bit = (sack[i / 64] >> (i % 64)) & 1;
+      ASSERT_EQ(bit, got.count(cum + 1 + i) == 1) << "step " << step << " bit " << i;
+    }
+  }
+}
+
 TEST(SackWindow, SurvivesSequenceWrap) {
   SackWindow w;
   w.advance_to(0x7fffffffu);  // floors move forward by less than 2^31 at a time
