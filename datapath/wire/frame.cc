@@ -56,13 +56,14 @@ MacAddr read_mac(const uint8_t* p) {
   return m;
 }
 
-FrameInfo fail(FrameInfo info, FrameKind kind, FrameError e) {
+// The parsers fill the caller's FrameInfo in place: passed and returned by value, it was copied
+// twice per frame.
+void fail(FrameInfo& info, FrameKind kind, FrameError e) {
   info.kind = kind;
   info.error = e;
-  return info;
 }
 
-FrameInfo parse_arp(FrameInfo info, std::span<const uint8_t> body) {
+void parse_arp(FrameInfo& info, std::span<const uint8_t> body) {
   if (body.size() < kArpLen) return fail(info, FrameKind::kMalformed, FrameError::kTruncated);
   const uint8_t* p = body.data();
   const uint16_t op = load_be16(p + 6);
@@ -77,7 +78,6 @@ FrameInfo parse_arp(FrameInfo info, std::span<const uint8_t> body) {
   info.arp.target_ip = load_be32(p + 24);
   info.kind = FrameKind::kArp;
   info.error = FrameError::kNone;
-  return info;
 }
 
 }  // namespace
@@ -228,8 +228,9 @@ bool parse_igmp(std::span<const uint8_t> b, IgmpMessage& out) {
   return true;
 }
 
-FrameInfo parse_frame(std::span<const uint8_t> f, uint16_t udp_port) {
-  FrameInfo info;
+namespace {
+
+void parse_into(FrameInfo& info, std::span<const uint8_t> f, uint16_t udp_port) {
   if (f.size() < kEthHeaderLen) return fail(info, FrameKind::kMalformed, FrameError::kTruncated);
   info.dst_mac = read_mac(f.data());
   info.src_mac = read_mac(f.data() + 6);
@@ -283,6 +284,13 @@ FrameInfo parse_frame(std::span<const uint8_t> f, uint16_t udp_port) {
   info.payload = std::span<const uint8_t>(udp + kUdpHeaderLen, udp_len - kUdpHeaderLen);
   info.kind = FrameKind::kMetaRoce;
   info.error = FrameError::kNone;
+}
+
+}  // namespace
+
+FrameInfo parse_frame(std::span<const uint8_t> f, uint16_t udp_port) {
+  FrameInfo info;
+  parse_into(info, f, udp_port);
   return info;
 }
 
