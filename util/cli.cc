@@ -1603,7 +1603,9 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
     std::ostream& o = *ctx.out;
     if (json) {
       o << "{\"running\": true, \"pid\": " << info->pid << ", \"links\": " << info->links
-        << ", \"cm_ids\": " << info->cm_ids << ", \"contexts\": [";
+        << ", \"cm_ids\": " << info->cm_ids << ", \"links_port_wake\": " << info->links_port_wake
+        << ", \"naps\": " << info->naps << ", \"naps_frame\": " << info->naps_frame
+        << ", \"naps_doorbell\": " << info->naps_doorbell << ", \"contexts\": [";
       for (size_t i = 0; i < sessions.size(); ++i) {
         const auto& x = sessions[i];
         o << (i ? ", " : "") << "{\"pid\": " << x.pid << ", \"link\": "
@@ -1617,7 +1619,10 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
       o << "]}\n";
     } else {
       o << "engine pid " << info->pid << " serves " << ctx.rundir << ": " << info->links
-        << " link(s), " << sessions.size() << " context(s), " << info->cm_ids << " CM id(s)\n";
+        << " link(s), " << sessions.size() << " context(s), " << info->cm_ids << " CM id(s)\n"
+        << "  naps " << info->naps << " (" << info->naps_frame << " ended by a frame, "
+        << info->naps_doorbell << " by a doorbell); " << info->links_port_wake << " of "
+        << info->links << " link(s) wake it when a frame arrives\n";
       for (const auto& x : sessions)
         o << "  pid " << x.pid << "  " << hostif::get_name(x.link) << "  pds " << x.pds
           << "  mrs " << x.mrs << " (" << x.mrs_shared << " shared, " << x.shared_bytes

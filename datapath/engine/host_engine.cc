@@ -42,7 +42,7 @@ using transport::Time;
 namespace {
 
 constexpr Time kMinNap = std::chrono::microseconds(5);
-constexpr size_t kMaxWaitLinks = 16;  // links whose receive descriptors one nap waits on
+constexpr size_t kMaxWaitFds = 32;  // ports' receive descriptors one nap waits on
 constexpr Time kPublishEvery = std::chrono::milliseconds(100);  // `metaroce stat` refresh
 // Connections the transport looks at for idleness at each publication: 2,560 a second, so a
 // host that talked to 8,192 peers once forgets them within ~3 s of their conn_idle.
@@ -582,24 +582,24 @@ Time HostEngine::idle_wait(Time t, Time idle_for) {
   // Every link whose port can wake us (UDP sockets, in-process links) is waited on together with
   // the doorbell, so two such links in one engine sleep as one does: a ping-pong between them
   // (two kernel devices over a veth pair) is woken by its packet, not at the end of a nap.
-  pollfd fds[1 + kMaxWaitLinks];
+  pollfd fds[1 + kMaxWaitFds];
   nfds_t nfds = 1;
   fds[0] = {doorbell_fd_, POLLIN, 0};
-  bool all_wake = active_.size() <= kMaxWaitLinks;
+  bool all_wake = true;
   for (Link* l : active_) {
-    const int fd = nfds <= kMaxWaitLinks ? l->layer->rx_wait_fd() : -1;
-    if (fd < 0) {
+    int lfds[kMaxWaitFds];
+    const size_t n = l->layer->rx_wait_fds(lfds, kMaxWaitFds + 1 - nfds);
+    if (n == 0) {
       all_wake = false;
       continue;
     }
-    fds[nfds++] = {fd, POLLIN, 0};
+    for (size_t p = 0; p < n; ++p) fds[nfds++] = {lfds[p], POLLIN, 0};
   }
   // Without a receive descriptor, arriving frames are noticed only when awake. Nap in
   // proportion to how long the link has been idle: a ping-pong keeps the naps short (its next
   // packet is near), a quiet link ends up polled once per `nap`.
   if (!all_wake) sleep = std::min(sleep, std::clamp(idle_for / 2, kMinNap, nap));
-  for (Link* l : active_)
-    if (l->layer->rx_wait_fd() >= 0) l->layer->rx_arm();
+  for (Link* l : active_) l->layer->rx_arm();
   status_page_->sleeping.store(1);
   // Pairs with the fence drivers put between publishing a WQE and reading `sleeping`: either
   // they see us asleep and ring, or we see their work here.
@@ -609,14 +609,31 @@ Time HostEngine::idle_wait(Time t, Time idle_for) {
   if (!work) {
     timespec ts{static_cast<time_t>(sleep.count() / 1000000000),
                 static_cast<long>(sleep.count() % 1000000000)};
-    ppoll(fds, nfds, &ts, nullptr);
+    if (ppoll(fds, nfds, &ts, nullptr) > 0) note_wake(fds, nfds);
+    naps_.fetch_add(1, std::memory_order_relaxed);
   }
   status_page_->sleeping.store(0);
-  for (Link* l : active_)
-    if (l->layer->rx_wait_fd() >= 0) l->layer->rx_disarm();
+  for (Link* l : active_) l->layer->rx_disarm();
   uint64_t drain;
   [[maybe_unused]] ssize_t r = read(doorbell_fd_, &drain, sizeof(drain));
   return work ? t : t + sleep;
+}
+
+// What ended a nap: the doorbell, or a frame on a port (counted; `metaroce engine status`). A
+// socket with a pending error (an AF_PACKET socket says ENETDOWN when its interface goes down)
+// polls as ready until the error is read: it is read here, or every nap would end at once.
+void HostEngine::note_wake(pollfd* fds, nfds_t nfds) {
+  if (fds[0].revents & POLLIN) naps_doorbell_.fetch_add(1, std::memory_order_relaxed);
+  bool frame = false;
+  for (nfds_t i = 1; i < nfds; ++i) {
+    frame |= (fds[i].revents & POLLIN) != 0;
+    if (fds[i].revents & POLLERR) {
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(fds[i].fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    }
+  }
+  if (frame) naps_frame_.fetch_add(1, std::memory_order_relaxed);
 }
 
 // --- control thread --------------------------------------------------------------------------
@@ -953,6 +970,13 @@ void HostEngine::admin(Session& s, const Message& req, Message* resp) {
       for (auto& [sock, x] : sessions_) contexts += x->link() != nullptr;
       info.sessions = contexts;
       info.cm_ids = static_cast<uint32_t>(cm_.id_count());
+      on_datapath([&] {
+        int fds[kMaxWaitFds];
+        for (Link* l : active_) info.links_port_wake += l->layer->rx_wait_fds(fds, kMaxWaitFds) > 0;
+      });
+      info.naps = naps_.load(std::memory_order_relaxed);
+      info.naps_frame = naps_frame_.load(std::memory_order_relaxed);
+      info.naps_doorbell = naps_doorbell_.load(std::memory_order_relaxed);
       r.set(info);
       break;
     }

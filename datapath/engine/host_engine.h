@@ -10,6 +10,7 @@
 // processes that exit. It hands every NIC operation to the datapath thread and waits for it.
 #pragma once
 
+#include <poll.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -105,6 +106,7 @@ class HostEngine {
   // Datapath thread.
   void datapath_main();
   transport::Time idle_wait(transport::Time now, transport::Time idle_for);
+  void note_wake(pollfd* fds, nfds_t nfds);
   // Whether the host has fewer of the datapath's CPUs (cpus) than threads that want one.
   bool crowded(int cpus) const;
   bool commands_pending() const { return cmd_pending_.load(std::memory_order_acquire); }
@@ -182,6 +184,8 @@ class HostEngine {
 
   std::thread datapath_, control_;
   std::atomic<bool> datapath_running_{false};
+  // Naps of the datapath thread, and those a frame on a port or the doorbell ended (note_wake).
+  std::atomic<uint64_t> naps_{0}, naps_frame_{0}, naps_doorbell_{0};
   std::atomic<bool> stop_{false};
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;

@@ -484,6 +484,12 @@ struct EngineInfoResp {
   uint32_t links = 0;
   uint32_t sessions = 0;
   uint32_t cm_ids = 0;  // RDMA CM ids of every channel (docs/spec/cm.md)
+  // Links whose port wakes a napping engine when a frame arrives (a receive descriptor:
+  // af_packet, af_xdp, UDP sockets, in-process links; not memif); the datapath's naps and how
+  // many a frame or a doorbell ended (the rest ran their time).
+  uint32_t links_port_wake = 0;
+  uint32_t reserved = 0;
+  uint64_t naps = 0, naps_frame = 0, naps_doorbell = 0;
 };
 struct SessionInfoReq {
   uint32_t index = 0;

@@ -519,9 +519,14 @@ class DpdkPort final : public Port {
     return static_cast<uint32_t>(sent_frames);
   }
 
-  // The memif PMD of DPDK 22.11 signals RX on a per-queue eventfd but exposes it through no
-  // ethdev API (no rx_queue_intr_enable op), so the NIC falls back to polling with back-off.
-  int rx_wait_fd() override { return -1; }
+  // af_packet and af_xdp: the queue's kernel socket, which poll() finds readable while a frame
+  // waits in its RX ring (TPACKET_V2: the newest frame is still the PMD's; XSK: the ring is not
+  // empty), so a napping engine wakes for the frame. None of the three PMDs of DPDK 22.11 has
+  // rx_queue_intr_enable, so this is the socket found by pmd_queue_socket. memif signals RX on
+  // a per-queue eventfd only while the receiver clears MEMIF_RING_FLAG_MASK_INT in the shared
+  // ring, and the 22.11 PMD sets that flag on its RX rings at connect and exposes neither: a
+  // memif port naps with back-off (docs/design.md, "Spinning, yielding and napping").
+  int rx_wait_fd() override { return kick_fd_; }
   void rx_arm() override {}
   void rx_disarm() override {}
 

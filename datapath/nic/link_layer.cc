@@ -603,8 +603,21 @@ bool LinkLayer::poll(Time t, bool timers) {
   return work;
 }
 
-int LinkLayer::rx_wait_fd() { return planes_.size() == 1 ? planes_[0].port->rx_wait_fd() : -1; }
-void LinkLayer::rx_arm() { planes_[0].port->rx_arm(); }
-void LinkLayer::rx_disarm() { planes_[0].port->rx_disarm(); }
+size_t LinkLayer::rx_wait_fds(int* out, size_t room) const {
+  if (planes_.size() > room) return 0;
+  for (size_t p = 0; p < planes_.size(); ++p) {
+    out[p] = planes_[p].port->rx_wait_fd();
+    if (out[p] < 0) return 0;
+  }
+  return planes_.size();
+}
+
+void LinkLayer::rx_arm() {
+  for (Plane& pl : planes_) pl.port->rx_arm();
+}
+
+void LinkLayer::rx_disarm() {
+  for (Plane& pl : planes_) pl.port->rx_disarm();
+}
 
 }  // namespace metaroce::nic

@@ -66,9 +66,10 @@ class LinkLayer {
     return sum;
   }
   Nic& nic() { return nic_; }
-  // A descriptor to sleep on for arriving frames (single-plane links whose port has one), -1
-  // otherwise; arm before sleeping on it, disarm after.
-  int rx_wait_fd();
+  // The descriptors to sleep on for arriving frames, one per plane, written to out (room at
+  // most); returns how many: 0 when a plane's port has none (memif) or they do not fit, since a
+  // frame on that plane would then go unseen. Arm before sleeping on them, disarm after.
+  size_t rx_wait_fds(int* out, size_t room) const;
   void rx_arm();
   void rx_disarm();
   // Planes (link.md §3): one set down by its operator (`metaroce link set --plane P down`)
