@@ -4,8 +4,10 @@
 // RDMA WRITEs (one packet each) from one to the other, every byte placed, every ACK handled.
 // Deterministic (virtual clock), so the instruction count per packet is repeatable.
 //
-//   engine_path [--packets N] [--size BYTES] [--qps Q]
-// Prints one JSON line: packets, bytes, and the completions seen.
+//   engine_path [--packets N] [--size BYTES] [--qps Q] [--pingpong 1]
+// Prints one JSON line: packets, bytes, and the completions seen. With --pingpong, N round trips
+// of one signaled WRITE each way (ib_write_lat's pattern): each side writes back once the
+// other's bytes have landed in its buffer.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -50,16 +52,65 @@ struct Side {
   std::vector<uint8_t> buf;
 };
 
+// One signaled WRITE of `size` bytes from side `from` to the other, its first byte `mark`.
+void post_write(Side* side, int from, uint32_t size, uint8_t mark) {
+  Side& a = side[from];
+  Side& b = side[1 - from];
+  a.buf[0] = mark;
+  auto* h = reinterpret_cast<hostif::QpHeader*>(a.qp_rings[0]->mem);
+  uint8_t* slot = hostif::sq_reserve(h);
+  hostif::SendWqe* w = hostif::send_wqe(slot);
+  std::memset(w, 0, sizeof(*w));
+  w->op = hostif::WqeOp::kWrite;
+  w->flags = hostif::kSignaled;
+  w->num_sge = 1;
+  w->rkey = b.key;
+  w->remote_addr = reinterpret_cast<uintptr_t>(b.buf.data());
+  hostif::send_sges(slot)[0] = {reinterpret_cast<uintptr_t>(a.buf.data()), size, a.key};
+  hostif::sq_post(h);
+}
+
+// Round trips as ib_write_lat makes them; completions reaped on both sides.
+int ping_pong(Side* side, uint32_t rounds, uint32_t size, transport::Time now) {
+  hostif::Cqe cqes[64];
+  uint64_t polls = 0;
+  for (uint32_t r = 0; r < rounds; ++r) {
+    for (int from = 0; from < 2; ++from) {
+      const auto mark = static_cast<uint8_t>(2 * r + from + 1);
+      post_write(side, from, size, mark);
+      while (side[1 - from].buf[0] != mark) {
+        if (++polls > 100000000) return 1;
+        now += std::chrono::microseconds(1);
+        side[0].link->poll(now);
+        side[1].link->poll(now);
+        for (Side* s : {&side[0], &side[1]}) {
+          const int n = hostif::cq_poll(reinterpret_cast<hostif::CqHeader*>(s->cq_ring->mem), 64, cqes);
+          for (int i = 0; i < n; ++i)
+            if (cqes[i].status != hostif::WcStatus::kSuccess) return 1;
+        }
+      }
+    }
+  }
+  const auto& st = side[1].nic->engine().stats();
+  std::printf("{\"round_trips\": %u, \"size\": %u, \"rx_packets\": %llu, \"acks\": %llu, "
+              "\"polls\": %llu}\n",
+              rounds, size, static_cast<unsigned long long>(st.rx_packets),
+              static_cast<unsigned long long>(side[0].nic->engine().stats().acks_received),
+              static_cast<unsigned long long>(polls));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint32_t packets = 20000, size = 4096, nqp = 1;
+  uint32_t packets = 20000, size = 4096, nqp = 1, pingpong = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const uint32_t v = static_cast<uint32_t>(std::strtoul(argv[i + 1], nullptr, 10));
     if (a == "--packets") packets = v;
     else if (a == "--size") size = v;
     else if (a == "--qps") nqp = v;
+    else if (a == "--pingpong") pingpong = v;
   }
   io::MemLinkConfig lc;
   lc.queue_frames = 2048;
@@ -113,8 +164,9 @@ int main(int argc, char** argv) {
       }
     }
   }
-  // Post WRITEs as the ring has room, every 16th signaled; run until all completed.
   transport::Time now{std::chrono::seconds(1)};
+  if (pingpong) return ping_pong(side, packets, size, now);
+  // Post WRITEs as the ring has room, every 16th signaled; run until all completed.
   uint32_t posted = 0, completed = 0, signaled_done = 0;
   const uint32_t signaled_every = 16;
   const uint32_t want_signaled = (packets + signaled_every - 1) / signaled_every;
