@@ -134,15 +134,16 @@ constexpr const char* kLinkHelp =
     "  --json          `show` prints a JSON array\n";
 
 constexpr const char* kEngineHelp =
-    "Usage: metaroce engine start [--cores LIST] [--spin adaptive|always] [--spin-us N]\n"
-    "                             [--stall-us N]\n"
+    "Usage: metaroce engine start [--cores LIST] [--datapath-threads N] [--spin adaptive|always]\n"
+    "                             [--spin-us N] [--stall-us N]\n"
     "       metaroce engine stop\n"
     "       metaroce engine status [--json]\n"
     "\n"
     "The engine (metaroced) owns the ports of every link of the run dir and serves them to every\n"
     "process on the host. `start` runs one in the background unless one already serves the run\n"
-    "dir (the options go to metaroced: --cores pins its datapath thread, --spin always never\n"
-    "sleeps); `link add` does it too. `stop` closes every link's ports (applications get\n"
+    "dir (the options go to metaroced: --cores pins its datapath threads, one per core,\n"
+    "--datapath-threads divides the links among N threads, --spin always never sleeps);\n"
+    "`link add` does it too. `stop` closes every link's ports (applications get\n"
     "IBV_EVENT_DEVICE_FATAL); the links stay recorded and a new engine opens them again.\n"
     "`status` lists the contexts it serves: process, link, objects held.\n";
 
@@ -1546,7 +1547,8 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
         *ctx.out << kEngineHelp;
         return ok();
       }
-      if (a != "--cores" && a != "--spin" && a != "--spin-us" && a != "--stall-us")
+      if (a != "--cores" && a != "--spin" && a != "--spin-us" && a != "--stall-us" &&
+          a != "--datapath-threads")
         return usage("engine start: unknown option '" + a + "'");
       if (i + 1 >= rest.size()) return usage("engine start: option " + a + " needs a value");
       extra.push_back(a);
@@ -1603,7 +1605,8 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
     std::ostream& o = *ctx.out;
     if (json) {
       o << "{\"running\": true, \"pid\": " << info->pid << ", \"links\": " << info->links
-        << ", \"cm_ids\": " << info->cm_ids << ", \"links_port_wake\": " << info->links_port_wake
+        << ", \"cm_ids\": " << info->cm_ids << ", \"datapath_threads\": " << info->datapath_threads
+        << ", \"links_port_wake\": " << info->links_port_wake
         << ", \"naps\": " << info->naps << ", \"naps_frame\": " << info->naps_frame
         << ", \"naps_doorbell\": " << info->naps_doorbell << ", \"contexts\": [";
       for (size_t i = 0; i < sessions.size(); ++i) {
@@ -1619,7 +1622,8 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
       o << "]}\n";
     } else {
       o << "engine pid " << info->pid << " serves " << ctx.rundir << ": " << info->links
-        << " link(s), " << sessions.size() << " context(s), " << info->cm_ids << " CM id(s)\n"
+        << " link(s) on " << info->datapath_threads << " datapath thread(s), " << sessions.size()
+        << " context(s), " << info->cm_ids << " CM id(s)\n"
         << "  naps " << info->naps << " (" << info->naps_frame << " ended by a frame, "
         << info->naps_doorbell << " by a doorbell); " << info->links_port_wake << " of "
         << info->links << " link(s) wake it when a frame arrives\n";

@@ -250,11 +250,11 @@ bool HostEngine::start(std::string* why) {
   struct stat sst {};
   if (stat(socket_path_.c_str(), &sst) == 0) socket_inode_ = sst.st_ino;
 
-  doorbell_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (!make_datapaths(why)) return false;
   control_wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   status_ = Segment::create("metaroce-status", kStatusBytes);
-  if (doorbell_fd_ < 0 || control_wake_fd_ < 0 || epoll_fd_ < 0 || !status_.ok()) {
+  if (control_wake_fd_ < 0 || epoll_fd_ < 0 || !status_.ok()) {
     *why = std::string("cannot set up the engine: ") + std::strerror(errno);
     return false;
   }
@@ -294,11 +294,16 @@ bool HostEngine::start(std::string* why) {
   // Counted before the control thread runs: from then on it alone changes links_ (TSan).
   const size_t links = links_.size();
   datapath_running_.store(true);
-  datapath_ = std::thread([this] { datapath_main(); });
+  followers_ = static_cast<uint32_t>(dps_.size() - 1);
+  for (auto& dp : dps_) {
+    Datapath* d = dp.get();
+    d->thread = std::thread([this, d] { datapath_main(*d); });
+  }
   control_ = std::thread([this] { control_main(); });
   started_ = true;
-  log("serving %s (%zu links, spin %s)", opt_.rundir.c_str(), links,
-      opt_.spin == SpinPolicy::kAlways ? "always" : "adaptive");
+  log("serving %s (%zu links, spin %s, %zu datapath thread%s)", opt_.rundir.c_str(), links,
+      opt_.spin == SpinPolicy::kAlways ? "always" : "adaptive", dps_.size(),
+      dps_.size() == 1 ? "" : "s");
   return true;
 }
 
@@ -328,9 +333,13 @@ void HostEngine::stop() {
     if (started_ && run_dir_intact()) unlink(socket_path_.c_str());
     close(listen_fd_);
   }
-  for (int fd : {epoll_fd_, control_wake_fd_, doorbell_fd_, kernel_listener_})
+  for (int fd : {epoll_fd_, control_wake_fd_, kernel_listener_})
     if (fd >= 0) close(fd);
-  listen_fd_ = epoll_fd_ = control_wake_fd_ = doorbell_fd_ = kernel_listener_ = -1;
+  listen_fd_ = epoll_fd_ = control_wake_fd_ = kernel_listener_ = -1;
+  for (auto& dp : dps_) {
+    if (dp->doorbell_fd >= 0) close(dp->doorbell_fd);
+    dp->doorbell_fd = -1;
+  }
   if (lock_fd_ >= 0) close(lock_fd_);  // drops the lock
   lock_fd_ = -1;
 }
@@ -378,11 +387,17 @@ int HostEngine::open_link(const std::string& name, std::string* why) {
     watch(link->kdev->fd(), 0);  // EPOLLHUP: the kernel device went away
   }
   Link* raw = link.get();
+  if (dps_.empty() && !make_datapaths(why)) return ENOMEM;
+  // The thread with the fewest links serves it, for as long as it is open.
+  Datapath* dp = dps_.front().get();
+  for (auto& d : dps_)
+    if (d->links.size() < dp->links.size()) dp = d.get();
+  raw->dp = dp;
   links_[name] = std::move(link);
-  on_datapath([&] { active_.push_back(raw); });
-  log("link %s open (%s, %zu plane%s%s%s)", name.c_str(), nic::format_ipv4(cfg->ip).c_str(),
-      raw->layer->planes(), raw->layer->planes() == 1 ? "" : "s",
-      raw->kdev ? ", kernel device over " : "", raw->kdev ? cfg->kernel.c_str() : "");
+  on_datapath([&] { dp->links.push_back(raw); });
+  log("link %s open (%s, %zu plane%s%s%s, datapath thread %u)", name.c_str(),
+      nic::format_ipv4(cfg->ip).c_str(), raw->layer->planes(), raw->layer->planes() == 1 ? "" : "s",
+      raw->kdev ? ", kernel device over " : "", raw->kdev ? cfg->kernel.c_str() : "", dp->index);
   return 0;
 }
 
@@ -433,7 +448,7 @@ int HostEngine::close_link(const std::string& name, bool remove_kernel) {
   for (auto& [sock, s] : sessions_)
     if (s->link() == link) socks.push_back(sock);
   for (int sock : socks) reclaim(sock);
-  on_datapath([&] { std::erase(active_, link); });
+  on_datapath([&] { std::erase(link->dp->links, link); });
   if (link->kdev) {
     unwatch(link->kdev->fd());
     kernel_fds_.erase(link->kdev->fd());
@@ -447,11 +462,41 @@ int HostEngine::close_link(const std::string& name, bool remove_kernel) {
   return 0;
 }
 
-// --- datapath thread -------------------------------------------------------------------------
+// --- datapath threads --------------------------------------------------------------------------
+
+uint32_t datapath_threads_for(const EngineOptions& opt, int cpus) {
+  uint32_t n = opt.datapath_threads;
+  if (n == 0) {
+    n = opt.cores.empty() ? static_cast<uint32_t>(std::max(cpus, 1) / 4)
+                          : static_cast<uint32_t>(opt.cores.size());
+  }
+  return std::clamp<uint32_t>(n, 1, hostif::kMaxDatapathThreads);
+}
+
+bool HostEngine::make_datapaths(std::string* why) {
+  if (!dps_.empty()) return true;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  const uint32_t n = datapath_threads_for(opt_, cpus);
+  for (uint32_t i = 0; i < n; ++i) {
+    auto dp = std::make_unique<Datapath>();
+    dp->index = i;
+    dp->doorbell_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (dp->doorbell_fd < 0) {
+      *why = std::string("cannot make a doorbell: ") + std::strerror(errno);
+      for (auto& d : dps_) close(d->doorbell_fd);
+      dps_.clear();
+      return false;
+    }
+    dps_.push_back(std::move(dp));
+  }
+  return true;
+}
 
 void HostEngine::wake_datapath() {
   uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = write(doorbell_fd_, &one, sizeof(one));
+  for (auto& dp : dps_) [[maybe_unused]] ssize_t n = write(dp->doorbell_fd, &one, sizeof(one));
 }
 
 void HostEngine::on_datapath(const std::function<void()>& fn) {
@@ -465,6 +510,31 @@ void HostEngine::on_datapath(const std::function<void()>& fn) {
   cmd_pending_.store(true, std::memory_order_release);
   wake_datapath();
   cmd_cv_.wait(lock, [&] { return cmd_done_ >= ticket; });
+}
+
+// Stop the world: a command may touch any link (a QP of one, the statistics of all), and a link
+// is polled by its thread without a lock, so commands run on thread 0 only while every other
+// datapath thread waits here between two passes.
+void HostEngine::rendezvous(const Datapath& dp) {
+  std::unique_lock lock(cmd_mu_);
+  if (dp.index != 0) {
+    const uint64_t round = cmd_rounds_;
+    ++parked_;
+    cmd_cv_.notify_all();
+    // Thread 0 counts them out (parked_ = 0): one that has not yet left when the next round
+    // begins is not counted as parked for it. Nor does anyone wait once thread 0 has left.
+    cmd_cv_.wait(lock, [&] {
+      return cmd_rounds_ != round || followers_leave_.load(std::memory_order_acquire);
+    });
+    return;
+  }
+  cmd_cv_.wait(lock, [&] { return parked_ == followers_; });
+  lock.unlock();
+  run_commands();
+  lock.lock();
+  parked_ = 0;
+  ++cmd_rounds_;
+  cmd_cv_.notify_all();
 }
 
 void HostEngine::run_commands() {
@@ -481,6 +551,12 @@ void HostEngine::run_commands() {
   cmd_cv_.notify_all();
 }
 
+bool HostEngine::links_left() const {
+  for (const auto& dp : dps_)
+    if (!dp->links.empty()) return true;
+  return false;
+}
+
 // The link's port went down or came back: every context of the device hears it, as from a
 // NIC's port (element: the port number).
 void HostEngine::port_event(const Link& link) {
@@ -494,24 +570,54 @@ void HostEngine::port_event(const Link& link) {
     if (s->link() == &link) s->async_event(1, ev);
 }
 
-void HostEngine::datapath_main() {
-  prctl(PR_SET_NAME, "metaroce-dp", 0, 0, 0);
-  prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);  // short naps stay short
-  if (!opt_.cores.empty()) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
+void HostEngine::pin(const Datapath& dp) {
+  if (opt_.cores.empty()) return;
+  // One core each when there are enough; otherwise every thread may use every listed core.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (opt_.cores.size() >= dps_.size()) CPU_SET(opt_.cores[dp.index], &set);
+  else
     for (int c : opt_.cores) CPU_SET(c, &set);
-    if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0)
-      log("cannot pin the datapath thread to the given cores");
+  if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0)
+    log("cannot pin datapath thread %u to the given cores", dp.index);
+}
+
+// One pass over the thread's links; whether any had work.
+bool HostEngine::pass(Datapath& dp, Time t, bool timers, uint64_t stalls) {
+  bool work = false;
+  for (Link* l : dp.links) {
+    work |= l->layer->poll(t, timers);
+    if (l->nic->take_port_change()) port_event(*l);
+    if (l->nic->has_cm_events() && !cm_wake_.exchange(true, std::memory_order_acq_rel)) {
+      uint64_t one = 1;
+      [[maybe_unused]] ssize_t w = write(control_wake_fd_, &one, sizeof(one));
+    }
+    if (t >= l->next_publish) {
+      l->next_publish = t + kPublishEvery;
+      nic::publish_telemetry(*l->telemetry, *l->nic, *l->layer, l->sessions.load(), stalls);
+      l->layer->flush_capture();  // a capture of a quiet link does not lag behind it
+      l->nic->transport().sweep_idle(t, kIdleSweep);  // congestion.md §4.6
+    }
   }
+  return work;
+}
+
+void HostEngine::datapath_main(Datapath& dp) {
+  const std::string name = "metaroce-dp" + (dp.index ? std::to_string(dp.index) : std::string());
+  prctl(PR_SET_NAME, name.c_str(), 0, 0, 0);
+  prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);  // short naps stay short
+  pin(dp);
   cpu_set_t mine;
   CPU_ZERO(&mine);
   const int cpus = sched_getaffinity(0, sizeof(mine), &mine) == 0 ? CPU_COUNT(&mine) : 1;
   Time last_work = now();
   StallGuard stalls(opt_.stall, last_work);
+  const bool leader = dp.index == 0;
   for (;;) {
-    if (commands_pending()) run_commands();
-    if (stop_.load(std::memory_order_acquire) && active_.empty()) break;
+    if (commands_pending()) rendezvous(dp);
+    if (leader ? stop_.load(std::memory_order_acquire) && !links_left()
+               : followers_leave_.load(std::memory_order_acquire))
+      break;
     const Time t = now();
     // After a stall of its own, what arrived meanwhile (the ACKs a timer would give up waiting
     // for; on two links of this engine, the peer's packets not yet even answered) is read
@@ -519,24 +625,8 @@ void HostEngine::datapath_main() {
     const bool timers = stalls.begin(t);
     // The peers' silence does not count that time against them either (congestion.md §4.5).
     if (const auto from = stalls.stalled_from())
-      for (Link* l : active_) l->nic->transport().stalled(*from, t);
-    bool work = false;
-    for (Link* l : active_) {
-      work |= l->layer->poll(t, timers);
-      if (l->nic->take_port_change()) port_event(*l);
-      if (l->nic->has_cm_events() && !cm_wake_.exchange(true, std::memory_order_acq_rel)) {
-        uint64_t one = 1;
-        [[maybe_unused]] ssize_t w = write(control_wake_fd_, &one, sizeof(one));
-      }
-      if (t >= l->next_publish) {
-        l->next_publish = t + kPublishEvery;
-        nic::publish_telemetry(*l->telemetry, *l->nic, *l->layer, l->sessions.load(),
-                               stalls.stalls());
-        l->layer->flush_capture();  // a capture of a quiet link does not lag behind it
-        l->nic->transport().sweep_idle(t, kIdleSweep);  // congestion.md §4.6
-      }
-    }
-    if (work) {
+      for (Link* l : dp.links) l->nic->transport().stalled(*from, t);
+    if (pass(dp, t, timers, stalls.stalls())) {
       last_work = t;
       continue;
     }
@@ -548,28 +638,46 @@ void HostEngine::datapath_main() {
       else __builtin_ia32_pause();
       continue;
     }
-    const Time meant = idle_wait(t, t - last_work);
+    const Time meant = idle_wait(dp, t, t - last_work);
     stalls.napped(meant, now());
   }
+  if (!leader) {
+    std::lock_guard lock(cmd_mu_);
+    --followers_;  // thread 0 no longer waits for this one to park
+    cmd_cv_.notify_all();
+    return;
+  }
+  // The others leave, then thread 0; commands queued meanwhile run inline from then on.
+  {
+    std::lock_guard lock(cmd_mu_);
+    followers_leave_.store(true, std::memory_order_release);
+    cmd_cv_.notify_all();  // those parked for a command
+  }
+  wake_datapath();
+  for (auto& d : dps_)
+    if (d.get() != &dp && d->thread.joinable()) d->thread.join();
   datapath_running_.store(false, std::memory_order_release);
-  // Commands queued meanwhile run inline from now on; any already queued run here.
   run_commands();
 }
 
 bool HostEngine::crowded(int cpus) const {
-  // Threads that want a core: this one, and a polling thread per context (perftest, UCX and
-  // NCCL poll their CQs). An estimate, but the counts that matter are small.
-  uint32_t busy = 1;
-  for (const Link* l : active_) busy += l->sessions.load(std::memory_order_relaxed);
+  // Threads that want a core: the datapath threads with links (one without naps), and a
+  // polling thread per context (perftest, UCX and NCCL poll their CQs). An estimate, but the
+  // counts that matter are small.
+  uint32_t busy = 0;
+  for (const auto& dp : dps_) {
+    busy += !dp->links.empty();
+    for (const Link* l : dp->links) busy += l->sessions.load(std::memory_order_relaxed);
+  }
   return static_cast<uint32_t>(cpus) < busy;
 }
 
 // Returns when it meant to wake: t + the nap it took (t if none).
-Time HostEngine::idle_wait(Time t, Time idle_for) {
+Time HostEngine::idle_wait(Datapath& dp, Time t, Time idle_for) {
   Time deadline = Time::max();
   bool queues = false;
   Time shortest = Time::max();
-  for (Link* l : active_) {
+  for (Link* l : dp.links) {
     deadline = std::min(deadline, l->nic->next_deadline());
     queues |= l->nic->qp_count() > 0;
     shortest = std::min(shortest, l->nic->shortest_timer());
@@ -579,14 +687,14 @@ Time HostEngine::idle_wait(Time t, Time idle_for) {
   const Time nap = queues ? std::min(opt_.max_nap, shortest) : opt_.max_nap_unused;
   Time sleep = std::min(nap, deadline > t ? deadline - t : Time::zero());
   if (sleep <= Time::zero()) return t;
-  // Every link whose port can wake us (UDP sockets, in-process links) is waited on together with
-  // the doorbell, so two such links in one engine sleep as one does: a ping-pong between them
-  // (two kernel devices over a veth pair) is woken by its packet, not at the end of a nap.
+  // Every link whose ports can wake us (UDP sockets, af_packet and af_xdp queue sockets,
+  // in-process links: every plane's) is waited on together with the doorbell, so a ping-pong
+  // between two such links is woken by its packet, not at the end of a nap.
   pollfd fds[1 + kMaxWaitFds];
   nfds_t nfds = 1;
-  fds[0] = {doorbell_fd_, POLLIN, 0};
+  fds[0] = {dp.doorbell_fd, POLLIN, 0};
   bool all_wake = true;
-  for (Link* l : active_) {
+  for (Link* l : dp.links) {
     int lfds[kMaxWaitFds];
     const size_t n = l->layer->rx_wait_fds(lfds, kMaxWaitFds + 1 - nfds);
     if (n == 0) {
@@ -599,23 +707,24 @@ Time HostEngine::idle_wait(Time t, Time idle_for) {
   // proportion to how long the link has been idle: a ping-pong keeps the naps short (its next
   // packet is near), a quiet link ends up polled once per `nap`.
   if (!all_wake) sleep = std::min(sleep, std::clamp(idle_for / 2, kMinNap, nap));
-  for (Link* l : active_) l->layer->rx_arm();
-  status_page_->sleeping.store(1);
+  for (Link* l : dp.links) l->layer->rx_arm();
+  hostif::Index& sleeping = status_page_->sleeping[dp.index];
+  sleeping.store(1);
   // Pairs with the fence drivers put between publishing a WQE and reading `sleeping`: either
   // they see us asleep and ring, or we see their work here.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   bool work = commands_pending();
-  for (Link* l : active_) work = work || l->nic->has_new_work();
+  for (Link* l : dp.links) work = work || l->nic->has_new_work();
   if (!work) {
     timespec ts{static_cast<time_t>(sleep.count() / 1000000000),
                 static_cast<long>(sleep.count() % 1000000000)};
     if (ppoll(fds, nfds, &ts, nullptr) > 0) note_wake(fds, nfds);
     naps_.fetch_add(1, std::memory_order_relaxed);
   }
-  status_page_->sleeping.store(0);
-  for (Link* l : active_) l->layer->rx_disarm();
+  sleeping.store(0);
+  for (Link* l : dp.links) l->layer->rx_disarm();
   uint64_t drain;
-  [[maybe_unused]] ssize_t r = read(doorbell_fd_, &drain, sizeof(drain));
+  [[maybe_unused]] ssize_t r = read(dp.doorbell_fd, &drain, sizeof(drain));
   return work ? t : t + sleep;
 }
 
@@ -707,9 +816,9 @@ void HostEngine::control_main() {
   std::vector<std::string> names;
   for (auto& [name, l] : links_) names.push_back(name);
   for (const std::string& name : names) close_link(name);
-  // The datapath thread leaves once it has no link left and sees stop_.
+  // Thread 0 leaves once no thread has a link left and it sees stop_; it takes the others along.
   wake_datapath();
-  if (datapath_.joinable()) datapath_.join();
+  if (!dps_.empty() && dps_.front()->thread.joinable()) dps_.front()->thread.join();
 }
 
 bool HostEngine::run_dir_intact() const {
@@ -922,10 +1031,11 @@ void HostEngine::hello(Session& s, Message& req, Message* resp) {
   h.max_rd_atomic = nic::kMaxRdAtomic;
   h.status_bytes = kStatusBytes;
   h.engine_pid = static_cast<uint32_t>(getpid());
+  h.datapath = link->dp->index;
   Message r = reply_to(req, 0);
   r.set(h);
   // The kernel duplicates them into the driver (closed here after sending); ours stay ours.
-  r.fds = {dup(doorbell_fd_), dup(status_.fd())};
+  r.fds = {dup(link->dp->doorbell_fd), dup(status_.fd())};
   *resp = std::move(r);
 }
 
@@ -972,8 +1082,10 @@ void HostEngine::admin(Session& s, const Message& req, Message* resp) {
       info.cm_ids = static_cast<uint32_t>(cm_.id_count());
       on_datapath([&] {
         int fds[kMaxWaitFds];
-        for (Link* l : active_) info.links_port_wake += l->layer->rx_wait_fds(fds, kMaxWaitFds) > 0;
+        for (auto& dp : dps_)
+          for (Link* l : dp->links) info.links_port_wake += l->layer->rx_wait_fds(fds, kMaxWaitFds) > 0;
       });
+      info.datapath_threads = static_cast<uint32_t>(dps_.size());
       info.naps = naps_.load(std::memory_order_relaxed);
       info.naps_frame = naps_frame_.load(std::memory_order_relaxed);
       info.naps_doorbell = naps_doorbell_.load(std::memory_order_relaxed);

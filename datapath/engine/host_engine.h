@@ -47,7 +47,9 @@ using PortOpener = std::function<std::vector<std::unique_ptr<io::Port>>(const ni
 
 struct EngineOptions {
   std::string rundir;             // links are <rundir>/sys/class/infiniband/*/metaroce.conf
-  std::vector<int> cores;         // CPUs of the datapath thread; empty: wherever it runs
+  std::vector<int> cores;         // CPUs of the datapath threads (one each); empty: anywhere
+  // Datapath threads the links are divided among (1..hostif::kMaxDatapathThreads); 0: decided
+  // from the CPUs the engine may run on (datapath_threads_for).
   SpinPolicy spin = SpinPolicy::kAdaptive;
   transport::Time spin_before_sleep = std::chrono::microseconds(20);
   // A pass later than this after the previous one is a stall of the engine's own (descheduled,
@@ -64,6 +66,22 @@ struct EngineOptions {
   // a link record of its own (UDP sockets on its interface) and is attached. One engine per host
   // does (metaroced: the one of the default run dir).
   bool serve_kernel_devices = false;
+  uint32_t datapath_threads = 0;
+};
+
+// How many datapath threads an engine runs when not told: one per four CPUs of its CPU set (the
+// rest are the applications'), at least one, at most hostif::kMaxDatapathThreads; with --cores,
+// one per listed core.
+uint32_t datapath_threads_for(const EngineOptions& opt, int cpus);
+
+struct Link;
+// One datapath thread: the links it serves, its doorbell (drivers of those links ring it when
+// its StatusPage::sleeping[index] says it sleeps).
+struct Datapath {
+  uint32_t index = 0;
+  int doorbell_fd = -1;
+  std::vector<Link*> links;  // changed only by commands, while every datapath thread is parked
+  std::thread thread;
 };
 
 // One open link.
@@ -75,6 +93,7 @@ struct Link {
   transport::Time next_publish{};
   std::atomic<uint32_t> sessions{0};
   std::unique_ptr<KernelDevice> kdev;  // kernel-backed links: the attached kernel device
+  Datapath* dp = nullptr;              // the thread that serves it
 };
 
 class HostEngine {
@@ -103,17 +122,26 @@ class HostEngine {
   size_t session_count() const;
 
  private:
-  // Datapath thread.
-  void datapath_main();
-  transport::Time idle_wait(transport::Time now, transport::Time idle_for);
+  // Datapath threads. Thread 0 leads: it runs the commands while the others are parked, and
+  // leaves last.
+  bool make_datapaths(std::string* why);
+  void datapath_main(Datapath& dp);
+  void pin(const Datapath& dp);
+  bool pass(Datapath& dp, transport::Time t, bool timers, uint64_t stalls);
+  transport::Time idle_wait(Datapath& dp, transport::Time now, transport::Time idle_for);
   void note_wake(pollfd* fds, nfds_t nfds);
   // Whether the host has fewer of the datapath's CPUs (cpus) than threads that want one.
   bool crowded(int cpus) const;
   bool commands_pending() const { return cmd_pending_.load(std::memory_order_acquire); }
+  // Thread 0 runs the queued commands once every other datapath thread is parked; the others
+  // park until it has.
+  void rendezvous(const Datapath& dp);
   void run_commands();
-  // Runs fn on the datapath thread and waits for it (inline when that thread is not running).
+  // Runs fn while every datapath thread is parked (on thread 0), and waits for it; inline when
+  // they are not running. Every NIC operation goes through it.
   void on_datapath(const std::function<void()>& fn);
   void wake_datapath();
+  bool links_left() const;
   transport::Time now() const;
 
   // Control thread.
@@ -159,15 +187,15 @@ class HostEngine {
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
   int control_wake_fd_ = -1;  // eventfd: stop the control thread
-  int doorbell_fd_ = -1;      // eventfd: wake the datapath thread (drivers and commands)
+  // The datapath threads; each has a doorbell (eventfd: drivers and commands wake it).
+  std::vector<std::unique_ptr<Datapath>> dps_;
   Segment status_;            // hostif::StatusPage every driver maps read-only
   hostif::StatusPage* status_page_ = nullptr;
 
-  // Links: the map is the control thread's; `active_` is the datapath thread's copy.
+  // Links: the map is the control thread's; each Datapath's `links` is its thread's share.
   std::map<std::string, std::unique_ptr<Link>> links_;
   std::unordered_map<int, std::string> kernel_fds_;  // attached kernel device fd -> link
   int kernel_listener_ = -1;                          // notices of devices to serve
-  std::vector<Link*> active_;
 
   // Sessions by socket and by pidfd (control thread only).
   std::unordered_map<int, std::unique_ptr<Session>> sessions_;
@@ -181,8 +209,12 @@ class HostEngine {
   std::deque<const std::function<void()>*> cmds_;
   uint64_t cmd_done_ = 0, cmd_next_ = 0;
   std::atomic<bool> cmd_pending_{false};
+  uint32_t parked_ = 0;          // datapath threads (not 0) waiting in rendezvous
+  uint32_t followers_ = 0;       // datapath threads (not 0) still running
+  uint64_t cmd_rounds_ = 0;      // rendezvous thread 0 has finished: the others go on
+  std::atomic<bool> followers_leave_{false};
 
-  std::thread datapath_, control_;
+  std::thread control_;
   std::atomic<bool> datapath_running_{false};
   // Naps of the datapath thread, and those a frame on a port or the doorbell ended (note_wake).
   std::atomic<uint64_t> naps_{0}, naps_frame_{0}, naps_doorbell_{0};

@@ -24,13 +24,15 @@ using metaroce::engine::HostEngine;
 using metaroce::engine::SpinPolicy;
 
 constexpr const char* kUsage =
-    "Usage: metaroced [--rundir DIR] [--cores LIST] [--spin adaptive|always] [--spin-us N]\n"
-    "                 [--stall-us N] [--hugepages] [--kernel-devices serve|ignore]\n"
-    "                 [--daemon [--log FILE]]\n"
+    "Usage: metaroced [--rundir DIR] [--cores LIST] [--datapath-threads N]\n"
+    "                 [--spin adaptive|always] [--spin-us N] [--stall-us N] [--hugepages]\n"
+    "                 [--kernel-devices serve|ignore] [--daemon [--log FILE]]\n"
     "\n"
     "The MetaRoCE engine: serves every link recorded in DIR (default $METAROCE_RUNDIR or\n"
-    "/run/metaroce) to every process on the host. --cores pins its datapath thread (e.g. 1 or\n"
-    "2-3); --spin always never sleeps (lowest latency, a whole core), adaptive (default) spins\n"
+    "/run/metaroce) to every process on the host. Its links are divided among datapath threads:\n"
+    "one per four CPUs it may run on (at least 1, at most 8), one per core of --cores (which pins\n"
+    "each to its core, e.g. 1 or 2-3), or --datapath-threads N (1..8). --spin always never\n"
+    "sleeps (lowest latency, a whole core per thread), adaptive (default) spins\n"
     "--spin-us microseconds (20) after the last work and then naps. After a pass that came\n"
     "more than --stall-us microseconds (250; 0: never) after the one before, the transport's\n"
     "timers wait until what arrived meanwhile is read (16 passes at most), and the QPs' retry\n"
@@ -90,6 +92,18 @@ void notify_ready() {
   close(fd);
 }
 
+bool parse_threads(const char* what, const std::string& v, EngineOptions* opt) {
+  char* e = nullptr;
+  const long n = std::strtol(v.c_str(), &e, 10);
+  if (e == v.c_str() || *e || n < 1 || n > static_cast<long>(metaroce::hostif::kMaxDatapathThreads)) {
+    std::fprintf(stderr, "metaroced: bad %s '%s': expected 1..%u\n", what, v.c_str(),
+                 metaroce::hostif::kMaxDatapathThreads);
+    return false;
+  }
+  opt->datapath_threads = static_cast<uint32_t>(n);
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -120,6 +134,8 @@ int main(int argc, char** argv) {
                      v.c_str());
         return 2;
       }
+    } else if (a == "--datapath-threads") {
+      if (!parse_threads("--datapath-threads", value("--datapath-threads"), &opt)) return 2;
     } else if (a == "--spin") {
       const std::string v = value("--spin");
       if (v == "always") opt.spin = SpinPolicy::kAlways;
@@ -155,6 +171,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // The tests run whole suites with several threads through the environment (scripts/test).
+  if (const char* n = std::getenv("METAROCE_DATAPATH_THREADS");
+      n && *n && opt.datapath_threads == 0 && !parse_threads("METAROCE_DATAPATH_THREADS", n, &opt))
+    return 2;
   // One engine per host serves `rdma link add`: the system's, unless told otherwise.
   opt.serve_kernel_devices =
       kernel_devices.empty() ? opt.rundir == "/run/metaroce" : kernel_devices == "serve";

@@ -120,7 +120,8 @@ struct HelloResp {
   uint32_t max_rd_atomic = 0;
   uint32_t status_bytes = 0;
   uint32_t engine_pid = 0;
-  uint32_t reserved[4] = {};
+  uint32_t datapath = 0;      // the thread serving the link: StatusPage::sleeping[datapath]
+  uint32_t reserved[3] = {};
 };
 
 // kCmOpen's answer: the channel's number (what MIGRATE_ID names a channel by).
@@ -488,7 +489,7 @@ struct EngineInfoResp {
   // af_packet, af_xdp, UDP sockets, in-process links; not memif); the datapath's naps and how
   // many a frame or a doorbell ended (the rest ran their time).
   uint32_t links_port_wake = 0;
-  uint32_t reserved = 0;
+  uint32_t datapath_threads = 0;  // the links are divided among them
   uint64_t naps = 0, naps_frame = 0, naps_doorbell = 0;
 };
 struct SessionInfoReq {

@@ -18,8 +18,9 @@
 
 namespace metaroce::hostif {
 
-inline constexpr uint32_t kAbiVersion = 3;  // 2: RegMrReq carries an IOVA; rereg, MW ops;
-                                            // 3: 48-byte CQEs (a TM tag), TM SRQ requests
+inline constexpr uint32_t kAbiVersion = 4;  // 2: RegMrReq carries an IOVA; rereg, MW ops;
+                                            // 3: 48-byte CQEs (a TM tag), TM SRQ requests;
+                                            // 4: a sleeping flag per datapath thread
 
 // Limits of the interface (the engine may grant less; ibv_query_device reports these).
 inline constexpr uint32_t kMaxSge = 16;
@@ -261,14 +262,19 @@ struct SrqHeader {
 };
 static_assert(sizeof(SrqHeader) == 64 * 6);
 
-// The engine's page every driver maps read-only: whether the engine sleeps (the doorbell).
+// Datapath threads an engine may run (links are divided among them; docs/design.md).
+inline constexpr uint32_t kMaxDatapathThreads = 8;
+
+// The engine's page every driver maps read-only: whether the datapath thread that serves its
+// link sleeps (HelloResp::datapath names it; the doorbell the driver got is that thread's).
 struct StatusPage {
   uint32_t magic;
   uint32_t version;
   uint32_t engine_pid;
   uint32_t reserved[13];
-  Index sleeping;  // nonzero: write the doorbell eventfd after posting
+  Index sleeping[kMaxDatapathThreads];  // nonzero: write the doorbell eventfd after posting
 };
+static_assert(sizeof(StatusPage) <= 4096);
 
 // --- layouts -----------------------------------------------------------------------------------
 

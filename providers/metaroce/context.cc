@@ -246,6 +246,10 @@ int connect_engine(Context* ctx, const ibv_device* ibdev) {
   }
   st.engine = *body;
   st.doorbell_fd = resp.fds[0];
+  if (body->datapath >= hostif::kMaxDatapathThreads) {
+    hostif::close_fds(&resp);
+    return EPROTO;
+  }
   void* status = mmap(nullptr, body->status_bytes, PROT_READ, MAP_SHARED, resp.fds[1], 0);
   close(resp.fds[1]);
   if (status == MAP_FAILED) return errno;

@@ -169,7 +169,7 @@ int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr) noex
 inline void ring_doorbell(ContextState& st) noexcept {
   // Pairs with the engine's fence between announcing sleep and its last look at the rings.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (st.status->sleeping.peek()) {
+  if (st.status->sleeping[st.engine.datapath].peek()) {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(st.doorbell_fd, &one, sizeof(one));
   }

@@ -634,7 +634,7 @@ class Driver {
   // fence pairs with the engine's between announcing its sleep and its last look at the rings).
   void ring_doorbell() {
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (status_->sleeping.load()) {
+    if (status_->sleeping[info.datapath].load()) {
       const uint64_t one = 1;
       [[maybe_unused]] ssize_t n = write(doorbell_fd_, &one, sizeof(one));
     }
@@ -715,6 +715,7 @@ class HostEngineTest : public ::testing::Test {
     EngineOptions opt;
     opt.rundir = rundir_;
     opt.open_recorded_links = false;
+    opt.datapath_threads = threads_;
     opt.open_ports = [this](const nic::LinkConfig& cfg, std::string* why) {
       std::vector<std::unique_ptr<io::Port>> ports;
       auto it = ports_.find(cfg.name);
@@ -825,7 +826,45 @@ class HostEngineTest : public ::testing::Test {
   std::string rundir_;
   std::map<std::string, std::unique_ptr<io::Port>> ports_;
   std::unique_ptr<HostEngine> engine_;
+  uint32_t threads_ = 1;  // datapath threads (derived fixtures ask for more)
 };
+
+// The same engine with its two links on two datapath threads.
+class HostEngineTwoThreadsTest : public HostEngineTest {
+ protected:
+  HostEngineTwoThreadsTest() { threads_ = 2; }
+};
+
+TEST(DatapathThreads, OnePerFourCpusOrOnePerCoreGivenOrAsToldWithinBounds) {
+  EngineOptions opt;
+  EXPECT_EQ(datapath_threads_for(opt, 1), 1u);
+  EXPECT_EQ(datapath_threads_for(opt, 2), 1u) << "this project's 2-core machines: one thread";
+  EXPECT_EQ(datapath_threads_for(opt, 16), 4u);
+  EXPECT_EQ(datapath_threads_for(opt, 256), hostif::kMaxDatapathThreads);
+  opt.cores = {3, 5, 7};
+  EXPECT_EQ(datapath_threads_for(opt, 16), 3u) << "one per listed core";
+  opt.datapath_threads = 2;
+  EXPECT_EQ(datapath_threads_for(opt, 16), 2u) << "told";
+  opt.datapath_threads = 100;
+  EXPECT_EQ(datapath_threads_for(opt, 16), hostif::kMaxDatapathThreads);
+}
+
+TEST_F(HostEngineTwoThreadsTest, EachLinkHasItsOwnThreadAndWritesCrossBetweenThem) {
+  auto da = driver();
+  auto db = driver();
+  ASSERT_EQ(da->hello("a"), 0);
+  ASSERT_EQ(db->hello("b"), 0);
+  EXPECT_NE(da->info.datapath, db->info.datapath) << "the fewest-links thread takes each link";
+  EXPECT_LT(db->info.datapath, 2u);
+  Side a, b;
+  ASSERT_NO_FATAL_FAILURE(open_pair(a, b));
+  for (uint64_t i = 1; i < 20; ++i) {
+    ASSERT_NO_FATAL_FAILURE(write_and_check(a, b, i, 1000 + static_cast<uint32_t>(i) * 700, 4096 * i));
+    ASSERT_NO_FATAL_FAILURE(write_and_check(b, a, 100 + i, 3000, 8192 + i));
+  }
+  // Commands stop both threads while they run: every object of both links is there to count.
+  EXPECT_EQ(engine_->session_count(), 4u);
+}
 
 TEST_F(HostEngineTest, HelloDescribesTheLinkAndHandsOverTheDoorbellAndStatusPage) {
   auto d = driver();
