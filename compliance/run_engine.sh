@@ -13,13 +13,9 @@ if [ -z "${METAROCE_NETNS:-}" ]; then
   command -v ip >/dev/null || { echo "SKIP: no ip(8)"; exit 77; }
   /usr/bin/python3 -c 'import pyverbs' 2>/dev/null ||
     { echo "SKIP: no pyverbs (python3-pyverbs)"; exit 77; }
-  ns="cpcomp$$"
-  ip netns add "$ns" 2>/dev/null || { echo "SKIP: cannot create a network namespace"; exit 77; }
-  rc=0
-  ip netns exec "$ns" env METAROCE_NETNS="$ns" "$0" "$@" || rc=$?
-  ip netns del "$ns"
-  exit "$rc"
 fi
+source "$HERE/../tests/integration/netns.sh"
+run_in_netns cpcomp "$@"
 source "$HERE/../tests/integration/lib.sh"
 shift
 UDP=0

@@ -11,13 +11,9 @@
 if [ -z "${METAROCE_NETNS:-}" ]; then
   [ "$(id -u)" -eq 0 ] || { echo "SKIP: needs root (network namespace, bridge)"; exit 77; }
   command -v ip >/dev/null && command -v bridge >/dev/null || { echo "SKIP: no ip(8)/bridge(8)"; exit 77; }
-  ns="mrig$$"
-  ip netns add "$ns" 2>/dev/null || { echo "SKIP: cannot create a network namespace"; exit 77; }
-  rc=0
-  ip netns exec "$ns" env METAROCE_NETNS="$ns" "$0" "$@" || rc=$?
-  ip netns del "$ns"
-  exit "$rc"
 fi
+source "$(dirname "$0")/netns.sh"
+run_in_netns mrig "$@"
 source "$(dirname "$0")/lib.sh"
 GROUP=230.18.0.1   # organisation-local multicast; nothing leaves the namespace
 ip link set lo up

@@ -14,13 +14,9 @@
 if [ -z "${METAROCE_NETNS:-}" ]; then
   [ "$(id -u)" -eq 0 ] || { echo "SKIP: needs root (network namespace, veth)"; exit 77; }
   command -v ip >/dev/null || { echo "SKIP: no ip(8)"; exit 77; }
-  ns="mrpw$$"
-  ip netns add "$ns" 2>/dev/null || { echo "SKIP: cannot create a network namespace"; exit 77; }
-  rc=0
-  ip netns exec "$ns" env METAROCE_NETNS="$ns" "$0" "$@" || rc=$?
-  ip netns del "$ns"
-  exit "$rc"
 fi
+source "$(dirname "$0")/netns.sh"
+run_in_netns mrpw "$@"
 source "$(dirname "$0")/lib.sh"
 ip link set lo up
 ip link add pwa type veth peer name pwb
