@@ -533,7 +533,7 @@ class DpdkPort final : public Port {
   // rx_queue_intr_enable, so this is the socket found by pmd_queue_socket. memif signals RX on
   // a per-queue eventfd only while the receiver clears MEMIF_RING_FLAG_MASK_INT in the shared
   // ring, and the 22.11 PMD sets that flag on its RX rings at connect and exposes neither: a
-  // memif port naps with back-off (docs/design.md, "Spinning, yielding and napping").
+  // memif port naps with back-off (docs/design.md, "A nap ends when a frame arrives").
   int rx_wait_fd() override { return kick_fd_; }
   void rx_arm() override {}
   void rx_disarm() override {}

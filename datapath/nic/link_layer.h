@@ -93,7 +93,6 @@ class LinkLayer {
 
  private:
   class Sink;
-  // A port and what the link knows about the far side of it.
   // Peer IP -> MAC with a generation that every change bumps, so that what was built from an
   // entry (a frame header) knows when it is stale.
   class ArpTable {
@@ -116,6 +115,7 @@ class LinkLayer {
     std::unordered_map<uint32_t, io::MacAddr> map_;
     uint64_t gen_ = 0;
   };
+  // A port and what the link knows about the far side of it.
   struct Plane {
     std::unique_ptr<io::Port> port;
     // A UDP-socket plane: the kernel frames, routes and resolves; no ARP, no goodbye.

@@ -244,12 +244,12 @@ int connect_engine(Context* ctx, const ibv_device* ibdev) {
                  std::strerror(e ? e : EPROTO));
     return e ? e : EPROTO;
   }
-  st.engine = *body;
-  st.doorbell_fd = resp.fds[0];
-  if (body->datapath >= hostif::kMaxDatapathThreads) {
+  if (body->datapath >= hostif::kMaxDatapathThreads) {  // names no flag of the status page
     hostif::close_fds(&resp);
     return EPROTO;
   }
+  st.engine = *body;
+  st.doorbell_fd = resp.fds[0];
   void* status = mmap(nullptr, body->status_bytes, PROT_READ, MAP_SHARED, resp.fds[1], 0);
   close(resp.fds[1]);
   if (status == MAP_FAILED) return errno;

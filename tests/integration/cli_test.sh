@@ -33,6 +33,13 @@ expect 0 "$M" --help
 expect 2 "$M" frobnicate
 expect 2 "$M" link add mr0 --ip 10.0.0.1/24
 
+# A bad engine option starts nothing and says why (metaroced's reason, on one line).
+expect 1 "$M" engine start --datapath-threads 9
+err=$("$M" engine start --datapath-threads 0 2>&1) && fail "engine start --datapath-threads 0 succeeded"
+[[ $err == *"bad --datapath-threads '0': expected 1..8"* ]] ||
+  fail "engine start --datapath-threads 0 gave no reason: $err"
+"$M" engine status >/dev/null 2>&1 && fail "an engine started with a bad option"
+
 sock=metaroce-cli-$$
 expect 0 "$M" link add mr0 --dpdk "net_memif0,role=server,socket=$sock" --ip 198.18.77.1/24
 expect 0 "$M" link add mr1 --dpdk "net_memif1,role=client,socket=$sock" --ip 198.18.77.2/24 --mtu 4200 --paths 16
