@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // The MetaRoCE engine of a host (docs/design.md, "The engine"): one per run dir, as a NIC is one
-// per host. It owns the ports and the NIC of every link, runs them on a datapath thread with the
-// idle policy its user chose, and serves every process's driver contexts through the control
+// per host. It owns the ports and the NIC of every link, runs them on datapath threads (each link
+// on one) with the idle policy its user chose, and serves every process's driver contexts through the control
 // socket <run dir>/engine.sock and the shared rings of each object. metaroced runs it; tests
 // host it in-process with in-memory ports.
 //
-// Threads: the datapath thread alone touches the NICs and link layers; the control thread
+// Threads: a link's datapath thread alone touches its NIC and link layer; the control thread
 // accepts connections, checks and answers requests, opens and closes links, and notices
-// processes that exit. It hands every NIC operation to the datapath thread and waits for it.
+// processes that exit. It hands every NIC operation to the datapath threads (run while all are
+// parked) and waits for it.
 #pragma once
 
 #include <poll.h>
@@ -48,8 +49,6 @@ using PortOpener = std::function<std::vector<std::unique_ptr<io::Port>>(const ni
 struct EngineOptions {
   std::string rundir;             // links are <rundir>/sys/class/infiniband/*/metaroce.conf
   std::vector<int> cores;         // CPUs of the datapath threads (one each); empty: anywhere
-  // Datapath threads the links are divided among (1..hostif::kMaxDatapathThreads); 0: decided
-  // from the CPUs the engine may run on (datapath_threads_for).
   SpinPolicy spin = SpinPolicy::kAdaptive;
   transport::Time spin_before_sleep = std::chrono::microseconds(20);
   // A pass later than this after the previous one is a stall of the engine's own (descheduled,
@@ -66,6 +65,8 @@ struct EngineOptions {
   // a link record of its own (UDP sockets on its interface) and is attached. One engine per host
   // does (metaroced: the one of the default run dir).
   bool serve_kernel_devices = false;
+  // Datapath threads the links are divided among (1..hostif::kMaxDatapathThreads); 0: decided
+  // from the CPUs the engine may run on (datapath_threads_for).
   uint32_t datapath_threads = 0;
 };
 

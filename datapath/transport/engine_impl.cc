@@ -2021,11 +2021,11 @@ void EngineImpl::path_recovered(Time now, Connection& c, uint16_t path, int64_t 
   refresh_min_srtt(c);
 }
 
-// Back in service on a new route: its marks to be learnt again, a fresh window.
+// Back in service on a new route: its marks to be learnt again, a fresh window. The callers
+// then give it its RTT (a sample, or none) and refresh the connection's smallest.
 void EngineImpl::reinstate(Time now, Connection& c, uint16_t path) {
   TxPath& tp = c.tx[path];
   tp.state = PathState::kActive;
-  refresh_min_srtt(c);
   tp.alpha = kAlphaOne;
   --c.failed_paths;
   tp.backoff = 0;
