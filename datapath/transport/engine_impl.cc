@@ -884,6 +884,7 @@ bool EngineImpl::send_new(Time now, Connection& c, TxSink& sink, uint32_t& sent,
     if (c.free_head == kNil && !grow_pool(c)) return true;  // conn_window_max records in all
     if (start_held(now, c)) return true;
     detail::MsgSlot& s = slots_[c.cursor];
+    if (s.resume_ns > now.count()) return true;  // refused (RNR): waits out its back-off
     const uint32_t len = seg_len(c.cursor, s.next_offset);
     if (must_wait(now, c, headers_len(s.m) + len)) return true;
     TxPath& tp = c.tx[p];
@@ -1689,12 +1690,30 @@ void EngineImpl::rnr_nak(Time now, Connection& c, uint16_t idx, uint8_t rnr_time
   const Time wait = (rnr_timer & wire::kRnrTimerValid)
                         ? rnr_timer_delay(rnr_timer & wire::kRnrTimerCodeMask)
                         : cfg_.rnr_delay;
-  d.flags = static_cast<uint8_t>((d.flags | detail::kRnrWait) & ~detail::kRetxQueued);
   s.resume_ns = std::max(s.resume_ns, (now + wait).count());
   c.rnr_deadline = std::min(c.rnr_deadline, Time(s.resume_ns));
-  // The path answered, and will be quiet until the back-off ends: silence counts from then.
-  TxPath& tp = c.tx[d.path];
-  tp.last_progress_ns = std::max(tp.last_progress_ns, s.resume_ns);
+  hold_message(c, d.slot);
+}
+
+// Every packet of a refused message still in flight was refused too, or will be (the receive is
+// not there): all wait out the back-off, and send_new sends no more of it until then. Left to
+// look lost, they were resent into the same refusal, timed their paths out and moved, until the
+// resends had filled every path's SACK span and nothing could be sent at all (an 8 MiB SEND
+// that came before its receive hung for good). Their paths answered, and will be quiet until
+// the back-off ends: silence counts from then.
+void EngineImpl::hold_message(Connection& c, uint32_t slot) {
+  const int64_t resume = slots_[slot].resume_ns;
+  for (uint16_t p = 0; p < c.paths_used; ++p) {
+    TxPath& tp = c.tx[p];
+    bool held = false;
+    for (uint16_t i = tp.head; i != kNil; i = c.pool[i].next) {
+      TxDesc& o = c.pool[i];
+      if (o.slot != slot) continue;
+      o.flags = static_cast<uint8_t>((o.flags | detail::kRnrWait) & ~detail::kRetxQueued);
+      held = true;
+    }
+    if (held) tp.last_progress_ns = std::max(tp.last_progress_ns, resume);
+  }
 }
 
 // The peer has no such stream (congestion.md §6.1): every message of that stream to that peer

@@ -144,7 +144,8 @@ struct MsgSlot {
   int64_t unreachable_ns = 0;  // the peer has said its stream is gone since then (0: never, or
                                // a packet of the message was acknowledged since)
   int64_t resume_ns = 0;       // parked: resent from then on; RNR-NAKed (then it is not
-                               // parked): its refused packets are resent from then on
+                               // parked): its packets in flight are resent from then on, and
+                               // no more of it is sent before
 };
 
 struct Connection {
@@ -372,6 +373,7 @@ class EngineImpl final : public Engine {
   void congestion_on_ack(Time now, Connection& c, uint16_t path, uint32_t newly_acked,
                          uint16_t ce);
   void rnr_nak(Time now, Connection& c, uint16_t idx, uint8_t rnr_timer);
+  void hold_message(Connection& c, uint32_t slot);
   void park(Connection& c, uint32_t slot, Time now);
   void resume_parked(Connection& c, Time now);
   bool unreachable_too_long(const detail::MsgSlot& s, Time now) const;
