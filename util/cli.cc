@@ -71,6 +71,8 @@ constexpr const char* kUverbsClassAbi = "6";
 constexpr unsigned kNodeMajor = 1;
 constexpr unsigned kNodeMinor = 7;
 constexpr const char* kRunDirDefault = "/run/metaroce";
+// The file scripts/bundle puts in a bundle's top folder: its binaries run from there.
+constexpr const char* kBundleMark = "share/metaroce/bundle";
 
 constexpr const char* kMainHelp =
     "Usage: metaroce [--help] [--version] COMMAND ...\n"
@@ -312,9 +314,12 @@ class DpdkPlugins {
   // True when some bus recognises the device; loads matching drivers first, then all of them.
   bool recognises(const std::string& devargs) {
     std::lock_guard lock(mu_);
+    // DPDK reports its parse failures itself; the command prints its own single line instead.
+    rte_log_set_global_level(RTE_LOG_EMERG);
+    // Drivers linked into this program (a bundle's: docs/bundle.md) need no plugin, and a
+    // plugin of the same driver loaded beside them would register it twice (EAL panics).
+    if (parses(devargs)) return true;
     if (!buses_loaded_) {
-      // DPDK reports its parse failures itself; the command prints its own single line instead.
-      rte_log_set_global_level(RTE_LOG_EMERG);
       load_matching([](const std::string& lib) { return lib.rfind("bus_", 0) == 0; });
       buses_loaded_ = true;
     }
@@ -1843,10 +1848,20 @@ std::vector<std::pair<std::string, std::string>> verbs_environment(const Context
     for (const nic::LinkConfig& c : load_store(Paths(ctx)).links) redirect |= c.kernel.empty();
   }
   if (redirect) settings.emplace_back("SYSFS_PATH", ctx.sysfs());
-  // A binary run from the build tree points libibverbs at the provider built next to it; an
-  // installed one relies on /etc/libibverbs.d.
+  // A binary run from the build tree points libibverbs at the provider built next to it, one
+  // from a bundle at the bundle's provider and libibverbs; an installed one relies on
+  // /etc/libibverbs.d.
   std::string preload = ctx.preload_path;
-  if (!ctx.build_root.empty() && !ctx.exe_dir.empty()) {
+  if (!ctx.bundle_root.empty()) {
+    const std::string lib = ctx.bundle_root + "/lib";
+    settings.emplace_back("RDMAV_DRIVERS", lib + "/libibverbs/libmetaroce");
+    // First in the search path, before whatever the caller had (kept once).
+    std::string path = lib;
+    if (const char* had = std::getenv("LD_LIBRARY_PATH"); had && *had)
+      path = (had == lib || std::string_view(had).starts_with(lib + ":")) ? had : lib + ":" + had;
+    settings.emplace_back("LD_LIBRARY_PATH", path);
+    preload = lib + "/metaroce/libmetaroce-preload.so";
+  } else if (!ctx.build_root.empty() && !ctx.exe_dir.empty()) {
     std::error_code ec;
     fs::path root = fs::weakly_canonical(ctx.build_root, ec);
     fs::path exe = fs::weakly_canonical(ctx.exe_dir, ec);
@@ -1882,6 +1897,13 @@ std::vector<std::pair<std::string, std::string>> verbs_environment(const Context
   return settings;
 }
 
+std::string bundle_root_of(const std::string& exe_dir) {
+  if (exe_dir.empty()) return "";
+  std::error_code ec;
+  const fs::path top = fs::path(exe_dir).parent_path();
+  return fs::is_regular_file(top / kBundleMark, ec) ? top.string() : "";
+}
+
 Context process_context() {
   Context ctx;
   const char* rd = std::getenv("METAROCE_RUNDIR");
@@ -1895,8 +1917,12 @@ Context process_context() {
   ctx.preload_path = METAROCE_PRELOAD_PATH;
   ctx.engine_program = METAROCE_ENGINE_PATH;
   ctx.kernel_module = ::access(MRIB_DEV_NODE, F_OK) == 0;
-  // Run from the build tree: the engine built next to it.
-  if (!ctx.build_root.empty() && !ctx.exe_dir.empty()) {
+  // Run from a bundle: the engine beside this binary. From the build tree: the engine built
+  // next to it.
+  ctx.bundle_root = bundle_root_of(ctx.exe_dir);
+  if (!ctx.bundle_root.empty()) {
+    ctx.engine_program = ctx.bundle_root + "/bin/metaroced";
+  } else if (!ctx.build_root.empty() && !ctx.exe_dir.empty()) {
     fs::path root = fs::weakly_canonical(ctx.build_root, ec);
     fs::path exe = fs::weakly_canonical(ctx.exe_dir, ec);
     auto rel = exe.lexically_relative(root);

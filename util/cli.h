@@ -38,6 +38,9 @@ struct Context {
   std::string exe_dir;                        // directory of the running binary
   std::string build_root;                     // meson build root the binary was compiled in
   std::string preload_path;                   // installed libmetaroce-preload.so (LD_PRELOAD)
+  // The top folder of a relocatable bundle (scripts/bundle) the binary runs from, else empty:
+  // the engine, the provider, the preload library and libibverbs are found below it.
+  std::string bundle_root;
   // The engine to start when none serves the run dir (metaroced). Empty: links are records
   // only and no engine is asked (the unit tests of the command).
   std::string engine_program;
@@ -60,8 +63,13 @@ int run(const std::vector<std::string>& args, const Context& ctx);
 
 // The variables that make libibverbs find the links of ctx, in the order `metaroce env` prints
 // them: SYSFS_PATH (unless the kernel module is loaded: its devices are the kernel's, and the
-// tree would hide them), RDMAV_DRIVERS only for a binary running from its build tree.
+// tree would hide them), RDMAV_DRIVERS only for a binary running from its build tree or a
+// bundle, LD_LIBRARY_PATH only from a bundle (its libibverbs before the host's, if any).
 std::vector<std::pair<std::string, std::string>> verbs_environment(const Context& ctx);
+
+// The top folder of the bundle whose bin/ is exe_dir (it holds share/metaroce/bundle, which
+// scripts/bundle writes), else "".
+std::string bundle_root_of(const std::string& exe_dir);
 
 // "1.2.3.4/24" -> (ip, prefix); nullopt and *err when malformed or not a usable unicast address.
 std::optional<std::pair<uint32_t, uint8_t>> parse_address(const std::string& text,

@@ -148,6 +148,7 @@ struct RcPeer {
   uint8_t hop_limit = 1;
   uint8_t timeout = 14;          // 4.096 us * 2^timeout
   uint8_t rd_atomic = 1;         // outstanding READs/atomics, each way
+  uint8_t min_rnr_timer = 12;    // verbs code: 12 = 0.64 ms, 1 = 0.01 ms
 };
 
 // INIT -> RTR -> RTS towards peer (PSNs 0, peer.rd_atomic outstanding READs/atomics each way,
@@ -158,7 +159,7 @@ inline void modify_to_rts(ibv_qp* qp, const RcPeer& peer) {
   a.path_mtu = peer.mtu;
   a.dest_qp_num = peer.qpn;
   a.max_dest_rd_atomic = peer.rd_atomic;
-  a.min_rnr_timer = 12;
+  a.min_rnr_timer = peer.min_rnr_timer;
   a.ah_attr.is_global = 1;
   std::memcpy(a.ah_attr.grh.dgid.raw, peer.gid, 16);
   a.ah_attr.grh.hop_limit = peer.hop_limit;

@@ -574,6 +574,39 @@ TEST_F(CliTest, EnvPointsAtRunDirAndAtTheProviderOnlyFromTheBuildTree) {
   EXPECT_EQ(out_.str().rfind("export SYSFS_PATH='" + root_ + "/odd dir/sys'\n", 0), 0u) << out_.str();
 }
 
+// A bundle (scripts/bundle) is found from its bin/ by the mark in its top folder; from there
+// programs get its provider and, first in their search path, its libibverbs.
+TEST_F(CliTest, EnvFromABundleNamesItsProviderLibrariesAndPreload) {
+  const std::string top = root_ + "/unpacked/metaroce";
+  fs::create_directories(top + "/bin");
+  EXPECT_EQ(bundle_root_of(top + "/bin"), "") << "no mark: not a bundle";
+  EXPECT_EQ(bundle_root_of(""), "");
+  fs::create_directories(top + "/share/metaroce");
+  std::ofstream(top + "/share/metaroce/bundle") << "metaroce 0.1.0\n";
+  EXPECT_EQ(bundle_root_of(top + "/bin"), top);
+  fs::create_directories(top + "/lib/metaroce");
+  std::ofstream(top + "/lib/metaroce/libmetaroce-preload.so") << "x";
+  ctx_.bundle_root = top;
+  ctx_.exe_dir = ctx_.build_root + "/util";  // the bundle wins over the build tree's rule
+  ::unsetenv("LD_LIBRARY_PATH");
+  ::unsetenv("LD_PRELOAD");
+  ASSERT_EQ(run({"env"}), kExitOk);
+  EXPECT_EQ(out_.str(), "export SYSFS_PATH=" + ctx_.rundir + "/sys\nexport RDMAV_DRIVERS=" + top +
+                            "/lib/libibverbs/libmetaroce\nexport LD_LIBRARY_PATH=" + top +
+                            "/lib\nexport LD_PRELOAD=" + top +
+                            "/lib/metaroce/libmetaroce-preload.so\n");
+  auto library_path = [&] {
+    for (const auto& [k, v] : verbs_environment(ctx_))
+      if (k == "LD_LIBRARY_PATH") return v;
+    return std::string();
+  };
+  ::setenv("LD_LIBRARY_PATH", "/opt/cuda/lib64", 1);
+  EXPECT_EQ(library_path(), top + "/lib:/opt/cuda/lib64");
+  ::setenv("LD_LIBRARY_PATH", (top + "/lib:/opt/cuda/lib64").c_str(), 1);
+  EXPECT_EQ(library_path(), top + "/lib:/opt/cuda/lib64") << "kept once";
+  ::unsetenv("LD_LIBRARY_PATH");
+}
+
 TEST_F(CliTest, HelpAndVersionSucceed) {
   for (auto args : std::vector<std::vector<std::string>>{
            {"--help"}, {"-h"}, {"link", "--help"}, {"link", "add", "--help"}, {"env", "--help"}}) {
