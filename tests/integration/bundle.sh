@@ -8,7 +8,7 @@
 # library a verbs program and the engine load is the bundle's (or glibc/libstdc++), and
 # bench/gpu/run --cpu --quick (a ring all-reduce over verbs clean, through a fabric with a core
 # link black-holed mid-run and with 1 % loss; bench/run's latency table). After `engine stop`
-# nothing of the bundle runs and nothing was written outside the bundle and its run dir.
+# nothing of the bundle runs and nothing is left outside the bundle and its run dir.
 # Usage: bundle.sh BUILD_DIR. Needs root (mount namespace); skipped (77) otherwise.
 set -euo pipefail
 
@@ -20,7 +20,7 @@ cleanup() {
   local rc=$?
   set +e
   if [ "$rc" -ne 0 ]; then
-    for f in "$work"/logs/* "$work"/gpu/logs/*; do [ -f "$f" ] && { echo "== $f"; tail -n 30 "$f"; }; done
+    for f in "$work"/logs/*; do [ -f "$f" ] && { echo "== $f"; tail -n 30 "$f"; }; done
     [ -f "$work/run/engine.log" ] && { echo "== engine log"; tail -n 30 "$work/run/engine.log"; }
   fi
   pkill -KILL -f -- "$work/unpacked/" 2>/dev/null
@@ -74,14 +74,16 @@ case $build in "$repo"/*) ;; *) mount -t tmpfs none "$build" ;; esac
 export METAROCE_RUNDIR=$work/run PATH="$b/bin:$sys_path"
 cd "$work"
 logs=$work/logs
+# What exists where a program could leave something (the DPDK runtime folder is under /run,
+# hugepage and memif files under /dev/shm and /dev/hugepages): everything there, and the
+# entries of /tmp itself (its subfolders are other programs' business, a CI checkout's too).
 watched=()
-for d in /tmp /var/tmp /run /dev/shm /dev/hugepages /dev/infiniband; do [ -d "$d" ] && watched+=("$d"); done
-# dirs_of: the folders under the watched places (a folder left behind empty is a leftover too).
-dirs_of() { { find "${watched[@]}" -xdev -type d -not -path "$work" -not -path "$work/*" 2>/dev/null || true; } | sort; }
-dirs_of >"$work/dirs.before"
+for d in /var/tmp /run /dev/shm /dev/hugepages /dev/infiniband; do [ -d "$d" ] && watched+=("$d"); done
+entries() {
+  { find "${watched[@]}" -xdev 2>/dev/null || true; find /tmp -mindepth 1 -maxdepth 1 -not -path "$work"; } | sort
+}
+entries >"$work/entries.before"
 ls /dev/infiniband 2>/dev/null | sort >"$work/dev.before" || true
-touch "$work/stamp"
-sleep 1  # -newer compares whole seconds on some file systems
 
 metaroce link add mr0 --ip 198.18.44.1/24 --dpdk "net_memif0,role=server,socket=mr-bundle-$$"
 metaroce link add mr1 --ip 198.18.44.2/24 --dpdk "net_memif1,role=client,socket=mr-bundle-$$"
@@ -124,6 +126,8 @@ metaroce engine stop
 # The GPU machine's script, its CPU part (its own devices, engine and bench/run run).
 "$b/share/metaroce/bench/gpu/run" --cpu --quick --out "$work/gpu" >"$logs/gpu-run" 2>&1 ||
   fail "bench/gpu/run --cpu --quick: $(tail -n 12 "$logs/gpu-run")"
+[ "$(ls "$work/gpu")" = "$(printf 'collectives.png\ndetails.tar.gz\nresults.json')" ] ||
+  fail "gpu/run left $(ls "$work/gpu" | tr '\n' ' ')instead of its three files"
 python3 - "$work/gpu/results.json" <<'PY' || fail "gpu/run's results: $(cat "$logs/gpu-run")"
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -139,14 +143,12 @@ for f in "$b"/share/metaroce/bench/gpu/*.py; do
   python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])' "$f" || fail "$f does not parse"
 done
 
-# Nothing of the bundle runs; nothing written outside the bundle and the run dir.
+# Nothing of the bundle runs; nothing left outside the bundle and the run dir.
 sleep 0.5
 left=$(pgrep -af -- "$b/" || true)
 [ -z "$left" ] || fail "still running after engine stop: $left"
-new=$(find "${watched[@]}" -xdev -newer "$work/stamp" -not -type d -not -path "$work/*" 2>/dev/null || true)
-new+=$(echo; dirs_of | comm -13 "$work/dirs.before" -)
-new=$(grep -v '^$' <<<"$new" || true)
-[ -z "$new" ] || fail "written outside the bundle and its run dir: $new"
+new=$(entries | comm -13 "$work/entries.before" -)
+[ -z "$new" ] || fail "left outside the bundle and its run dir: $new"
 ls /dev/infiniband 2>/dev/null | sort >"$work/dev.after" || true
 cmp -s "$work/dev.before" "$work/dev.after" || fail "device nodes left: $(diff "$work/dev.before" "$work/dev.after")"
 echo "bundle: ok ($(du -sh "$b" | cut -f1) unpacked)"
