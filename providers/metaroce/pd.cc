@@ -157,6 +157,18 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
   req.length = length;
   req.iova = hca_va;  // ibv_reg_mr passes addr; ibv_reg_mr_iova2 the address verbs will use
   const bool kernel = state_of(ibpd->context).kernel;
+  // Pages the engine could not reach are refused now, as a NIC refuses pages it cannot pin
+  // (EFAULT): a hole, PROT_NONE, read-only memory asked to be written, a device's memory (a
+  // GPU pointer: docs/bundle.md). On-demand regions fault in later, as on a NIC; the module
+  // pins a kernel context's itself.
+  if (!kernel && !implicit && !(flags & IBV_ACCESS_ON_DEMAND)) {
+    if (int e = SharedPages::reachable(reinterpret_cast<uintptr_t>(addr), length,
+                                       flags & IBV_ACCESS_LOCAL_WRITE)) {
+      delete mr;
+      errno = e;
+      return nullptr;
+    }
+  }
   if (kernel) {
     // The kernel pins the pages and chooses the keys; the engine maps those pages. The module
     // answers EOPNOTSUPP for an IOVA other than addr and for on-demand paging.

@@ -10,8 +10,10 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -196,6 +198,23 @@ bool qualifies(const Vma& v, uint64_t sp) {
 }
 
 }  // namespace
+
+int SharedPages::reachable(uint64_t addr, uint64_t len, bool write) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t lo = addr & ~(page - 1), hi = (addr + len + page - 1) & ~(page - 1);
+  uint64_t covered = lo;
+  for (const Vma& v : read_maps<Vma>(lo, hi)) {
+    if (v.start > covered || v.perms[0] != 'r' || (write && v.perms[1] != 'w')) return EFAULT;
+    // One byte per mapping: what a mapping is (a driver's, a device's) holds for all of it.
+    uint8_t byte = 0;
+    const iovec local{&byte, 1};
+    const iovec remote{reinterpret_cast<void*>(std::max(v.start, lo)), 1};
+    if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != 1 && errno == EFAULT) return EFAULT;
+    covered = v.end;
+    if (covered >= hi) return 0;
+  }
+  return covered >= hi ? 0 : EFAULT;
+}
 
 SharedPages& SharedPages::process() {
   static SharedPages* store = [] {

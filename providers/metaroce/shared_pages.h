@@ -49,6 +49,12 @@ class SharedPages {
   // Bytes of the process that live in the memfd now (tests, diagnostics).
   uint64_t shared_bytes() const;
 
+  // 0 when the engine can reach [addr, addr + len): mapped throughout, readable (writable too
+  // when `write`), and readable with process_vm_readv (where the engine's copies go: a device's
+  // memory or a driver's mapping fails it); EFAULT, what the kernel answers for pages it cannot
+  // pin, when not. A process where process_vm_readv is not allowed at all is not refused.
+  static int reachable(uint64_t addr, uint64_t len, bool write);
+
   // Size of the memfd's sparse address space (a quarter of it can be shared at once).
   static constexpr uint64_t kStoreBytes = uint64_t{1} << 40;
   // The offsets a range of len bytes holds: mremap (realloc) can grow a mapping of the memfd in

@@ -7,6 +7,7 @@
 //   - fork: the child has its own copy, its stores do not reach the parent (with ibv_fork_init,
 //     RDMAV_FORK_SAFE=1, the region is not mapped in the child at all);
 //   - ibv_rereg_mr to a new buffer; MADV_DONTNEED under a live region;
+//   - memory the engine cannot reach (PROT_NONE, read-only written, a hole): EFAULT at reg_mr;
 //   - free and reallocate under a live region: no crash, the new memory is not the region's;
 //   - last, the region unmapped: the engine's access fails with an error completion.
 //
@@ -19,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -278,6 +280,38 @@ void rereg() {
   std::puts("ok rereg_mr to a new buffer");
 }
 
+// Memory the engine could not reach is refused at registration with EFAULT, as a NIC refuses
+// pages it cannot pin; read-only memory registered for remote reads only is accepted.
+void unreachable() {
+  const size_t len = 4 * kPage;
+  uint8_t* p = anon(len);
+  std::memset(p, 0x5a, len);
+  // With ibv_fork_init, libibverbs itself first marks the range MADV_DONTFORK, which a hole
+  // fails with ENOMEM before the provider is asked (as it would before any NIC's kernel).
+  const bool fork_safe = ibv_is_fork_initialized() == IBV_FORK_ENABLED;
+  auto refused = [&](const char* what, void* addr, size_t n, int access, int want = EFAULT) {
+    errno = 0;
+    ibv_mr* mr = ibv_reg_mr(B.pd, addr, n, access);
+    if (mr || errno != want) {
+      std::fprintf(stderr, "mr_memory: %s: registered (%p) or errno %d, not %d\n", what,
+                   static_cast<void*>(mr), errno, want);
+      std::exit(1);
+    }
+  };
+  if (mprotect(p + kPage, kPage, PROT_NONE)) die("mprotect");
+  refused("PROT_NONE page", p, len, kRemote);
+  if (mprotect(p + kPage, kPage, PROT_READ)) die("mprotect");
+  refused("read-only page with LOCAL_WRITE", p, len, kRemote);
+  ibv_mr* ro = ibv_reg_mr(B.pd, p + kPage, kPage, IBV_ACCESS_REMOTE_READ);
+  if (!ro) die("reg_mr of read-only memory for remote reads");
+  ibv_dereg_mr(ro);
+  if (munmap(p + 2 * kPage, kPage)) die("munmap");
+  refused("a hole", p + kPage, 2 * kPage, IBV_ACCESS_REMOTE_READ, fork_safe ? ENOMEM : EFAULT);
+  munmap(p, 2 * kPage);
+  munmap(p + 3 * kPage, kPage);
+  std::puts("ok unreachable memory refused with EFAULT");
+}
+
 // MADV_DONTNEED under a live region, then the peer writes: the application sees the bytes.
 void dontneed() {
   const size_t len = 8 * kPage;
@@ -418,6 +452,7 @@ int main(int argc, char** argv) {
   fork_child();
   rereg();
   dontneed();
+  unreachable();
   free_and_reallocate();
   if (metaroce && !(std::getenv("METAROCE_COPY_AT_POST") &&
                     std::strcmp(std::getenv("METAROCE_COPY_AT_POST"), "0") == 0))

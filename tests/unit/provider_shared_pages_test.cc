@@ -124,6 +124,29 @@ TEST(SharedPages, OnlyPrivateAnonymousWritableMemoryQualifies) {
   close(fd);
 }
 
+// What the engine could not reach is refused at registration (EFAULT), as pages a NIC cannot
+// pin are: a hole, PROT_NONE, read-only memory asked to be written.
+TEST(SharedPages, ReachableIsMappedReadableAndWritableWhereAsked) {
+  auto* p = static_cast<uint8_t*>(
+      mmap(nullptr, 6 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(p, MAP_FAILED);
+  const auto at = [&](size_t page) { return reinterpret_cast<uint64_t>(p + page * kPage); };
+  EXPECT_EQ(SharedPages::reachable(at(0) + 100, 6 * kPage - 200, true), 0);
+  ASSERT_EQ(mprotect(p + 2 * kPage, kPage, PROT_READ), 0);  // three mappings now: rw, r, rw
+  EXPECT_EQ(SharedPages::reachable(at(0), 6 * kPage, false), 0) << "adjacent mappings";
+  EXPECT_EQ(SharedPages::reachable(at(0), 6 * kPage, true), EFAULT) << "read-only, written";
+  EXPECT_EQ(SharedPages::reachable(at(3), 3 * kPage, true), 0);
+  ASSERT_EQ(mprotect(p + 4 * kPage, kPage, PROT_NONE), 0);
+  EXPECT_EQ(SharedPages::reachable(at(3), 3 * kPage, false), EFAULT) << "PROT_NONE";
+  EXPECT_EQ(SharedPages::reachable(at(5) + 1, 10, true), 0) << "the page after it";
+  ASSERT_EQ(munmap(p + 4 * kPage, kPage), 0);
+  EXPECT_EQ(SharedPages::reachable(at(3), 3 * kPage, false), EFAULT) << "a hole";
+  EXPECT_EQ(SharedPages::reachable(at(4), kPage, false), EFAULT) << "nothing mapped";
+  ASSERT_EQ(munmap(p + 5 * kPage, kPage), 0);
+  EXPECT_EQ(SharedPages::reachable(at(3) + kPage - 1, 2, false), EFAULT) << "ends past the mapping";
+  munmap(p, 4 * kPage);
+}
+
 // Another thread stores into the region (each 8-byte word once, in order) while it moves there
 // and back: every store must be found.
 TEST(SharedPages, StoresOfOtherThreadsDuringTheMoveAreKept) {
