@@ -60,8 +60,9 @@ def plot(out, cases):
         with open(path, "w") as f:
             f.writelines(f"{b} {v}\n" for b, v in pts)
         data.append(f"'{path}' using 1:2 with linespoints title '{name} {op}'")
-    script = (f"set terminal png size 1000,600; set output '{png}'; set logscale x 2; "
-              "set xlabel 'bytes'; set ylabel 'bus bandwidth (GB/s)'; set key left top; "
+    script = (f"set terminal png size 1000,600 noenhanced; set output '{png}'; set logscale x 2; "
+              "set format x '%.0b %BB'; set xlabel 'size'; set ylabel 'bus bandwidth (GB/s)'; "
+              "set key left top; "
               "set title 'collectives over MetaRoCE (two ranks, two devices)'; plot " + ", ".join(data))
     subprocess.run(["gnuplot", "-e", script], check=True, timeout=60)
     for i in range(len(series)):
