@@ -2287,6 +2287,10 @@ void EngineImpl::timer_conn(Time now, Connection& c) {
         queue_retx(c, idx);
       }
     }
+    // The message send_new holds may have nothing in flight any more: its back-off still wakes
+    // the connection.
+    if (c.cursor != kNoSlot && slots_[c.cursor].resume_ns > now.count())
+      c.rnr_deadline = std::min(c.rnr_deadline, Time(slots_[c.cursor].resume_ns));
   }
   if (c.park_deadline <= now) resume_parked(c, now);
   // Its pacing wait is over: it is on the work list, and poll_tx paces it afresh. Left in its
@@ -2359,7 +2363,8 @@ Time EngineImpl::conn_due(const Connection& c) const {
     if (tp.state != PathState::kActive || tp.in_flight == 0) continue;
     t = std::min({t, tp.deadline, fail_deadline(c, tp)});
   }
-  if (c.in_flight) t = std::min({t, c.tlp_deadline, c.rnr_deadline, c.rack_deadline});
+  if (c.in_flight) t = std::min({t, c.tlp_deadline, c.rack_deadline});
+  t = std::min(t, c.rnr_deadline);  // also for a held message with nothing in flight
   t = std::min(t, c.park_deadline);
   if (c.pace_at != Time::min()) t = std::min(t, c.pace_at);  // a stale one wakes it once
   return t;
