@@ -191,12 +191,13 @@ TEST(ProcessMemory, EightAlignedBytesAreNeverSeenTorn) {
     std::atomic<uint64_t>& word = target[slot];
     word.store(0);
     std::atomic<bool> stop{false};
+    std::atomic<bool> reading{false};
     std::atomic<uint64_t> torn{0}, reads{0}, example{0};
     std::thread reader([&] {
       uint64_t n = 0, bad = 0;
       while (!stop.load(std::memory_order_relaxed)) {
         const uint64_t v = word.load(std::memory_order_relaxed);
-        ++n;
+        if (++n == 1) reading.store(true);
         if (v != kValues[0] && v != kValues[1] && v != kValues[2] && v != kValues[3]) {
           ++bad;
           example.store(v);
@@ -205,6 +206,9 @@ TEST(ProcessMemory, EightAlignedBytesAreNeverSeenTorn) {
       reads = n;
       torn = bad;
     });
+    // Not before the reader runs: on a loaded host it may otherwise get the CPU only after
+    // the last write (CI once saw this test fail with two test processes on two cores).
+    while (!reading.load()) std::this_thread::yield();
     constexpr int kWrites = 100000;
     for (int i = 0; i < kWrites; ++i) {
       uint64_t v = kValues[i & 3];
