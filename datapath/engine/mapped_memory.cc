@@ -119,6 +119,12 @@ uint8_t* MappedMemory::translate(uint64_t addr, uint32_t len, bool write) {
   return nullptr;
 }
 
+const uint8_t* MappedMemory::view(uint64_t addr, uint32_t len) {
+  const uint8_t* p = translate(addr, len, false);
+  if (p) ++direct_;
+  return p;
+}
+
 size_t MappedMemory::access(std::span<const nic::Access> a, bool write) {
   // Runs of accesses no region covers go to the fallback in one call, in order with the rest.
   size_t run = 0;  // where the pending run starts in a

@@ -34,6 +34,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdarg>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -187,7 +188,18 @@ struct DeviceEntry {
   int queue_socket = -1;  // af_packet, af_xdp: the PMD's queue socket (DpdkPort::kick_late)
   rte_mempool* pool = nullptr;
   uint32_t buf_size = 0;  // data bytes per mbuf of `pool`
+  // Data-less mbufs that carry a frame's tail (TxFrame::tail) as an external buffer, on PMDs
+  // that copy every segment of a frame in rte_eth_tx_burst (tail_pmd); nullptr on others.
+  rte_mempool* tail_pool = nullptr;
 };
+
+// Releases a device's mbuf pools (its port stopped or never started: nothing holds them).
+void free_pools(DeviceEntry& entry) {
+  rte_mempool_free(entry.pool);
+  rte_mempool_free(entry.tail_pool);
+  entry.pool = entry.tail_pool = nullptr;
+  entry.buf_size = 0;
+}
 
 // The process's EAL. It is never destroyed: EAL cannot be initialised twice, so the control
 // thread that owns it lives until the process exits.
@@ -376,9 +388,7 @@ class DpdkPort final : public Port {
         it->second.open = false;
         // EAL's memory is a fixed budget (-m): a closed port must not keep ~40 MB of jumbo
         // buffers. The stopped port touches the pool no more; the next open makes a new one.
-        rte_mempool_free(it->second.pool);
-        it->second.pool = nullptr;
-        it->second.buf_size = 0;
+        free_pools(it->second);
       }
     }, &why);
   }
@@ -473,6 +483,7 @@ class DpdkPort final : public Port {
     return true;
   }
 
+  bool takes_tails() const override { return tail_pool_ != nullptr; }
   void tx_burst(std::span<TxFrame> frames) override { send(frames, false); }
   uint32_t tx_try(std::span<TxFrame> frames) override { return send(frames, true); }
 
@@ -499,6 +510,7 @@ class DpdkPort final : public Port {
         const uint32_t len = std::min(f.len, f.capacity);
         m->data_len = static_cast<uint16_t>(len);
         m->pkt_len = len;
+        if (f.tail) chain_tail(m, f, len, keep);
         bytes[n] = len;
         index[n] = static_cast<uint32_t>(i);
         mbufs[n++] = m;
@@ -552,7 +564,35 @@ class DpdkPort final : public Port {
     return s;
   }
 
+  // The frame's tail as a second segment that points at it, which the PMD copies with the rest
+  // before rte_eth_tx_burst returns; copied into the frame where no segment can be had (or
+  // when the frame may outlive this call: keep).
+  void chain_tail(rte_mbuf* m, TxFrame& f, uint32_t len, bool keep) {
+    const uint32_t tail = std::min(f.tail_len, len);
+    rte_mbuf* t = keep ? nullptr : rte_pktmbuf_alloc(tail_pool_);
+    if (t == nullptr) {
+      std::memcpy(f.data + len - tail, f.tail, tail);
+    } else {
+      rte_mbuf_ext_refcnt_update(&tail_info_, 1);
+      rte_pktmbuf_attach_extbuf(t, const_cast<uint8_t*>(f.tail), RTE_BAD_IOVA,
+                                static_cast<uint16_t>(tail), &tail_info_);
+      t->data_len = static_cast<uint16_t>(tail);
+      m->data_len = static_cast<uint16_t>(len - tail);
+      m->next = t;
+      m->nb_segs = 2;
+    }
+    f.tail = nullptr;
+  }
+
   void set_pool(rte_mempool* pool) { pool_ = pool; }
+  void set_tail_pool(rte_mempool* pool) {
+    tail_pool_ = pool;
+    // One record for every tail: the port holds a reference, each attached tail another, and
+    // the count never reaches 0 while the port exists (the PMD frees a tail once it copied it).
+    tail_info_.free_cb = [](void*, void*) {};
+    tail_info_.fcb_opaque = nullptr;
+    rte_mbuf_ext_refcnt_set(&tail_info_, 1);
+  }
   // The queue's kernel socket, which kick_late() kicks (af_packet, af_xdp). For af_xdp, the
   // indices of its TX ring, mapped read-only, say whether the kernel has taken every frame.
   bool set_kick_socket(int fd, bool af_xdp) {
@@ -630,6 +670,8 @@ class DpdkPort final : public Port {
   const MacAddr mac_;
   const std::unique_ptr<KernelNet> kernel_;  // af_packet, af_xdp: routes and neighbours
   rte_mempool* pool_ = nullptr;
+  rte_mempool* tail_pool_ = nullptr;  // see DeviceEntry::tail_pool
+  rte_mbuf_ext_shared_info tail_info_{};
   static constexpr uint32_t kStash = 32;
   rte_mbuf* stash_[kStash] = {};  // allocated, not yet handed out (alloc_tx)
   uint32_t stash_n_ = 0, stash_next_ = 0;
@@ -669,6 +711,19 @@ std::string key_value(const std::string& devargs, const char* key) {
   return devargs.substr(from, devargs.find(',', from) - from);
 }
 
+// Whether the port's frames may carry their payload as a tail segment (TxFrame::tail): PMDs
+// that copy every segment into their own ring inside rte_eth_tx_burst and free the frame there
+// (DPDK 22.11: memif in copy mode, af_packet), not a device that reads buffers by DMA later,
+// nor memif's zero-copy mode (it hands the mbufs themselves to the peer).
+// METAROCE_TX_TAILS=0 turns it off (measurements, docs/design.md "The port copies the payload").
+bool tails_wanted(const std::string& name, const std::string& devargs,
+                  const rte_eth_dev_info& info) {
+  if (const char* e = std::getenv("METAROCE_TX_TAILS"); e && std::string(e) == "0") return false;
+  if (!(info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS)) return false;
+  if (name.starts_with("net_memif")) return key_value(devargs, "zero-copy") != "yes";
+  return name.starts_with("net_af_packet");
+}
+
 // Releases a device that was probed with other arguments, so that it can be probed again.
 void remove_device(const std::string& name, DeviceEntry& entry) {
   rte_eth_dev_info info{};
@@ -678,7 +733,7 @@ void remove_device(const std::string& name, DeviceEntry& entry) {
     if (rc != 0) log(RTE_LOG_WARNING, "metaroce.io: remove %s: %s\n", name.c_str(),
                      errno_text(-rc).c_str());
   }
-  if (entry.pool != nullptr) rte_mempool_free(entry.pool);
+  free_pools(entry);
   entry = DeviceEntry{};
 }
 
@@ -769,11 +824,7 @@ std::unique_ptr<Port> open_dpdk_port(const DpdkPortConfig& cfg, std::string* err
     DeviceEntry& entry = eal.devices[name];
     auto fail = [&](std::string reason) {
       why = std::move(reason);
-      if (entry.pool != nullptr) {  // the port is not started: nothing holds its buffers
-        rte_mempool_free(entry.pool);
-        entry.pool = nullptr;
-        entry.buf_size = 0;
-      }
+      free_pools(entry);  // the port is not started: nothing holds its buffers
       if (entry.devargs.empty()) eal.devices.erase(name);
       mark_cloexec(eal.fds_after_last_op, before);
       eal.fds_after_last_op = open_fds();
@@ -836,6 +887,14 @@ std::unique_ptr<Port> open_dpdk_port(const DpdkPortConfig& cfg, std::string* err
       }
       entry.buf_size = buf_size;
     }
+    if (entry.tail_pool == nullptr && tails_wanted(name, devargs, info)) {
+      const unsigned count = std::max(unsigned{nb_tx}, 512u) - 1;
+      const std::string pool_name = "mr_tl_" + std::to_string(++eal.pool_generation);
+      const int socket = rte_eth_dev_socket_id(port);
+      // None is no loss: frames then carry their payloads as before.
+      entry.tail_pool = rte_pktmbuf_pool_create(pool_name.c_str(), count, kPoolCache, 0, 0,
+                                                socket < 0 ? SOCKET_ID_ANY : socket);
+    }
     const int socket = rte_eth_dev_socket_id(port);
     const unsigned sock = socket < 0 ? SOCKET_ID_ANY : static_cast<unsigned>(socket);
     rc = rte_eth_rx_queue_setup(port, 0, nb_rx, sock, nullptr, entry.pool);
@@ -869,6 +928,7 @@ std::unique_ptr<Port> open_dpdk_port(const DpdkPortConfig& cfg, std::string* err
     entry.open = true;
     result = std::make_unique<DpdkPort>(name, port, cfg.hugepages, mac, std::move(kernel));
     result->set_pool(entry.pool);
+    if (entry.tail_pool != nullptr) result->set_tail_pool(entry.tail_pool);
     if (af_xdp || name.starts_with("net_af_packet")) {
       // See DpdkPort::kick_late. For af_packet, a send buffer that holds the whole ring makes
       // early stops rare (the default, ~200 KB, is ~45 frames of a 3442-byte MTU).

@@ -150,6 +150,7 @@ class MemPort final : public Port {
     return true;
   }
 
+  bool takes_tails() const override { return true; }  // send copies every frame, tails too
   void tx_burst(std::span<TxFrame> frames) override { send(frames, false); }
   uint32_t tx_try(std::span<TxFrame> frames) override { return send(frames, true); }
 
@@ -183,7 +184,9 @@ class MemPort final : public Port {
           continue;
         }
         const auto b = static_cast<uint32_t>(buffer);
-        std::memcpy(out_.rx_pool.data(b), f.data, len);
+        const uint32_t tail = f.tail ? std::min(f.tail_len, len) : 0;
+        std::memcpy(out_.rx_pool.data(b), f.data, len - tail);
+        if (tail != 0) std::memcpy(out_.rx_pool.data(b) + len - tail, f.tail, tail);
         out_.ring[(out_.head + out_.count) % cap] = Direction::Slot{b, len};
         ++out_.count;
         queued = true;

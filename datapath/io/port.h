@@ -48,6 +48,11 @@ struct TxFrame {
   // kUdp ports: where the payload goes and from which UDP source port (the path's entropy).
   uint32_t dst_ip = 0;
   uint16_t src_port = 0;
+  // With tail set (ports that takes_tails() only), the frame's last tail_len bytes (of len) are
+  // sent from tail instead of from data + len - tail_len: a payload the port copies straight
+  // from application memory, once, instead of the NIC copying it into the frame first.
+  const uint8_t* tail = nullptr;
+  uint32_t tail_len = 0;
 };
 
 struct PortStats {
@@ -76,6 +81,11 @@ class Port {
   virtual void release(std::span<RxFrame> frames) = 0;
   // Gets a buffer of at least `size` bytes; false when none is free.
   virtual bool alloc_tx(TxFrame& frame, uint32_t size) = 0;
+  // Whether tx_burst reads a frame's tail (TxFrame::tail) before it returns, so that the tail
+  // may point at memory that stays valid only until then: ports whose backend copies each frame
+  // into its own ring as it sends (memif, af_packet, the in-memory link), not one whose device
+  // reads the buffer later (DMA) or one that keeps frames queued.
+  virtual bool takes_tails() const { return false; }
   // Sends the frames (each with len set); frames the link cannot take are freed and counted in
   // tx_dropped. A frame with len 0 is freed unsent (how a caller gives back a buffer it did not
   // use). The port owns the frames afterwards.
@@ -83,7 +93,8 @@ class Port {
   // Sends the frames in order while the link has room and returns how many it took; those it did
   // not take stay the caller's (handles kept, nothing counted), to be offered again or given back.
   // How a NIC's own datagrams wait for room instead of being lost (link_layer.cc, send_raw).
-  // Every frame has its len set (none is given back here). Ports that cannot tell take all.
+  // Every frame has its len set (none is given back here) and none has a tail. Ports that
+  // cannot tell take all.
   virtual uint32_t tx_try(std::span<TxFrame> frames) {
     tx_burst(frames);
     return static_cast<uint32_t>(frames.size());

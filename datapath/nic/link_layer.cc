@@ -34,6 +34,8 @@ constexpr Time kQuietMax = std::chrono::seconds(1);
 // Transmit sink: builds Ethernet/IPv4/UDP in front of what the engine writes, on a buffer of the
 // packet's plane. Frames wait in a batch per plane until flush(), when their payloads have been
 // read from application memory; a packet to our own address goes back into the NIC instead.
+// On a port that takes tails (io::Port::takes_tails), a payload the engine can see in place is
+// not copied into the frame: the port copies it from there as it sends (attach_tail).
 class LinkLayer::Sink final : public FrameSink {
  public:
   explicit Sink(LinkLayer& link) : link_(link), batches_(link.planes_.size()) {}
@@ -49,10 +51,27 @@ class LinkLayer::Sink final : public FrameSink {
     return {open_.data + room, max_len};
   }
 
+  bool attach_tail(std::span<uint8_t> at, const uint8_t* src) override {
+    if (!has_open_ || at.empty() || !link_.planes_[open_plane_].tails ||
+        at.data() < open_.data || at.data() + at.size() > open_.data + open_.capacity)
+      return false;
+    // Only the payload's last piece can be a tail: an earlier one goes into the frame now.
+    materialize_open();
+    open_.tail = src;
+    open_.tail_len = static_cast<uint32_t>(at.size());
+    tail_at_ = at.data();
+    return true;
+  }
+
   void commit(uint32_t peer_ip, uint16_t udp_src_port, uint8_t /*plane*/, uint32_t len) override {
     has_open_ = false;
-    Pending f{open_, peer_ip, udp_src_port};
     Plane& pl = link_.planes_[open_plane_];
+    // A tail that does not end the packet, or one going back into this NIC, is copied now.
+    if (open_.tail && (tail_at_ + open_.tail_len != open_.data + pl.header_room + len ||
+                       peer_ip == link_.cfg_.ip))
+      materialize_open();
+    Pending f{open_, peer_ip, udp_src_port};
+    open_.tail = nullptr;
     if (peer_ip != link_.cfg_.ip && pl.udp) {
       if (pl.admin_down) {
         give_back(open_plane_, open_);
@@ -107,6 +126,7 @@ class LinkLayer::Sink final : public FrameSink {
           poisoned |= x >= f.frame.data && x < f.frame.data + f.frame.len;
         if (poisoned) {
           f.frame.len = 0;  // its payload could not be read: as a loss
+          f.frame.tail = nullptr;
         } else if (f.peer_ip == link_.cfg_.ip) {
           // Two QPs of this device talking to each other: the packet never leaves the NIC.
           link_.loop_back(f.udp_src_port, {f.frame.data + room, f.frame.len - room});
@@ -114,6 +134,7 @@ class LinkLayer::Sink final : public FrameSink {
         } else {
           ++link_.counters_.tx_frames;
           if (Capture* c = link_.capture_.get(); c && c->wants(static_cast<uint8_t>(p))) {
+            materialize(f.frame);  // the capture sees the frame as the wire does
             if (link_.planes_[p].udp)
               c->datagram(link_.cfg_.ip, f.peer_ip, f.udp_src_port, link_.cfg_.udp_port, false,
                           {f.frame.data, f.frame.len});
@@ -139,18 +160,40 @@ class LinkLayer::Sink final : public FrameSink {
   };
   void give_back(uint32_t plane, io::TxFrame f) {
     f.len = 0;  // tx_burst frees a frame of length 0 unsent
+    f.tail = nullptr;
     link_.planes_[plane].port->tx_burst({&f, 1});
   }
   void drop_open() {
     if (!has_open_) return;
     has_open_ = false;
     give_back(open_plane_, open_);
+    open_.tail = nullptr;
+  }
+  // Copies a committed frame's tail into the frame, as its last tail_len bytes; the frame no
+  // longer has one. materialize_open: the same for the frame being built, whose tail is at
+  // tail_at_ (its length is not known yet).
+  void materialize(io::TxFrame& f) {
+    if (!f.tail) return;
+    std::memcpy(f.data + f.len - f.tail_len, f.tail, f.tail_len);
+    counted_as_copy(f);
+  }
+  void materialize_open() {
+    if (!open_.tail) return;
+    std::memcpy(tail_at_, open_.tail, open_.tail_len);
+    counted_as_copy(open_);
+  }
+  void counted_as_copy(io::TxFrame& f) {
+    NicCounters& n = link_.nic_.mutable_counters();
+    n.tx_payload_attached -= f.tail_len;
+    n.tx_payload_copied += f.tail_len;
+    f.tail = nullptr;
   }
 
   LinkLayer& link_;
   std::vector<Batch> batches_;
   std::vector<io::TxFrame> out_;
   io::TxFrame open_;
+  uint8_t* tail_at_ = nullptr;  // where open_'s tail would be in its buffer
   uint32_t open_plane_ = 0;
   bool has_open_ = false;
 };
@@ -164,6 +207,7 @@ LinkLayer::LinkLayer(Nic& nic, std::vector<std::unique_ptr<io::Port>> ports, boo
     if (planes_.empty()) nic_.set_raw_ethernet(!pl.udp);
     pl.header_room = pl.udp ? 0 : kL2L4Header;
     pl.kernel = !pl.udp && !p->kernel_interface().empty();
+    pl.tails = p->takes_tails();
     pl.port = std::move(p);
     planes_.push_back(std::move(pl));
   }

@@ -122,6 +122,7 @@ class LinkLayer {
     bool udp = false;
     uint32_t header_room = 0;  // bytes in front of the UDP payload that the link layer writes
     bool kernel = false;       // the port has a kernel interface: routes come from the kernel
+    bool tails = false;        // the port takes frames with a tail (io::Port::takes_tails)
     // Peer IP -> the MAC its packets go to on this plane: the peer's own, or its next hop's.
     ArpTable arp;
     // The headers of the last peer's frames, stamped on each packet to it (Sink::commit):

@@ -811,7 +811,19 @@ void Nic::queue_write(Memory* m, uint64_t addr, std::span<const uint8_t> data, u
 }
 
 void Nic::queue_read(Memory* m, uint64_t addr, std::span<uint8_t> out, uint32_t qpn, uint32_t msn) {
-  reads_.add(m, {addr, out.data(), static_cast<uint32_t>(out.size())}, add_origin(cookie(qpn, msn), nullptr));
+  read_payload(m, addr, out, cookie(qpn, msn));
+}
+
+void Nic::read_payload(Memory* m, uint64_t addr, std::span<uint8_t> out, uint64_t c) {
+  const auto len = static_cast<uint32_t>(out.size());
+  if (tx_sink_ && len != 0) {
+    if (const uint8_t* src = m->view(addr, len); src && tx_sink_->attach_tail(out, src)) {
+      counters_.tx_payload_attached += len;
+      return;
+    }
+  }
+  counters_.tx_payload_copied += len;
+  reads_.add(m, {addr, out.data(), len}, add_origin(c, nullptr));
 }
 
 uint8_t* Nic::raw_tx_buffer(uint32_t qpn, uint32_t msn, uint32_t len) {
@@ -1095,8 +1107,7 @@ void Nic::gather(uint64_t c, uint32_t offset, std::span<uint8_t> out) {
       std::memcpy(out.data(), reinterpret_cast<const uint8_t*>(rr.addr) + offset, out.size());
       return;
     }
-    reads_.add(rr.mem, {rr.addr + offset, out.data(), static_cast<uint32_t>(out.size())},
-               add_origin(c, nullptr));
+    read_payload(rr.mem, rr.addr + offset, out, c);
     return;
   }
   if (QueuePair* qp = qp_of(static_cast<uint32_t>(c >> 32)))
@@ -1211,7 +1222,9 @@ bool Nic::poll_tx(Time now, FrameSink& sink, bool timers) {
     qp->check_responses(now);
   }
   if (timers && engine_->next_deadline() <= now) engine_->on_timer(now);
+  tx_sink_ = &sink;
   if (engine_->poll_tx(now, sink) > 0) work = true;
+  tx_sink_ = nullptr;
   // Payloads are read into the buffers before they leave; a buffer whose read failed does not.
   reads_.flush(true, [this](uint32_t origin, uint8_t* local, Memory* m) {
     failed_reads_.push_back(local);  // whatever the reason, this buffer holds no payload

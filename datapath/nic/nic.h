@@ -85,6 +85,9 @@ struct NicCounters {
   uint64_t rx_packets = 0;
   uint64_t naks_access = 0, rnr = 0;
   uint64_t memory_faults = 0;  // application memory that could not be read or written
+  // Payload bytes sent: read into a packet by the NIC (a copy before the port's own), or
+  // attached to it for the port to copy from application memory itself (FrameSink::attach_tail).
+  uint64_t tx_payload_copied = 0, tx_payload_attached = 0;
   // Raw Ethernet (verbs-mapping.md §18): frames sent by raw QPs, frames steered to one, and
   // frames steered to a QP that had no receive posted (dropped, as a NIC does).
   uint64_t raw_tx = 0, raw_rx = 0, raw_rx_no_recv = 0;
@@ -124,6 +127,10 @@ class FrameSink : public transport::TxSink {
   // Sends what was committed since the last flush. A packet whose payload could not be read
   // (its buffer contains one of `bad`) is dropped instead, as a loss the transport recovers.
   virtual void flush(std::span<uint8_t* const> bad) = 0;
+  // The bytes `at` of the packet being built (its payload's end) are to be sent from `src`,
+  // which stays readable until flush() returns, instead of being copied into the packet first.
+  // False: the caller copies them (the port cannot, or `at` is not in the packet).
+  virtual bool attach_tail(std::span<uint8_t> /*at*/, const uint8_t* /*src*/) { return false; }
 };
 
 class Nic final : private transport::Host {
@@ -350,7 +357,8 @@ class Nic final : private transport::Host {
   void queue_write(Memory* m, uint64_t addr, std::span<const uint8_t> data, uint32_t qpn,
                    uint32_t msn);
   // Queues a read of application memory into a transmit buffer, carried out before the
-  // buffer is sent.
+  // buffer is sent; or, where the memory can be seen in place and the packet's port copies it
+  // itself, attaches it to the packet instead (FrameSink::attach_tail).
   void queue_read(Memory* m, uint64_t addr, std::span<uint8_t> out, uint32_t qpn, uint32_t msn);
   // Carries out the queued writes now (an atomic must see the writes before it).
   void flush_writes();
@@ -458,6 +466,9 @@ class Nic final : private transport::Host {
   // exited), so nothing is rejected; its objects are about to be reclaimed.
   void record_failure(uint32_t origin, const Memory* m);
   std::vector<uint8_t*> failed_reads_;
+  // A payload read: attached to the packet being built when it can be (queue_read).
+  void read_payload(Memory* m, uint64_t addr, std::span<uint8_t> out, uint64_t cookie);
+  FrameSink* tx_sink_ = nullptr;  // the packets' sink while poll_tx builds them
   uint8_t probe_byte_ = 0;
   std::vector<std::unique_ptr<uint8_t[]>> scratch_blocks_;
   size_t scratch_used_ = 0;  // in the last block

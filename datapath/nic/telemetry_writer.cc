@@ -100,6 +100,8 @@ void publish_telemetry(TelemetryWriter& w, const Nic& nic, const LinkLayer& link
   put("naks_sent_access", d.naks_access);
   put("rnr", d.rnr);
   put("memory_faults", d.memory_faults);
+  put("tx_payload_copied", d.tx_payload_copied);
+  put("tx_payload_attached", d.tx_payload_attached);
   // Multicast (verbs-mapping.md §7): groups with members here now; datagrams sent to groups,
   // received for groups with members, the receives they took, received for other groups,
   // malformed; sent but not put on a port (no plane in service, no buffer).

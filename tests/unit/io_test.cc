@@ -29,6 +29,23 @@ bool send_seq(Port& port, uint32_t seq, uint32_t len = 64) {
   return true;
 }
 
+// send_seq's frame with its last tail_len bytes sent from a separate buffer (TxFrame::tail),
+// which is overwritten as soon as tx_burst returns: the port must have copied it by then.
+bool send_seq_tail(Port& port, uint32_t seq, uint32_t len, uint32_t tail_len) {
+  TxFrame f;
+  if (!port.alloc_tx(f, len)) return false;
+  std::memset(f.data, static_cast<int>(seq & 0xff), len - tail_len);
+  std::memset(f.data + len - tail_len, 0xEE, tail_len);  // must not be what is sent
+  std::memcpy(f.data, &seq, sizeof(seq));
+  std::vector<uint8_t> tail(tail_len, static_cast<uint8_t>(seq & 0xff));
+  f.len = len;
+  f.tail = tail.data();
+  f.tail_len = tail_len;
+  port.tx_burst(std::span(&f, 1));
+  std::fill(tail.begin(), tail.end(), uint8_t{0xDD});
+  return true;
+}
+
 uint32_t seq_of(const RxFrame& f) {
   uint32_t seq;
   std::memcpy(&seq, f.data, sizeof(seq));
@@ -88,6 +105,20 @@ TEST(MemLink, DeliversFramesInOrderIntactAndCountsThem) {
   EXPECT_EQ(b->stats().rx_frames, 100u);
   EXPECT_EQ(a->stats().tx_bytes, b->stats().rx_bytes);
   EXPECT_TRUE(drain(*a).empty());  // nothing loops back to the sender
+}
+
+TEST(MemLink, TakesTailsAndSendsThemAsTheFramesEnd) {
+  auto [a, b] = make_mem_link({});
+  ASSERT_TRUE(a->takes_tails());
+  for (uint32_t s = 1; s <= 20; ++s) ASSERT_TRUE(send_seq_tail(*a, s, 1000 + s, 900 + s));
+  RxFrame frames[32];
+  const uint32_t n = b->rx_burst(frames);
+  ASSERT_EQ(n, 20u);
+  for (uint32_t i = 0; i < n; ++i) {
+    EXPECT_EQ(frames[i].len, 1001 + i);
+    EXPECT_TRUE(frame_intact(frames[i])) << "frame " << seq_of(frames[i]);
+  }
+  b->release(std::span(frames, n));
 }
 
 TEST(MemLink, CarriesBothDirectionsIndependently) {
@@ -328,6 +359,53 @@ TEST_F(MemifPair, ThreadsOutsideEalSendAndReceive) {
   EXPECT_EQ(got, iota(7, 3));
 }
 
+TEST_F(MemifPair, FramesWithTailsArriveWholeAndTheTailIsCopiedBeforeTheSendReturns) {
+  ASSERT_TRUE(client_->takes_tails());
+  std::vector<uint32_t> got;
+  for (uint32_t s = 1; s <= 300; ++s)
+    ASSERT_TRUE(send_seq_tail(*client_, s, 9014, s % 3 == 0 ? 9000 : 4096 + s));
+  RxFrame frames[32];
+  wait_until([&] {
+    const uint32_t n = server_->rx_burst(frames);
+    for (uint32_t i = 0; i < n; ++i) {
+      EXPECT_EQ(frames[i].len, 9014u);
+      EXPECT_TRUE(frame_intact(frames[i])) << "frame " << seq_of(frames[i]);
+      got.push_back(seq_of(frames[i]));
+    }
+    server_->release(std::span(frames, n));
+    return got.size() >= 300;
+  }, std::chrono::seconds(3));
+  EXPECT_EQ(got, iota(1, 300));
+  // Frames without a tail still go as one segment, in the same bursts.
+  EXPECT_EQ(move_frames(*client_, *server_, 400, 50, 4096), iota(400, 50));
+  EXPECT_EQ(client_->stats().tx_dropped, 0u);
+}
+
+TEST(DpdkPort, TailsAreOnlyForPmdsThatCopyAndCanBeTurnedOff) {
+  std::string err;
+  setenv("METAROCE_TX_TAILS", "0", 1);
+  auto off = open_dpdk_port({.devargs = memif("net_memif7", "server", "tails")}, &err);
+  unsetenv("METAROCE_TX_TAILS");
+  ASSERT_NE(off, nullptr) << err;
+  EXPECT_FALSE(off->takes_tails());
+  auto on = open_dpdk_port({.devargs = memif("net_memif8", "client", "tails")}, &err);
+  ASSERT_NE(on, nullptr) << err;
+  EXPECT_TRUE(on->takes_tails());
+  ASSERT_TRUE(wait_until([&] { return off->link_up() && on->link_up(); }, std::chrono::seconds(3)));
+  // A port without tails still carries frames from one with them.
+  for (uint32_t s = 1; s <= 10; ++s) ASSERT_TRUE(send_seq_tail(*on, s, 3000, 2000));
+  uint32_t got = 0;
+  RxFrame frames[16];
+  wait_until([&] {
+    const uint32_t n = off->rx_burst(frames);
+    for (uint32_t i = 0; i < n; ++i) EXPECT_TRUE(frame_intact(frames[i]));
+    got += n;
+    off->release(std::span(frames, n));
+    return got >= 10;
+  }, std::chrono::seconds(2));
+  EXPECT_EQ(got, 10u);
+}
+
 TEST_F(MemifPair, SecondOpenOfAnOpenDeviceIsRefused) {
   std::string err;
   EXPECT_EQ(open_dpdk_port({.devargs = memif("net_memif1", "client", "pair")}, &err), nullptr);
@@ -365,7 +443,9 @@ TEST(DpdkPort, ChainedFramesFromAPeerWithSmallBuffersArriveWhole) {
   ASSERT_NE(client, nullptr) << err;
   ASSERT_TRUE(wait_until([&] { return server->link_up() && client->link_up(); },
                          std::chrono::seconds(3)));
-  for (uint32_t s = 1; s <= 20; ++s) ASSERT_TRUE(send_seq(*client, s, 9014));
+  // Half of them with tails: a two-segment frame is copied into the same chain of buffers.
+  for (uint32_t s = 1; s <= 20; ++s)
+    ASSERT_TRUE(s % 2 ? send_seq(*client, s, 9014) : send_seq_tail(*client, s, 9014, 7000 + s));
   std::vector<uint32_t> got;
   RxFrame frames[8];
   wait_until([&] {

@@ -38,6 +38,7 @@ class TestOwner final : public Owner {
  public:
   explicit TestOwner(Memory* mem = nullptr) : mem_(mem ? mem : &direct_) {}
   Memory& memory() override { return *mem_; }
+  void use(Memory* mem) { mem_ = mem ? mem : &direct_; }  // where its memory is reached from now
   void async_event(uint64_t handle, hostif::AsyncEvent ev) override { events.push_back({handle, ev}); }
   void cq_event(uint32_t cq_id, uint64_t) override { cq_events.push_back(cq_id); }
   uint32_t pid() const override { return 1; }

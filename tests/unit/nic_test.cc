@@ -561,6 +561,66 @@ TEST_F(NicTest, TwoQpsOfOneDeviceTalkThroughLoopback) {
   for (const Cqe& e : c) EXPECT_EQ(e.status, WcStatus::kSuccess);
   EXPECT_EQ(std::memcmp(a_.buf.data(), a_.buf.data() + 500000, 8000), 0);
   EXPECT_EQ(b_.dev->layer->counters().rx_frames, wire_before) << "loopback traffic reached the wire";
+  // Looped back packets never reach a port, so their payloads were copied in (not attached).
+  EXPECT_GE(nic(a_).counters().tx_payload_copied, 8000u);
+}
+
+// Memory the NIC reaches only by copying (as through process_vm_readv): no view.
+class CopyOnlyMemory final : public Memory {
+ public:
+  size_t read(std::span<const Access> a) override { return direct_.read(a); }
+  size_t write(std::span<const Access> a) override { return direct_.write(a); }
+
+ private:
+  DirectMemory direct_;
+};
+
+// A WRITE of three SGEs at odd offsets and lengths, so that packets (1 KiB of payload) begin and
+// end inside SGEs; then a READ of it back, which b_ answers with payloads.
+TEST_F(NicTest, PayloadsSeenInPlaceLeaveAsTailsTheLinkCopiesAndEveryByteArrives) {
+  for (size_t i = 0; i < 200000; ++i) a_.buf[i] = static_cast<uint8_t>(i * 31 + 7);
+  SendWqe w = wqe(1, WqeOp::kWrite, sge(a_, 3, 701), reinterpret_cast<uint64_t>(b_.buf.data() + 9),
+                  b_.key);
+  w.num_sge = 3;
+  w.sge[1] = sge(a_, 50001, 1500);
+  w.sge[2] = sge(a_, 100013, 2299);
+  ASSERT_EQ(a_.qp->post_send(w), 0);
+  auto c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 9, a_.buf.data() + 3, 701), 0);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 710, a_.buf.data() + 50001, 1500), 0);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 2210, a_.buf.data() + 100013, 2299), 0);
+  // Every packet's last piece went as a tail; the earlier pieces of a packet that spans SGEs
+  // were copied into it. Nothing was lost on this link, so nothing was sent twice.
+  const NicCounters& n = nic(a_).counters();
+  EXPECT_EQ(n.tx_payload_attached + n.tx_payload_copied, 4500u);
+  EXPECT_GT(n.tx_payload_attached, n.tx_payload_copied);
+  EXPECT_GT(n.tx_payload_copied, 0u);
+  // A READ's answer goes the same way.
+  ASSERT_EQ(a_.qp->post_send(wqe(2, WqeOp::kRead, sge(a_, 300000, 4500),
+                                 reinterpret_cast<uint64_t>(b_.buf.data() + 9), b_.key)),
+            0);
+  c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(a_.buf.data() + 300000, b_.buf.data() + 9, 4500), 0);
+  EXPECT_EQ(nic(b_).counters().tx_payload_attached, 4500u);
+}
+
+TEST_F(NicTest, MemoryOnlyReachableByCopyIsCopiedIntoThePacket) {
+  CopyOnlyMemory copy_only;
+  a_.owner.use(&copy_only);
+  for (size_t i = 0; i < 70000; ++i) a_.buf[i] = static_cast<uint8_t>(i * 5 + 3);
+  ASSERT_EQ(a_.qp->post_send(wqe(1, WqeOp::kWrite, sge(a_, 1, 70000),
+                                 reinterpret_cast<uint64_t>(b_.buf.data() + 2), b_.key)),
+            0);
+  auto c = run_until(a_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 2, a_.buf.data() + 1, 70000), 0);
+  EXPECT_EQ(nic(a_).counters().tx_payload_copied, 70000u);
+  EXPECT_EQ(nic(a_).counters().tx_payload_attached, 0u);
 }
 
 TEST(NicPlanesTest, TwoPlaneLinkSpraysOverBothPortsAndDeliversByteExact) {
