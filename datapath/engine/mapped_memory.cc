@@ -119,8 +119,8 @@ uint8_t* MappedMemory::translate(uint64_t addr, uint32_t len, bool write) {
   return nullptr;
 }
 
-const uint8_t* MappedMemory::view(uint64_t addr, uint32_t len) {
-  const uint8_t* p = translate(addr, len, false);
+uint8_t* MappedMemory::view(uint64_t addr, uint32_t len, bool write) {
+  uint8_t* p = translate(addr, len, write);
   if (p) ++direct_;
   return p;
 }

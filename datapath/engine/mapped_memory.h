@@ -33,7 +33,7 @@ class MappedMemory final : public nic::Memory {
   MappedMemory& operator=(const MappedMemory&) = delete;
   size_t read(std::span<const nic::Access> a) override { return access(a, false); }
   size_t write(std::span<const nic::Access> a) override { return access(a, true); }
-  const uint8_t* view(uint64_t addr, uint32_t len) override;
+  uint8_t* view(uint64_t addr, uint32_t len, bool write) override;
   uint32_t pid() const override { return pid_; }
   bool alive() const override { return !fallback_ || fallback_->alive(); }
 

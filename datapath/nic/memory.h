@@ -26,9 +26,10 @@ class Memory {
   // that could not be (all of them: a.size()); that one may have been done in part.
   virtual size_t read(std::span<const Access> a) = 0;   // address space -> local
   virtual size_t write(std::span<const Access> a) = 0;  // local -> address space
-  // Where the NIC can read [addr, addr + len) in place, without a call, for the rest of this
-  // pass (commands, which may unmap memory, run between passes); nullptr: only through read().
-  virtual const uint8_t* view(uint64_t /*addr*/, uint32_t /*len*/) { return nullptr; }
+  // Where the NIC can read (or, with write, write) [addr, addr + len) in place, without a call,
+  // for the rest of this pass (commands, which may unmap memory, run between passes); nullptr:
+  // only through read() and write().
+  virtual uint8_t* view(uint64_t /*addr*/, uint32_t /*len*/, bool /*write*/) { return nullptr; }
   // The process it belongs to, for telemetry (0 for the NIC's own).
   virtual uint32_t pid() const { return 0; }
   // False once the address space is known to be gone (its process exited): an access that
@@ -46,8 +47,8 @@ class DirectMemory final : public Memory {
     for (const Access& x : a) std::memcpy(x.local, reinterpret_cast<const void*>(x.addr), x.len);
     return a.size();
   }
-  const uint8_t* view(uint64_t addr, uint32_t /*len*/) override {
-    return reinterpret_cast<const uint8_t*>(addr);
+  uint8_t* view(uint64_t addr, uint32_t /*len*/, bool /*write*/) override {
+    return reinterpret_cast<uint8_t*>(addr);
   }
   size_t write(std::span<const Access> a) override {
     for (const Access& x : a) {

@@ -806,6 +806,16 @@ uint32_t Nic::add_origin(uint64_t cookie, const transport::Segment* seg) {
 
 void Nic::queue_write(Memory* m, uint64_t addr, std::span<const uint8_t> data, uint32_t qpn,
                       uint32_t msn) {
+  const auto len = static_cast<uint32_t>(data.size());
+  // Memory seen in place is written now, unless a write queued earlier in this pass has not
+  // landed yet: writes land in the order they were made, as a NIC's do.
+  if (writes_.empty() && len != 0) {
+    if (uint8_t* dst = m->view(addr, len, true)) {
+      const Access a{reinterpret_cast<uintptr_t>(dst), const_cast<uint8_t*>(data.data()), len};
+      in_place_.write({&a, 1});  // a small write in ascending 8-byte stores, as AccessBatch's
+      return;
+    }
+  }
   const uint32_t origin = add_origin(cookie(qpn, msn), current_);
   writes_.add_write(m, addr, data.data(), static_cast<uint32_t>(data.size()), origin);
 }
@@ -817,7 +827,7 @@ void Nic::queue_read(Memory* m, uint64_t addr, std::span<uint8_t> out, uint32_t 
 void Nic::read_payload(Memory* m, uint64_t addr, std::span<uint8_t> out, uint64_t c) {
   const auto len = static_cast<uint32_t>(out.size());
   if (tx_sink_ && len != 0) {
-    if (const uint8_t* src = m->view(addr, len); src && tx_sink_->attach_tail(out, src)) {
+    if (const uint8_t* src = m->view(addr, len, false); src && tx_sink_->attach_tail(out, src)) {
       counters_.tx_payload_attached += len;
       return;
     }

@@ -469,6 +469,7 @@ class Nic final : private transport::Host {
   // A payload read: attached to the packet being built when it can be (queue_read).
   void read_payload(Memory* m, uint64_t addr, std::span<uint8_t> out, uint64_t cookie);
   FrameSink* tx_sink_ = nullptr;  // the packets' sink while poll_tx builds them
+  DirectMemory in_place_;         // writes into memory seen in place (queue_write)
   uint8_t probe_byte_ = 0;
   std::vector<std::unique_ptr<uint8_t[]>> scratch_blocks_;
   size_t scratch_used_ = 0;  // in the last block
