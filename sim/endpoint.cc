@@ -81,6 +81,8 @@ void Endpoint::gather(uint64_t, uint32_t, std::span<uint8_t>) {}  // the bytes d
 
 transport::Syndrome Endpoint::deliver(const transport::Segment& seg) {
   rx_bytes_ += seg.payload.size();
+  if (arrived_ && seg.offset + seg.payload.size() == seg.total_length)
+    arrived_(Topology::host_of(seg.peer_ip), seg.dst_stream, seg.msn);
   return transport::Syndrome::kOk;
 }
 

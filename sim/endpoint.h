@@ -32,6 +32,10 @@ class Endpoint final : public HostModel, private transport::Host {
   }
 
   const transport::Engine& engine() const { return *engine_; }
+  uint32_t host() const { return host_; }
+  // Called with (sender host, stream, msn) when the last byte of a message arrives (in offset
+  // order: exact for one-packet messages, which is what the ping-pong workload sends).
+  void on_arrival(std::function<void(uint32_t, uint32_t, uint32_t)> f) { arrived_ = std::move(f); }
   uint64_t failed() const { return failed_; }
   uint64_t rx_bytes() const { return rx_bytes_; }
 
@@ -64,6 +68,7 @@ class Endpoint final : public HostModel, private transport::Host {
   bool wake_pending_ = false;
   uint64_t failed_ = 0, rx_bytes_ = 0;
   std::vector<uint8_t> rx_buf_;
+  std::function<void(uint32_t, uint32_t, uint32_t)> arrived_;
 };
 
 }  // namespace metaroce::sim

@@ -5,7 +5,8 @@
 //   metaroce-sim [--hosts N] [--hosts-per-leaf K] [--spines S] [--planes P] [--parallel L]
 //                [--gbps G] [--host-gbps G] [--delay-ns D] [--queue-kib Q] [--ecn-kib E]
 //                [--loss P] [--paths N] [--rx-capacity-gbps G] [--conn-window-init W]
-//                [--conn-window-max W] [--tail-probes N] [--workload permutation|incast|allreduce|alltoall]
+//                [--conn-window-max W] [--tail-probes N]
+//                [--workload permutation|incast|allreduce|alltoall|pingpong]
 //                [--flow-kib B]
 //                [--msg-kib M] [--qps Q] [--fail-core-link-at-us T] [--seed S]
 //                [--hint-interval-us T] [--fair-window-us T] [--memory on|off] [--slices S]
@@ -13,6 +14,9 @@
 //                [--tail-redundancy on|off]
 //   --start-window, --late-detection, --tail-redundancy: the transport's (EngineConfig), to
 //     measure what each does (docs/simulation.md).
+//   --workload pingpong [--exchanges N] [--message-bytes B]: hosts 0 and N-1 exchange N
+//     one-packet messages of B bytes (default 1000 of 2 B), each sent when the other arrives;
+//     with --fail-core-link-at-us, what the failure cost the exchange it hit (sim/pingpong.h).
 //   --slices: all-reduce steps as S pipelined slices each, as NCCL moves a ring (default 1).
 //   --fair-window-us: incast fairness windows (default 5 base RTTs, sliding by one base RTT).
 //   --memory on: the transport's state per connection and per path at the end, and the peak RSS.
@@ -46,6 +50,7 @@
 #include "sim/background.h"
 #include "sim/endpoint.h"
 #include "sim/network.h"
+#include "sim/pingpong.h"
 #include "sim/rocev2.h"
 
 using namespace metaroce;
@@ -66,6 +71,7 @@ struct Options {
   std::string fair_series;       // incast: every bin's figures to this file (gnuplot data)
   bool mem = false;              // --memory on: the transport's state and the peak RSS
   std::string workload = "permutation";
+  uint32_t exchanges = 1000, message_bytes = 2;  // pingpong
   uint64_t flow_bytes = 1 << 20, msg_bytes = 64 << 10;
   uint32_t qps = 1;
   uint32_t slices = 1;  // all-reduce: slices per step's chunk (NCCL-like pipelining)
@@ -157,8 +163,12 @@ Options parse(int argc, char** argv) {
     else if (a == "--workload") {
       o.workload = v;
       if (o.workload != "permutation" && o.workload != "incast" && o.workload != "allreduce" &&
-          o.workload != "alltoall")
-        usage("--workload: permutation, incast, allreduce or alltoall");
+          o.workload != "alltoall" && o.workload != "pingpong")
+        usage("--workload: permutation, incast, allreduce, alltoall or pingpong");
+    } else if (a == "--exchanges") {
+      o.exchanges = static_cast<uint32_t>(number(a.c_str(), v, 1, 1e7));
+    } else if (a == "--message-bytes") {
+      o.message_bytes = static_cast<uint32_t>(number(a.c_str(), v, 1, 4096));
     } else if (a == "--flow-kib") o.flow_bytes = static_cast<uint64_t>(number(a.c_str(), v, 1, 1 << 30) * 1024);
     else if (a == "--msg-kib") o.msg_bytes = static_cast<uint64_t>(number(a.c_str(), v, 1, 1 << 20) * 1024);
     else if (a == "--slices") o.slices = static_cast<uint32_t>(number(a.c_str(), v, 1, 64));
@@ -255,6 +265,44 @@ void print_background(const Background& bg, const Options& o) {
   }
 }
 
+// The ping-pong workload between hosts 0 and N-1: its own figures (sim/pingpong.h).
+int pingpong(const Options& o, EventQueue& q, Topology& topo,
+             std::vector<std::unique_ptr<HostModel>>& hosts,
+             std::chrono::steady_clock::time_point wall0) {
+  if (o.transport != "metaroce" || hosts.size() < 2)
+    usage("--workload pingpong: --transport metaroce and at least 2 hosts");
+  auto& a = static_cast<Endpoint&>(*hosts.front());
+  auto& b = static_cast<Endpoint&>(*hosts.back());
+  PingPongParams p;
+  p.exchanges = o.exchanges;
+  p.bytes = o.message_bytes;
+  p.fail_core_at_us = o.fail_core_at_us;
+  p.limit_ns = o.limit_ns;
+  uint32_t left = 0;
+  const std::string figures = run_pingpong(q, topo, a, b, p, &left);
+  HostStats s;
+  for (const auto& h : hosts) {
+    const HostStats x = h->stats();
+    s.retransmits += x.retransmits;
+    s.timeouts += x.timeouts;
+    s.failed += x.failed;
+    s.paths_failed += x.paths_failed;
+    s.failover_resends += x.failover_resends;
+    s.tail_probes += x.tail_probes;
+  }
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  std::printf("{\"transport\": \"%s\", \"workload\": \"pingpong\", \"hosts\": %u, \"planes\": %u"
+              ", \"paths\": %u, \"seed\": %" PRIu64 ", \"unfinished\": %u, \"failed_messages\": %" PRIu64
+              "%s, \"retransmits\": %" PRIu64 ", \"timeouts\": %" PRIu64 ", \"tail_probes\": %" PRIu64
+              ", \"paths_failed\": %" PRIu64 ", \"failover_resends\": %" PRIu64
+              ", \"events\": %" PRIu64 ", \"wall_s\": %.3f}\n",
+              o.transport.c_str(), o.topo.hosts, o.topo.planes, o.paths, o.topo.seed, left, s.failed,
+              figures.c_str(), s.retransmits, s.timeouts, s.tail_probes, s.paths_failed,
+              s.failover_resends, q.executed(), wall);
+  return left || s.failed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -283,6 +331,8 @@ int main(int argc, char** argv) {
     else hosts.push_back(std::make_unique<RoceEndpoint>(q, topo, h, o.topo.planes,
                                                         o.topo.host_link.gbps, o.roce));
   }
+
+  if (o.workload == "pingpong") return pingpong(o, q, topo, hosts, wall0);
 
   // Incast fairness: what reaches host 0 from each sender, in steps of one base RTT (the
   // propagation delay of a path across the top tier and back: 4 links each way on a leaf-spine,

@@ -1576,8 +1576,8 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
     // resume one by one as the backlog drains: only silence since then counts (§4.1).
     if (now.count() - c.last_progress_ns > 2 * srtt_ref(c, tp)) c.progress_since_ns = now.count();
     c.last_progress_ns = now.count();
-    c.tlp_spent = false;
     c.tlp_count = 0;
+    c.tlp_backoff = 0;
     arm_tlp(now, c);
   }
   if (rack_moved && cfg_.late_detection) detect_late(now, c);
@@ -2061,12 +2061,14 @@ void EngineImpl::reinstate(Time now, Connection& c, uint16_t path) {
 // two of the slowest busy path's smoothed RTTs ahead.
 void EngineImpl::arm_tlp(Time now, Connection& c) {
   c.tlp_deadline = Time::max();
-  if (!cfg_.tail_loss_probe || c.tlp_spent || c.cursor != kNoSlot || c.in_flight == 0) return;
+  if (!cfg_.tail_loss_probe || c.tlp_count >= std::max<uint8_t>(cfg_.tail_probes, 1) ||
+      c.cursor != kNoSlot || c.in_flight == 0)
+    return;
   int64_t rtt = 0;
   for (const TxPath& tp : c.tx) {
     if (tp.state == PathState::kActive && tp.in_flight) rtt = std::max<int64_t>(rtt, tp.srtt_ns);
   }
-  if (rtt) c.tlp_deadline = now + Time((2 * rtt) << std::min<uint8_t>(c.tlp_count, 16));
+  if (rtt) c.tlp_deadline = now + Time((2 * rtt) << std::min<uint8_t>(c.tlp_backoff, 16));
 }
 
 // A busy path that answered nothing for two of its RTTs is suspected (§4.1): its packets go out
@@ -2075,7 +2077,8 @@ void EngineImpl::arm_tlp(Time now, Connection& c) {
 // recovered now; if it arrived, its ACK exposes any earlier hole on the path to the SACK rule.
 void EngineImpl::tail_probe(Time now, Connection& c) {
   c.tlp_deadline = Time::max();
-  c.tlp_spent = ++c.tlp_count >= std::max<uint8_t>(cfg_.tail_probes, 1);
+  ++c.tlp_count;
+  bool in_place = false, moved = false;
   for (uint16_t p = 0; p < c.tx.size(); ++p) {
     TxPath& tp = c.tx[p];
     if (tp.state != PathState::kActive || tp.tail == kNil) continue;
@@ -2083,9 +2086,17 @@ void EngineImpl::tail_probe(Time now, Connection& c) {
     if (d.flags & (detail::kRetxQueued | detail::kRnrWait)) continue;
     ++stats_.tail_probes;
     const bool silent = now.count() - tp.last_progress_ns >= 2 * srtt_ref(c, tp);
-    if (silent && suspect(now, c, p)) continue;
+    if (silent && suspect(now, c, p)) {
+      moved = true;
+      continue;
+    }
     queue_retx(c, tp.tail);
+    in_place = true;
   }
+  // The next probe waits twice as long, unless this one only moved packets off suspected paths:
+  // those are new on theirs. A probe that resent on the path it probed (slow, maybe, not dead)
+  // or found nothing to probe backs off.
+  if (in_place || !moved) ++c.tlp_backoff;
 }
 
 // How long past its path's smoothed RTT a packet may be late before it counts as lost: a

@@ -220,8 +220,11 @@ struct Connection {
   bool retx_listed = false;                 // on the engine's list of connections with resends
   uint8_t turn_sent = 0;                    // new packets sent in its current turn (kTxBurst)
   bool rack_valid = false;                  // rack_ts holds a time
-  bool tlp_spent = false;                   // the tail probes fired; re-armed by progress
-  uint8_t tlp_count = 0;                    // tail probes since the last progress
+  // Tail probes since the last progress (all fired at cfg.tail_probes; progress re-arms them),
+  // and how many of them doubled the next one's wait (all but those that only moved packets off
+  // suspected paths: tail_probe).
+  uint8_t tlp_count = 0;
+  uint8_t tlp_backoff = 0;
   bool rx_frozen = false;                   // satisfied by the last division (or not heard)
   bool rx_more = false;                     // a packet of this interval said it had more
   PeerShares peer_shares = PeerShares::kUnknown;  // whether the peer divides by shares (§3.4)

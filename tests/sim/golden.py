@@ -75,6 +75,11 @@ SCENARIOS = {
                                        "--hosts-per-leaf", "4", "--spines", "4", "--workload",
                                        "incast", "--flow-kib", "1024", "--pfc",
                                        "--background-load", "0.1"],
+    # One 2 B message in flight between two leaves (ib_send_lat's pattern), and the busiest
+    # leaf-spine link failing 5 ms in: what the failure costs the exchanges it hits.
+    "pingpong_core_failure": ["--workload", "pingpong", "--hosts", "2", "--hosts-per-leaf", "1",
+                              "--spines", "4", "--exchanges", "2000",
+                              "--fail-core-link-at-us", "5000"],
 }
 VOLATILE = {"wall_s"}
 
@@ -120,8 +125,12 @@ def main():
             for k, old, new in diff:
                 print(f"  {k}: {old} -> {new}")
         else:
-            print(f"ok {name}: completion {first['completion_us']} us, goodput "
-                  f"{first['goodput_gbps']} Gbit/s, {first['events']} events")
+            if "exchanges" in first:
+                print(f"ok {name}: exchange p50 {first['exchange_p50_us']} us, worst after the "
+                      f"failure {first['after_failure_worst_x_p50']}x, {first['events']} events")
+            else:
+                print(f"ok {name}: completion {first['completion_us']} us, goodput "
+                      f"{first['goodput_gbps']} Gbit/s, {first['events']} events")
     sys.exit(1 if bad else 0)
 
 

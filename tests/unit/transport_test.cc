@@ -721,8 +721,9 @@ TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByRto) {
   EXPECT_LE(tx[2]->tx_time - tx[0]->tx_time, f.cfg.rto_initial);
 }
 
-// With tail_probes = 3 a second probe, twice the first's wait later, recovers it long before an
-// RTO (congestion.md §5): one probe left the slowest flows of a lossy permutation to RTOs.
+// With tail_probes = 3 a second probe recovers it long before an RTO (congestion.md §5): one
+// probe left the slowest flows of a lossy permutation to RTOs. The first probe moved the packet
+// off its silent path, so the second waits two RTTs of its own, not twice the first's wait.
 TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByTheSecondProbe) {
   EngineConfig cfg = Fabric::default_config();
   cfg.tail_probes = 3;
@@ -736,8 +737,7 @@ TEST(Transport, LossOfTheLastPacketAndItsProbeIsRecoveredByTheSecondProbe) {
   ASSERT_EQ(tx.size(), 3u);
   EXPECT_NE(tx[2]->sport, tx[1]->sport);
   EXPECT_LT(tx[2]->tx_time - tx[0]->tx_time, f.cfg.rto_min);
-  // The second probe waited twice as long as the first.
-  EXPECT_GT(tx[2]->tx_time - tx[1]->tx_time, tx[1]->tx_time - tx[0]->tx_time);
+  EXPECT_LE(tx[2]->tx_time - tx[1]->tx_time, tx[1]->tx_time - tx[0]->tx_time);
 }
 
 // The last packet of one path is lost while packets sent after it on other paths arrive: it is
