@@ -189,7 +189,7 @@ struct DeviceEntry {
   rte_mempool* pool = nullptr;
   uint32_t buf_size = 0;  // data bytes per mbuf of `pool`
   // Data-less mbufs that carry a frame's tail (TxFrame::tail) as an external buffer, on PMDs
-  // that copy every segment of a frame in rte_eth_tx_burst (tail_pmd); nullptr on others.
+  // that copy every segment of a frame in rte_eth_tx_burst (tails_wanted); nullptr on others.
   rte_mempool* tail_pool = nullptr;
 };
 
