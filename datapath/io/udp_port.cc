@@ -176,6 +176,9 @@ class UdpPort final : public Port {
     return true;
   }
 
+  // sendmmsg copies every frame, tails too, before it returns.
+  bool takes_tails() const override { return true; }
+
   void tx_burst(std::span<TxFrame> frames) override {
     // Groups by (peer, source port) in order of first appearance; within a group, in order.
     groups_.clear();
@@ -285,15 +288,16 @@ class UdpPort final : public Port {
       while (next < g.frames.size() && nmsg < kMaxSendMsgs) {
         msg_seg_[nmsg] = frames[g.frames[next]].len;
         msg_count_[nmsg] = 0;
+        msg_first_[nmsg] = static_cast<uint32_t>(next);
         const uint32_t first_iov = niov;
         uint32_t bytes = 0;
-        while (next < g.frames.size() && niov < kMaxIov) {
+        while (next < g.frames.size() && niov + 2 <= kMaxIov) {
           const TxFrame& f = frames[g.frames[next]];
           const uint32_t n = msg_count_[nmsg];
           if (n > 0 && (!gso_ || f.len > msg_seg_[nmsg] || n == kMaxGsoSegments ||
                         bytes + f.len > kMaxGsoBytes))
             break;
-          iov_[niov++] = {f.data, f.len};
+          niov = add_iov(f, niov);
           bytes += f.len;
           ++msg_count_[nmsg];
           ++next;
@@ -316,13 +320,13 @@ class UdpPort final : public Port {
           std::memcpy(CMSG_DATA(c), &seg, sizeof(seg));
         }
         ++nmsg;
-        if (niov == kMaxIov) break;
+        if (niov + 2 > kMaxIov) break;
       }
       uint32_t done = 0;
       while (done < nmsg) {
         const int r = sendmmsg(fd, msgs_ + done, nmsg - done, MSG_DONTWAIT);
         if (r > 0) {
-          for (int k = 0; k < r; ++k) count_sent(msgs_[done + k]);
+          for (int k = 0; k < r; ++k) count_sent(msgs_[done + k], msg_count_[done + k]);
           done += static_cast<uint32_t>(r);
           continue;
         }
@@ -330,9 +334,8 @@ class UdpPort final : public Port {
         if (gso_ && msg_count_[done] > 1 && (e == EIO || e == EINVAL || e == EOPNOTSUPP)) {
           // This route's device cannot segment: packet by packet from now on, this one too.
           gso_ = false;
-          const uint32_t count = msg_count_[done];
-          auto* first = static_cast<iovec*>(msgs_[done].msg_hdr.msg_iov);
-          for (uint32_t k = 0; k < count; ++k) send_one(fd, dst, first[k]);
+          for (uint32_t k = 0; k < msg_count_[done]; ++k)
+            send_one(fd, dst, frames[g.frames[msg_first_[done] + k]]);
         } else {
           tx_dropped_.fetch_add(msg_count_[done], std::memory_order_relaxed);
         }
@@ -341,19 +344,33 @@ class UdpPort final : public Port {
     }
   }
 
-  void send_one(int fd, const sockaddr_in& dst, const iovec& v) {
-    const ssize_t r = sendto(fd, v.iov_base, v.iov_len, MSG_DONTWAIT,
-                             reinterpret_cast<const sockaddr*>(&dst), sizeof(dst));
-    if (r < 0) {
+  // The frame as iov_[niov] (and, with a tail, iov_[niov + 1]); returns the next free index.
+  uint32_t add_iov(const TxFrame& f, uint32_t niov) {
+    const uint32_t tail = f.tail ? std::min(f.tail_len, f.len) : 0;
+    iov_[niov++] = {f.data, f.len - tail};
+    if (tail != 0) iov_[niov++] = {const_cast<uint8_t*>(f.tail), tail};
+    return niov;
+  }
+
+  void send_one(int fd, const sockaddr_in& dst, const TxFrame& f) {
+    msghdr m{};
+    m.msg_name = const_cast<sockaddr_in*>(&dst);
+    m.msg_namelen = sizeof(dst);
+    m.msg_iov = &iov_one_[0];
+    m.msg_iovlen = 0;
+    const uint32_t tail = f.tail ? std::min(f.tail_len, f.len) : 0;
+    iov_one_[m.msg_iovlen++] = {f.data, f.len - tail};
+    if (tail != 0) iov_one_[m.msg_iovlen++] = {const_cast<uint8_t*>(f.tail), tail};
+    if (sendmsg(fd, &m, MSG_DONTWAIT) < 0) {
       tx_dropped_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
     tx_frames_.fetch_add(1, std::memory_order_relaxed);
-    tx_bytes_.fetch_add(v.iov_len, std::memory_order_relaxed);
+    tx_bytes_.fetch_add(f.len, std::memory_order_relaxed);
   }
 
-  void count_sent(const mmsghdr& m) {
-    tx_frames_.fetch_add(m.msg_hdr.msg_iovlen, std::memory_order_relaxed);
+  void count_sent(const mmsghdr& m, uint32_t frames) {
+    tx_frames_.fetch_add(frames, std::memory_order_relaxed);
     tx_bytes_.fetch_add(m.msg_len, std::memory_order_relaxed);
   }
 
@@ -389,6 +406,8 @@ class UdpPort final : public Port {
   mmsghdr msgs_[kMaxSendMsgs];
   uint32_t msg_seg_[kMaxSendMsgs];
   uint32_t msg_count_[kMaxSendMsgs];
+  uint32_t msg_first_[kMaxSendMsgs];  // the message's first frame, an index into its group
+  iovec iov_one_[2];                  // send_one's
   alignas(cmsghdr) char ctrl_[kMaxSendMsgs][CMSG_SPACE(sizeof(uint16_t))];
   iovec iov_[kMaxIov];
   std::atomic<uint64_t> rx_frames_{0}, rx_bytes_{0}, tx_frames_{0}, tx_bytes_{0};

@@ -149,6 +149,46 @@ TEST(UdpPort, PathsKeepTheirOrderAndSourcePortsThroughGsoAndGro) {
   if (!ran) GTEST_SKIP() << "no network namespace (needs CAP_SYS_ADMIN)";
 }
 
+TEST(UdpPort, FramesWithTailsLeaveWholeInGsoRunsAndAloneAndCountAsFrames) {
+  const bool ran = in_private_netns([] {
+    std::string err;
+    auto a = open_udp_port({kA, 4793, "", 9000}, &err);
+    ASSERT_TRUE(a) << err;
+    auto b = open_udp_port({kB, 4793, "", 9000}, &err);
+    ASSERT_TRUE(b) << err;
+    ASSERT_TRUE(a->takes_tails());
+    // 30 frames on one path (a GSO run), every other one with its last 4000 bytes as a tail,
+    // then one of another length with a tail: each arrives whole, and the tails' buffers are
+    // overwritten as soon as tx_burst returns (the kernel copied them by then).
+    std::vector<TxFrame> batch;
+    std::vector<std::vector<uint8_t>> tails;
+    tails.reserve(31);
+    for (uint32_t i = 0; i < 31; ++i) {
+      const uint32_t len = i == 30 ? 4500 : 4176;
+      put(*a, kB, 50001, len, 9, i, &batch);
+      if (i % 2 == 0 || i == 30) {
+        TxFrame& f = batch.back();
+        tails.emplace_back(4000, uint8_t{9});
+        std::memset(f.data + len - 4000, 0xEE, 4000);
+        f.tail = tails.back().data();
+        f.tail_len = 4000;
+      }
+    }
+    a->tx_burst(batch);
+    for (auto& t : tails) std::fill(t.begin(), t.end(), uint8_t{0xDD});
+    EXPECT_EQ(a->stats().tx_frames, 31u);
+    auto got = receive(*b, 31);
+    ASSERT_EQ(got.size(), 31u);
+    for (const Got& g : got) {
+      uint32_t seq;
+      std::memcpy(&seq, g.bytes.data(), sizeof(seq));
+      EXPECT_EQ(g.bytes.size(), seq == 30 ? 4500u : 4176u);
+      for (size_t k = 4; k < g.bytes.size(); ++k) ASSERT_EQ(g.bytes[k], 9) << "seq " << seq;
+    }
+  });
+  if (!ran) GTEST_SKIP() << "no network namespace (needs CAP_SYS_ADMIN)";
+}
+
 TEST(UdpPort, AnAddressNotOfThisHostOrATakenPortIsRefusedWithTheReason) {
   const bool ran = in_private_netns([] {
     std::string err;
