@@ -281,15 +281,7 @@ int pingpong(const Options& o, EventQueue& q, Topology& topo,
   uint32_t left = 0;
   const std::string figures = run_pingpong(q, topo, a, b, p, &left);
   HostStats s;
-  for (const auto& h : hosts) {
-    const HostStats x = h->stats();
-    s.retransmits += x.retransmits;
-    s.timeouts += x.timeouts;
-    s.failed += x.failed;
-    s.paths_failed += x.paths_failed;
-    s.failover_resends += x.failover_resends;
-    s.tail_probes += x.tail_probes;
-  }
+  for (const auto& h : hosts) s += h->stats();
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   std::printf("{\"transport\": \"%s\", \"workload\": \"pingpong\", \"hosts\": %u, \"planes\": %u"
@@ -425,15 +417,8 @@ int main(int argc, char** argv) {
   for (size_t f = 0; f < flows.size(); ++f)
     if (flows[f].at_start) start(f);
   if (o.fail_core_at_us >= 0) {
-    q.at(static_cast<Ns>(o.fail_core_at_us * 1000), [&topo] {
-      // The busiest core link of plane 0 so far (by packets): one the run really uses,
-      // whichever transport (RoCEv2's one path per QP may avoid any given link).
-      std::vector<Link*> core = topo.core_links(0);
-      Link* busiest = *std::max_element(core.begin(), core.end(), [](Link* a, Link* b) {
-        return a->counters().packets < b->counters().packets;
-      });
-      busiest->set_up(false);
-    });
+    q.at(static_cast<Ns>(o.fail_core_at_us * 1000),
+         [&topo] { topo.busiest_core_link(0)->set_up(false); });
   }
   q.run_until(o.limit_ns);
 
@@ -456,19 +441,12 @@ int main(int argc, char** argv) {
     drop_down += l->counters().drop_down;
     ce += l->counters().ce_marked;
   }
-  uint64_t retx = 0, timeouts = 0, failed = 0, paths_failed = 0, failover = 0, tlp = 0;
-  uint64_t late = 0, late_spurious = 0, redundant = 0;
-  for (const auto& h : hosts) {
-    late += h->stats().late_losses;
-    late_spurious += h->stats().late_spurious;
-    redundant += h->stats().redundant_copies;
-    paths_failed += h->stats().paths_failed;
-    failover += h->stats().failover_resends;
-    tlp += h->stats().tail_probes;
-    retx += h->stats().retransmits;
-    timeouts += h->stats().timeouts;
-    failed += h->stats().failed;
-  }
+  HostStats sum;
+  for (const auto& h : hosts) sum += h->stats();
+  const uint64_t retx = sum.retransmits, timeouts = sum.timeouts, failed = sum.failed,
+                 paths_failed = sum.paths_failed, failover = sum.failover_resends,
+                 tlp = sum.tail_probes, late = sum.late_losses, late_spurious = sum.late_spurious,
+                 redundant = sum.redundant_copies;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   const double goodput = last ? static_cast<double>(bytes) * 8 / static_cast<double>(last) : 0;  // Gbit/s
   // All-reduce bus bandwidth (as NCCL reports it): 2(N-1)/N x buffer / time, per host.

@@ -325,4 +325,11 @@ Topology::~Topology() = default;
 
 std::vector<Link*> Topology::core_links(uint32_t plane) const { return core_.at(plane); }
 
+Link* Topology::busiest_core_link(uint32_t plane) const {
+  const std::vector<Link*>& core = core_.at(plane);
+  return *std::max_element(core.begin(), core.end(), [](Link* a, Link* b) {
+    return a->counters().packets < b->counters().packets;
+  });
+}
+
 }  // namespace metaroce::sim

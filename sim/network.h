@@ -166,6 +166,10 @@ class Topology {
   std::vector<std::unique_ptr<Link>>& links() { return links_; }
   // Core links of one plane, for failures: leaf <-> spine, or aggregation <-> core.
   std::vector<Link*> core_links(uint32_t plane) const;
+  // The core link of `plane` that carried the most packets so far: one the run really uses,
+  // whichever transport (RoCEv2's one path per QP may avoid any given link). What
+  // --fail-core-link-at-us takes down.
+  Link* busiest_core_link(uint32_t plane) const;
 
  private:
   class HostPort;

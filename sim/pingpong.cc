@@ -40,13 +40,8 @@ std::string run_pingpong(EventQueue& q, Topology& topo, Endpoint& a, Endpoint& b
   });
   a.send(b.host(), kStream, p.bytes, noop);
   if (p.fail_core_at_us >= 0) {
-    q.at(static_cast<Ns>(p.fail_core_at_us * 1000), [&topo] {
-      std::vector<Link*> core = topo.core_links(0);
-      Link* busiest = *std::max_element(core.begin(), core.end(), [](Link* x, Link* y) {
-        return x->counters().packets < y->counters().packets;
-      });
-      busiest->set_up(false);
-    });
+    q.at(static_cast<Ns>(p.fail_core_at_us * 1000),
+         [&topo] { topo.busiest_core_link(0)->set_up(false); });
   }
   q.run_until(p.limit_ns);
   a.on_arrival(nullptr);
