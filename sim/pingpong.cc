@@ -2,7 +2,6 @@
 #include "sim/pingpong.h"
 
 #include <algorithm>
-#include <cinttypes>
 #include <cstdio>
 #include <vector>
 
@@ -15,7 +14,8 @@ double us(Ns t) { return static_cast<double>(t) / 1000; }
 double quantile(std::vector<Ns> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return us(v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5))]);
+  const auto at = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  return us(v[std::min(v.size() - 1, at)]);
 }
 
 }  // namespace
