@@ -297,7 +297,7 @@ class UdpPort final : public Port {
           if (n > 0 && (!gso_ || f.len > msg_seg_[nmsg] || n == kMaxGsoSegments ||
                         bytes + f.len > kMaxGsoBytes))
             break;
-          niov = add_iov(f, niov);
+          niov += frame_iov(f, &iov_[niov]);
           bytes += f.len;
           ++msg_count_[nmsg];
           ++next;
@@ -344,23 +344,21 @@ class UdpPort final : public Port {
     }
   }
 
-  // The frame as iov_[niov] (and, with a tail, iov_[niov + 1]); returns the next free index.
-  uint32_t add_iov(const TxFrame& f, uint32_t niov) {
+  // The frame as out[0] (and, with a tail, out[1]); returns how many iovecs it took.
+  static uint32_t frame_iov(const TxFrame& f, iovec* out) {
     const uint32_t tail = f.tail ? std::min(f.tail_len, f.len) : 0;
-    iov_[niov++] = {f.data, f.len - tail};
-    if (tail != 0) iov_[niov++] = {const_cast<uint8_t*>(f.tail), tail};
-    return niov;
+    out[0] = {f.data, f.len - tail};
+    if (tail == 0) return 1;
+    out[1] = {const_cast<uint8_t*>(f.tail), tail};
+    return 2;
   }
 
   void send_one(int fd, const sockaddr_in& dst, const TxFrame& f) {
     msghdr m{};
     m.msg_name = const_cast<sockaddr_in*>(&dst);
     m.msg_namelen = sizeof(dst);
-    m.msg_iov = &iov_one_[0];
-    m.msg_iovlen = 0;
-    const uint32_t tail = f.tail ? std::min(f.tail_len, f.len) : 0;
-    iov_one_[m.msg_iovlen++] = {f.data, f.len - tail};
-    if (tail != 0) iov_one_[m.msg_iovlen++] = {const_cast<uint8_t*>(f.tail), tail};
+    m.msg_iov = iov_one_;
+    m.msg_iovlen = frame_iov(f, iov_one_);
     if (sendmsg(fd, &m, MSG_DONTWAIT) < 0) {
       tx_dropped_.fetch_add(1, std::memory_order_relaxed);
       return;

@@ -817,7 +817,7 @@ void Nic::queue_write(Memory* m, uint64_t addr, std::span<const uint8_t> data, u
     }
   }
   const uint32_t origin = add_origin(cookie(qpn, msn), current_);
-  writes_.add_write(m, addr, data.data(), static_cast<uint32_t>(data.size()), origin);
+  writes_.add_write(m, addr, data.data(), len, origin);
 }
 
 void Nic::queue_read(Memory* m, uint64_t addr, std::span<uint8_t> out, uint32_t qpn, uint32_t msn) {
