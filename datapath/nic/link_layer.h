@@ -101,7 +101,15 @@ class LinkLayer {
       auto it = map_.find(ip);
       return it == map_.end() ? nullptr : &it->second;
     }
-    bool count(uint32_t ip) const { return map_.count(ip) != 0; }
+    // Asked for every frame received (its sender teaches its address): the last address found
+    // is remembered until the table next changes.
+    bool count(uint32_t ip) const {
+      if (ip == known_ip_ && known_gen_ == gen_) return true;
+      if (!map_.count(ip)) return false;
+      known_ip_ = ip;
+      known_gen_ = gen_;
+      return true;
+    }
     void set(uint32_t ip, const io::MacAddr& mac) {
       auto [it, added] = map_.try_emplace(ip, mac);
       if (!added && it->second == mac) return;
@@ -114,6 +122,8 @@ class LinkLayer {
    private:
     std::unordered_map<uint32_t, io::MacAddr> map_;
     uint64_t gen_ = 0;
+    mutable uint32_t known_ip_ = 0;
+    mutable uint64_t known_gen_ = ~uint64_t{0};
   };
   // A port and what the link knows about the far side of it.
   struct Plane {

@@ -95,8 +95,12 @@ SharedReceiveQueue* Nic::srq_of(Owner* o, uint32_t id) {
 }
 
 QueuePair* Nic::qp_of(uint32_t qpn) {
+  QueuePair*& slot = qp_cache_[qpn % qp_cache_.size()];
+  if (slot && slot->qpn() == qpn) return slot;
   auto it = qps_.find(qpn);
-  return it == qps_.end() ? nullptr : it->second.get();
+  if (it == qps_.end()) return nullptr;
+  slot = it->second.get();
+  return slot;
 }
 
 const QueuePair* Nic::find_qp(uint32_t qpn) const {
@@ -600,6 +604,7 @@ void Nic::destroy_qp_now(QueuePair* qp) {
   if (CompletionQueue* cq = qp->init().recv_cq) cq->users--;
   if (SharedReceiveQueue* srq = qp->init().srq) srq->users--;
   std::erase(qp_list_, qp);
+  if (QueuePair*& slot = qp_cache_[qp->qpn() % qp_cache_.size()]; slot == qp) slot = nullptr;
   qps_.erase(qp->qpn());
 }
 

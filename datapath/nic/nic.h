@@ -11,6 +11,7 @@
 // only through rkeys, as RDMA allows.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -454,6 +455,10 @@ class Nic final : private transport::Host {
   bool xrcd_busy(const Owner* o, uint32_t xrcd) const;
   uint32_t alloc_srq_id();
   std::unordered_map<uint32_t, std::unique_ptr<QueuePair>> qps_;
+  // qp_of's answers by the QPN's low bits, checked against the QP's own number: every packet
+  // names its QP, and QPNs are handed out in sequence, so hundreds of QPs rarely share a slot.
+  // A QP leaves it as it is destroyed.
+  std::array<QueuePair*, 1024> qp_cache_{};
   std::atomic<bool> port_active_{true}, port_changed_{false};
   std::vector<QueuePair*> qp_list_;  // drain order
   uint32_t next_qpn_;

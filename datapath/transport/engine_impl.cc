@@ -104,15 +104,19 @@ uint16_t EngineImpl::random_port() {
 }
 
 EngineImpl::Connection* EngineImpl::find_conn(uint32_t peer_ip, uint32_t lane) const {
+  Connection*& slot = conn_cache_[conn_slot(peer_ip, lane)];
+  if (slot && slot->peer_ip == peer_ip && slot->lane == lane) return slot;
   auto it = conns_.find(conn_key(peer_ip, lane));
-  return it == conns_.end() ? nullptr : it->second.get();
+  if (it == conns_.end()) return nullptr;
+  slot = it->second.get();
+  return slot;
 }
 
 EngineImpl::Connection& EngineImpl::conn_for(uint32_t peer_ip, uint32_t lane) {
-  if (auto it = conns_.find(conn_key(peer_ip, lane)); it != conns_.end()) {
-    it->second->closing = false;  // a stream came back to it
-    touch(*it->second);
-    return *it->second;
+  if (Connection* known = find_conn(peer_ip, lane)) {
+    known->closing = false;  // a stream came back to it
+    touch(*known);
+    return *known;
   }
   auto c = std::make_unique<Connection>();
   c->peer_ip = peer_ip;
@@ -259,6 +263,7 @@ void EngineImpl::forget(Connection& c) {
   const auto it = std::find(conn_list_.begin(), conn_list_.end(), &c);
   *it = conn_list_.back();
   conn_list_.pop_back();
+  if (Connection*& slot = conn_cache_[conn_slot(c.peer_ip, c.lane)]; slot == &c) slot = nullptr;
   conns_.erase(conn_key(c.peer_ip, c.lane));
 }
 

@@ -575,6 +575,35 @@ TEST_F(NicTest, TwoQpsOfOneDeviceTalkThroughLoopback) {
   EXPECT_GE(nic(a_).counters().tx_payload_copied, 8000u);
 }
 
+
+// The NIC remembers QPs by the low bits of their numbers (Nic::qp_of): a QP whose number shares
+// a slot with a destroyed one is found, and the destroyed one is not.
+TEST_F(NicTest, AQpIsFoundByItsOwnNumberWhenAnotherSharingItsLookupSlotIsGone) {
+  Nic& n = nic(b_);
+  const uint32_t old_qpn = b_.qp->qpn();
+  ASSERT_EQ(n.find_qp(old_qpn)->qpn(), old_qpn);  // now remembered
+  TestQp other(n, &b_.owner, b_.pd, *b_.cq, *b_.cq, caps(16, 1), hostif::QpType::kRc, nullptr,
+               old_qpn + 1024);
+  ASSERT_EQ(other.err, 0);
+  EXPECT_EQ(n.find_qp(other.qpn())->qpn(), other.qpn());
+  EXPECT_EQ(n.find_qp(old_qpn)->qpn(), old_qpn);
+  ASSERT_EQ(n.destroy_qp(&b_.owner, old_qpn), 0);
+  EXPECT_EQ(n.find_qp(old_qpn), nullptr);
+  // Traffic to and from the survivor: its WRITE lands and its completion (found by its QPN
+  // when the ACK comes back) arrives.
+  a_.qp->set_state(QpState::kReset);
+  bring_up(*a_.qp, kIpB, other.qpn());
+  bring_up(other, kIpA, a_.qp->qpn());
+  for (size_t i = 0; i < 3000; ++i) b_.buf[i] = static_cast<uint8_t>(i * 7);
+  ASSERT_EQ(other.post_send(wqe(5, WqeOp::kWrite, sge(b_, 0, 3000),
+                                reinterpret_cast<uint64_t>(a_.buf.data() + 100), a_.key)),
+            0);
+  auto c = run_until(b_, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].qp_num, other.qpn());
+  EXPECT_EQ(std::memcmp(a_.buf.data() + 100, b_.buf.data(), 3000), 0);
+}
 // Memory the NIC reaches only by copying (as through process_vm_readv): no view.
 class CopyOnlyMemory final : public Memory {
  public:
