@@ -4,7 +4,9 @@
 #include "util/cli.h"
 #include "util/engine_client.h"
 #include "util/operator.h"
+#include "util/record.h"
 #include "util/stat.h"
+#include "util/top.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -93,6 +95,8 @@ constexpr const char* kMainHelp =
     "  capture NAME -w FILE [-c N] [-d S]   a link's frames as pcap (Wireshark: metaroce.lua)\n"
     "  export [--listen ADDR:PORT]   every link's counters in the Prometheus text format\n"
     "  events NAME [-d S]       timestamped path failures, failovers, re-picks, timeouts\n"
+    "  top [NAME...]            live view of every connection's paths, worst marked, events below\n"
+    "  record NAME -o FILE      every path's counters over time, for top --replay and plots\n"
     "  engine start|stop|status  the host's engine, which serves every link to every process\n"
     "  fabric run|set|stat|stop NAME ...   the fabric emulator (see 'metaroce fabric --help')\n"
     "\n"
@@ -1665,10 +1669,12 @@ Outcome dispatch(const std::vector<std::string>& args, const Context& ctx) {
     const int status = stat_command(rest, ctx, &why);
     return {status, why};
   }
-  if (cmd == "capture" || cmd == "export" || cmd == "events") {
+  if (cmd == "capture" || cmd == "export" || cmd == "events" || cmd == "top" || cmd == "record") {
     std::string why;
     const int status = cmd == "capture"  ? capture_command(rest, ctx, &why)
                        : cmd == "export" ? export_command(rest, ctx, &why)
+                       : cmd == "top"    ? top_command(rest, ctx, &why)
+                       : cmd == "record" ? record_command(rest, ctx, &why)
                                          : events_command(rest, ctx, &why);
     return {status, why};
   }
