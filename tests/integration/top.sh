@@ -3,7 +3,8 @@
 # `metaroce top` as an operator sees it: in an 80x24 terminal (tmux) against a live engine while
 # ib_write_bw runs through `metaroce fabric` and the busiest core link is black-holed mid-transfer.
 # The pane shows that link's paths failed with the traffic moved to the others, then, once the
-# link is back, every path active again; `q` quits with status 0. `metaroce record` of the same
+# link is back, every path active again; `q` and Ctrl-C quit with status 0, and a terminal
+# smaller than 80x24 is refused. `metaroce record` of the same
 # run replayed by `top --replay` gives the same path failures in the same order as
 # `metaroce events` logged live, and bench/plot_record draws it. Last, the engine is killed under
 # a plain-text `top`, which exits 1 saying so. Midway, every query of the Grafana dashboard
@@ -41,6 +42,9 @@ wait_pane() {
 now $(date +%s%N), the engine's last snapshot: $("$METAROCE" stat fB --json | head -c 160)"
 }
 
+# With TOP_KEEP (the picture for the docs) each phase lasts a few seconds more.
+hold() { if [ -n "${TOP_KEEP:-}" ]; then sleep 3; fi; }
+
 fabric_pair "$FAB" 1 8 5
 ib_write_bw -x 0 -s 65536 -D 60 -p "$PORT" -d fA >"$LOGDIR/server.log" 2>&1 &
 PIDS+=($!)
@@ -58,6 +62,7 @@ tm new-session -d -s "$SESSION" -x 80 -y 24 \
 
 # Traffic on at least two paths before the fault.
 wait_pane flowing 60 '$1 == "active" && $2 > 0 { n++ } END { exit !(n >= 2) }'
+hold
 "$PY" "$HERE/failover_fault.py" "$METAROCE" "$FAB" down busiest-core "$LOGDIR/down" \
   >"$LOGDIR/fault.log" 2>&1 || fail "the fault was not injected: $(cat "$LOGDIR/fault.log")"
 # The black-holed link's paths are taken out of service (failed, then probing until it answers
@@ -70,6 +75,7 @@ wait_pane moved 30 '$1 == "active" && $2 > 0 { a++ } END { exit !(a >= 2) }'
 grep -q 'failed (' "$LOGDIR/pane-failed.txt" "$LOGDIR/pane-moved.txt" ||
   fail "the events below do not show the failure"
 echo "ok: top marks the black-holed link's paths failed and shows the traffic moved"
+hold
 # The Grafana dashboard's queries name metrics the exporter emits, here, with a failure seen.
 "$METAROCE" export >"$LOGDIR/export.txt" || fail "metaroce export failed"
 "$PY" "$HERE/dashboard_check.py" "$HERE/../../dist/grafana/metaroce.json" "$LOGDIR/export.txt" ||
@@ -80,10 +86,25 @@ what=$("$PY" "$HERE/failover_fault.py" "$METAROCE" "$FAB" check "$LOGDIR/down") 
 # Back up: every path is active again.
 wait_pane recovered 60 '$1 != "active" { bad++ } { n++ } END { exit !(n >= 2 && !bad) }'
 echo "ok: after $what came back, top shows every path active"
+hold
 tm send-keys -t "$SESSION" q
 for _ in $(seq 40); do [ -s "$LOGDIR/top.rc" ] && break; sleep 0.25; done
 [ "$(cat "$LOGDIR/top.rc" 2>/dev/null)" = 0 ] || fail "top did not quit with 0 on q: $(cat "$LOGDIR/top.err")"
 echo "ok: q quits top with status 0"
+# Ctrl-C quits too; a terminal smaller than 80x24 is refused with a message and status 1.
+tm new-session -d -s ctrlc -x 80 -y 24 \
+  "env METAROCE_RUNDIR='$METAROCE_RUNDIR' LD_PRELOAD='$SAN_PRELOAD' '$METAROCE' top fB; \
+   echo \$? >'$LOGDIR/ctrlc.rc'; sleep 600"
+for _ in $(seq 40); do tm capture-pane -p -t ctrlc | grep -q 'fB>198' && break; sleep 0.25; done
+tm send-keys -t ctrlc C-c
+tm new-session -d -s small -x 60 -y 20 \
+  "env METAROCE_RUNDIR='$METAROCE_RUNDIR' LD_PRELOAD='$SAN_PRELOAD' '$METAROCE' top fB \
+   2>'$LOGDIR/small.err'; echo \$? >'$LOGDIR/small.rc'; sleep 600"
+for _ in $(seq 40); do [ -s "$LOGDIR/ctrlc.rc" ] && [ -s "$LOGDIR/small.rc" ] && break; sleep 0.25; done
+[ "$(cat "$LOGDIR/ctrlc.rc" 2>/dev/null)" = 0 ] || fail "top did not quit with 0 on Ctrl-C"
+[ "$(cat "$LOGDIR/small.rc" 2>/dev/null)" = 1 ] && grep -q 'needs 80x24' "$LOGDIR/small.err" ||
+  fail "a 60x20 terminal: status $(cat "$LOGDIR/small.rc" 2>/dev/null), $(cat "$LOGDIR/small.err")"
+echo "ok: Ctrl-C quits with 0; a 60x20 terminal is refused: $(cat "$LOGDIR/small.err")"
 
 # The record, replayed, fails the same paths in the same order as the live event log.
 kill -INT "$REC" "$EVENTS"
