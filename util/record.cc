@@ -217,8 +217,7 @@ int record_command(const std::vector<std::string>& args, const Context& ctx, std
     *why = "record: cannot write '" + out_path + "': " + std::strerror(errno);
     return kExitError;
   }
-  struct sigaction sa {
-  }, old_int{}, old_term{};
+  struct sigaction sa = {}, old_int = {}, old_term = {};
   sa.sa_handler = on_record_signal;
   g_record_stop.store(false);
   sigaction(SIGINT, &sa, &old_int);

@@ -207,7 +207,7 @@ int parse_options(const std::vector<std::string>& args, const Context& ctx, Opti
     const bool takes = a == "-d" || a == "-n" || a == "--sort" || a == "--replay" || a == "--speed";
     if (takes && i + 1 >= args.size()) return usage(a + " needs a value");
     if (a == "-d") {
-      if (!number(args[++i], 0.05, 3600, &o->delay))
+      if (!number(args[++i], 0.0499, 3600, &o->delay))
         return usage("-d takes seconds in [0.05, 3600]");
     } else if (a == "--speed") {
       if (!number(args[++i], 0, 1e6, &o->speed)) return usage("--speed takes a factor in (0, 1e6]");
@@ -388,6 +388,65 @@ std::vector<std::string> render_top(const std::vector<PathRow>& rows,
   return out;
 }
 
+namespace {
+
+void show(const std::vector<std::string>& lines, bool tty, std::ostream& out) {
+  if (tty) {
+    std::string screen = "\x1b[H";
+    for (size_t i = 0; i < lines.size(); ++i)
+      screen += lines[i] + "\x1b[K" + (i + 1 < lines.size() ? "\n" : "");
+    screen += "\x1b[J";
+    std::fputs(screen.c_str(), stdout);
+    std::fflush(stdout);
+    return;
+  }
+  for (const std::string& l : lines) out << l << "\n";
+  out << "\n";
+  out.flush();
+}
+
+// Waits the refresh out, answering keys meanwhile on a terminal (s: the next sort, at once).
+void wait_refresh(double secs, bool tty, TopSort* sort) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(secs);
+  while (!g_top_stop.load() && std::chrono::steady_clock::now() < until) {
+    if (!tty) {
+      std::this_thread::sleep_for(std::min<std::chrono::duration<double>>(
+          until - std::chrono::steady_clock::now(), std::chrono::milliseconds(50)));
+      continue;
+    }
+    const char k = Terminal::key(50);
+    if (k == 'q' || k == 'Q') g_top_stop.store(true);
+    if (k == 's' || k == 'S') {
+      *sort = static_cast<TopSort>((static_cast<int>(*sort) + 1) % kTopSorts);
+      return;
+    }
+  }
+}
+
+// Takes each link's newest snapshot; false once no engine publishes any of them, having done so.
+bool take_live(View& view, const Options& o, const Context& ctx, bool* seen) {
+  bool any = false;
+  for (const std::string& l : o.links)
+    if (auto s = newest_of(ctx, l)) {
+      view.take(l, *s);
+      any = true;
+    }
+  if (!any && *seen) return false;
+  *seen |= any;
+  return true;
+}
+
+// The frame's events: a terminal shows the last ones; a plain frame, which goes to a log, those
+// new since the last frame.
+std::vector<std::string> frame_events(const View& view, bool tty, uint64_t* shown) {
+  const size_t fresh = std::min<uint64_t>(view.events.size(), view.events_total - *shown);
+  *shown = view.events_total;
+  return {tty ? view.events.begin() : view.events.end() - static_cast<ptrdiff_t>(fresh),
+          view.events.end()};
+}
+
+}  // namespace
+
 int top_command(const std::vector<std::string>& args, const Context& ctx, std::string* why) {
   Options o;
   if (int st = parse_options(args, ctx, &o, why); st != kExitOk) return st < 0 ? kExitOk : st;
@@ -408,16 +467,13 @@ int top_command(const std::vector<std::string>& args, const Context& ctx, std::s
   }
   int width = kMinWidth, height = 0;
   const bool tty = isatty(STDOUT_FILENO) && isatty(STDIN_FILENO) && ctx.out == &std::cout;
-  if (tty) {
-    if (!terminal_size(&width, &height) || width < kMinWidth || height < kMinHeight) {
-      *why = "top: the terminal is " + std::to_string(width) + "x" + std::to_string(height) +
-             ", the view needs " + std::to_string(kMinWidth) + "x" + std::to_string(kMinHeight) +
-             " (or run it with its output not on a terminal)";
-      return kExitError;
-    }
+  if (tty && (!terminal_size(&width, &height) || width < kMinWidth || height < kMinHeight)) {
+    *why = "top: the terminal is " + std::to_string(width) + "x" + std::to_string(height) +
+           ", the view needs " + std::to_string(kMinWidth) + "x" + std::to_string(kMinHeight) +
+           " (or run it with its output not on a terminal)";
+    return kExitError;
   }
-  struct sigaction sa {
-  }, old_int{}, old_term{};
+  struct sigaction sa = {}, old_int = {}, old_term = {};
   sa.sa_handler = on_top_signal;
   g_top_stop.store(false);
   sigaction(SIGINT, &sa, &old_int);
@@ -430,7 +486,6 @@ int top_command(const std::vector<std::string>& args, const Context& ctx, std::s
   bool seen = false;
   uint64_t events_shown = 0;
   for (uint64_t frame = 0; !g_top_stop.load() && (!o.frames || frame < o.frames); ++frame) {
-    double wait_s = o.delay;
     if (rec) {
       if (next >= rec->samples.size()) break;
       // Every sample up to one delay of record time past the first unseen one.
@@ -438,61 +493,21 @@ int top_command(const std::vector<std::string>& args, const Context& ctx, std::s
           rec->samples[next].updated_unix_ns + static_cast<int64_t>(o.delay * 1e9);
       while (next < rec->samples.size() && rec->samples[next].updated_unix_ns <= until)
         view.take(rec->link, rec->samples[next++]);
-      wait_s = o.delay / o.speed;
-    } else {
-      bool any = false;
-      for (const std::string& l : o.links)
-        if (auto s = newest_of(ctx, l)) {
-          view.take(l, *s);
-          any = true;
-        }
-      if (!any && seen) {
-        *why = "top: no engine serves " + o.links[0] +
-               (o.links.size() > 1 ? " or the others" : "") + " any more (it exited)";
-        status = kExitError;
-        break;
-      }
-      seen |= any;
+    } else if (!take_live(view, o, ctx, &seen)) {
+      *why = "top: no engine serves " + o.links[0] + (o.links.size() > 1 ? " or the others" : "") +
+             " any more (it exited)";
+      status = kExitError;
+      break;
     }
     if (tty) terminal_size(&width, &height);
     auto rows = view.rows();
     sort_rows(rows, o.sort);
-    // A terminal shows the last events; a plain frame, which goes to a log, the
-    // new ones.
-    const size_t fresh = std::min<uint64_t>(view.events.size(), view.events_total - events_shown);
-    events_shown = view.events_total;
-    const std::vector<std::string> events(tty ? view.events.begin() : view.events.end() - fresh,
-                                          view.events.end());
     const std::string when = view.now_ns ? clock_text(view.now_ns) : "waiting for the engine";
-    const auto lines = render_top(rows, events, when, o.sort, width, tty ? height : 0, tty);
-    if (tty) {
-      std::string screen = "\x1b[H";
-      for (size_t i = 0; i < lines.size(); ++i)
-        screen += lines[i] + "\x1b[K" + (i + 1 < lines.size() ? "\n" : "");
-      screen += "\x1b[J";
-      std::fputs(screen.c_str(), stdout);
-      std::fflush(stdout);
-    } else {
-      for (const std::string& l : lines) *ctx.out << l << "\n";
-      *ctx.out << "\n";
-      ctx.out->flush();
-    }
+    show(render_top(rows, frame_events(view, tty, &events_shown), when, o.sort, width,
+                    tty ? height : 0, tty),
+         tty, *ctx.out);
     if (rec && next >= rec->samples.size() && !tty) break;
-    // Waits the refresh out, answering keys meanwhile on a terminal.
-    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
-    while (!g_top_stop.load() && std::chrono::steady_clock::now() < until) {
-      if (!tty) {
-        std::this_thread::sleep_for(std::min<std::chrono::duration<double>>(
-            until - std::chrono::steady_clock::now(), std::chrono::milliseconds(50)));
-        continue;
-      }
-      const char k = Terminal::key(50);
-      if (k == 'q' || k == 'Q') g_top_stop.store(true);
-      if (k == 's' || k == 'S') {
-        o.sort = static_cast<TopSort>((static_cast<int>(o.sort) + 1) % kTopSorts);
-        break;
-      }
-    }
+    wait_refresh(rec ? o.delay / o.speed : o.delay, tty, &o.sort);
   }
   term.reset();
   sigaction(SIGINT, &old_int, nullptr);
