@@ -241,6 +241,16 @@ int parse_options(const std::vector<std::string>& args, const Context& ctx, Opti
   return kExitOk;
 }
 
+// An event as a terminal shows it: its time of day (not its date), and "peer" and lane 0 left
+// out, so that most fit 80 columns.
+std::string terminal_event(std::string e) {
+  if (e.size() > 11 && e[4] == '-' && e[10] == 'T') e.erase(0, 11);
+  for (const std::string cut : {std::string(" lane 0x0"), std::string(" peer")}) {
+    if (auto at = e.find(cut); at != std::string::npos) e.erase(at, cut.size());
+  }
+  return e;
+}
+
 }  // namespace
 
 const char* to_string(TopSort s) {
@@ -339,7 +349,7 @@ std::vector<std::string> render_top(const std::vector<PathRow>& rows,
   size_t failed = 0;
   for (const PathRow& r : rows) failed += r.state != 0;
   char line[512];
-  std::snprintf(line, sizeof(line), "metaroce top  %s  %zu paths, %zu not active  sort %s%s",
+  std::snprintf(line, sizeof(line), "top  %s  %zu paths, %zu not active  sort %s%s",
                 when.c_str(), rows.size(), failed, to_string(by), color ? "  q:quit s:sort" : "");
   out.push_back(fit(line, w));
   std::snprintf(line, sizeof(line), " %-*s %4s %2s %5s %-8s %7s %7s %5s %5s %5s %5s",
@@ -376,12 +386,10 @@ std::vector<std::string> render_top(const std::vector<PathRow>& rows,
     if (left >= 2) {
       out.push_back(color ? "\x1b[7m" + fit("EVENTS", w) + "\x1b[0m" : "EVENTS");
       const size_t n = std::min(events.size(), left - 1);
-      // On a terminal an event keeps its time of day (not its date) and is cut
-      // at the edge; plain frames, which go to logs, keep it whole.
+      // On a terminal an event is shortened (terminal_event) and cut at the edge; plain frames,
+      // which go to logs, keep it whole.
       for (size_t i = events.size() - n; i < events.size(); ++i) {
-        const std::string& e = events[i];
-        const bool dated = e.size() > 11 && e[4] == '-' && e[10] == 'T';
-        out.push_back(height > 0 ? fit(dated ? e.substr(11) : e, w) : e);
+        out.push_back(height > 0 ? fit(terminal_event(events[i]), w) : events[i]);
       }
     }
   }
