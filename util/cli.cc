@@ -1702,8 +1702,9 @@ Outcome dispatch(const std::vector<std::string>& args, const Context& ctx) {
 bool check_name(const std::string& name, std::string* err) {
   if (name.empty() || name.size() > kMaxNameLen ||
       !std::all_of(name.begin(), name.end(), is_name_char)) {
-    *err = "bad link name '" + name + "': expected 1.." + std::to_string(kMaxNameLen) +
-           " characters from [A-Za-z0-9_-]";
+    if (err)
+      *err = "bad link name '" + name + "': expected 1.." + std::to_string(kMaxNameLen) +
+             " characters from [A-Za-z0-9_-]";
     return false;
   }
   return true;

@@ -77,7 +77,7 @@ std::optional<std::pair<uint32_t, uint8_t>> parse_address(const std::string& tex
 // Checks `driver[,key=value]*` (optionally `bus:` before the device name) and, when built with
 // DPDK, that a DPDK bus recognises the device. Returns false and *err when not.
 bool check_devargs(const std::string& devargs, std::string* err);
-// Link names: 1..63 characters from [A-Za-z0-9_-].
+// Link names: 1..63 characters from [A-Za-z0-9_-]. err may be null.
 bool check_name(const std::string& name, std::string* err);
 // Kernel interface names: 1..15 characters, no '/', ',', ';' or white space.
 bool check_interface_name(const std::string& name, std::string* err);

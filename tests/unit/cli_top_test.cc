@@ -195,6 +195,13 @@ TEST_F(RecordTest, UnknownLinksAndBadArgumentsChangeNothing) {
   EXPECT_EQ(run({"record", "nosuch"}, ctx_), kExitUsage);
   EXPECT_EQ(run({"record", "nosuch", "-o", out.string(), "--max-size", "-1"}, ctx_), kExitUsage);
   EXPECT_FALSE(fs::exists(out));
+  // A name no link can have is refused by every operator tool (it crashed them: check_name
+  // wrote its reason through a null pointer).
+  for (const char* cmd : {"top", "record", "events", "stat", "capture"}) {
+    const int st = run({cmd, "bad/name", "-o", out.string(), "-w", out.string()}, ctx_);
+    EXPECT_TRUE(st == kExitError || st == kExitUsage) << cmd << " exited " << st;
+  }
+  EXPECT_FALSE(fs::exists(out));
 }
 
 }  // namespace
