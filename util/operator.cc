@@ -53,25 +53,6 @@ std::atomic<bool> g_stop{false};
 
 void on_signal(int) { g_stop.store(true); }
 
-// Stops at SIGINT/SIGTERM (restoring the old handlers when it goes).
-class StopOnSignal {
- public:
-  StopOnSignal() {
-    g_stop.store(false);
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~StopOnSignal() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-
- private:
-  struct sigaction old_int_ {}, old_term_ {};
-};
-
 bool parse_uint(const std::string& s, uint64_t max, uint64_t* out) {
   if (s.empty() || s.size() > 20) return false;
   uint64_t v = 0;
@@ -87,21 +68,6 @@ bool parse_uint(const std::string& s, uint64_t max, uint64_t* out) {
 bool parse_seconds(const std::string& s, double* out) {
   std::istringstream in(s);
   return (in >> *out) && in.eof() && *out > 0 && *out <= 86400;
-}
-
-bool link_exists(const Context& ctx, const std::string& name) {
-  std::string why;
-  return check_name(name, nullptr) &&
-         nic::LinkConfig::load(ctx.sysfs() + "/class/infiniband/" + name + "/" + nic::kConfigFile,
-                               &why)
-             .has_value();
-}
-
-const nic::TelemetrySnapshot* newest(const std::vector<nic::TelemetrySnapshot>& snaps) {
-  const nic::TelemetrySnapshot* s = nullptr;
-  for (const auto& x : snaps)
-    if (!s || x.updated_unix_ns > s->updated_unix_ns) s = &x;
-  return s;
 }
 
 std::string iso_time(int64_t unix_ns) {
@@ -192,7 +158,7 @@ int capture_impl(const std::vector<std::string>& args, const Context& ctx, std::
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   hostif::CaptureReq q = req;
   q.action = hostif::kCaptureQuery;
-  while (!g_stop.load()) {
+  while (!StopOnSignal::requested()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (seconds > 0 && std::chrono::steady_clock::now() >= end) break;
     if (conn.call(hostif::Op::kLinkCapture, q, &resp) != 0) break;
@@ -235,6 +201,36 @@ std::string label(const std::string& v) {
 }
 
 }  // namespace
+
+StopOnSignal::StopOnSignal() {
+  g_stop.store(false);
+  struct sigaction sa = {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, &old_int_);
+  sigaction(SIGTERM, &sa, &old_term_);
+}
+
+StopOnSignal::~StopOnSignal() {
+  sigaction(SIGINT, &old_int_, nullptr);
+  sigaction(SIGTERM, &old_term_, nullptr);
+}
+
+bool StopOnSignal::requested() { return g_stop.load(); }
+
+bool link_exists(const Context& ctx, const std::string& name) {
+  std::string why;
+  return check_name(name, nullptr) &&
+         nic::LinkConfig::load(ctx.sysfs() + "/class/infiniband/" + name + "/" + nic::kConfigFile,
+                               &why)
+             .has_value();
+}
+
+const nic::TelemetrySnapshot* newest(const std::vector<nic::TelemetrySnapshot>& snaps) {
+  const nic::TelemetrySnapshot* s = nullptr;
+  for (const auto& x : snaps)
+    if (!s || x.updated_unix_ns > s->updated_unix_ns) s = &x;
+  return s;
+}
 
 std::string prometheus_text(
     const std::vector<std::pair<std::string, std::vector<nic::TelemetrySnapshot>>>& links) {
@@ -450,7 +446,7 @@ int export_command(const std::vector<std::string>& args, const Context& ctx, std
     return kExitError;
   }
   StopOnSignal stopper;
-  while (!g_stop.load()) {
+  while (!StopOnSignal::requested()) {
     const int s = accept(ls, nullptr, nullptr);
     if (s < 0) continue;  // EINTR at the signal
     timeval tv{2, 0};
@@ -526,7 +522,7 @@ int events_command(const std::vector<std::string>& args, const Context& ctx, std
   StopOnSignal stopper;
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   std::optional<nic::TelemetrySnapshot> last;
-  while (!g_stop.load() && (seconds <= 0 || std::chrono::steady_clock::now() < end)) {
+  while (!StopOnSignal::requested() && (seconds <= 0 || std::chrono::steady_clock::now() < end)) {
     std::string err;
     auto snaps = nic::read_telemetry(ctx.rundir, name, &err);
     const nic::TelemetrySnapshot* now = snaps ? newest(*snaps) : nullptr;

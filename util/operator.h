@@ -4,6 +4,8 @@
 // `events` (a timestamped log of path failures, recoveries, entropy re-picks and RTOs).
 #pragma once
 
+#include <signal.h>
+
 #include <string>
 #include <vector>
 
@@ -16,6 +18,25 @@ namespace metaroce::util {
 int capture_command(const std::vector<std::string>& args, const Context& ctx, std::string* why);
 int export_command(const std::vector<std::string>& args, const Context& ctx, std::string* why);
 int events_command(const std::vector<std::string>& args, const Context& ctx, std::string* why);
+
+// Stops at SIGINT/SIGTERM while it lives: requested() turns true (the old handlers come back
+// when it goes). One at a time.
+class StopOnSignal {
+ public:
+  StopOnSignal();
+  ~StopOnSignal();
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+  static bool requested();
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// Whether ctx's run dir has a link of that name (a valid name with a readable record).
+bool link_exists(const Context& ctx, const std::string& name);
+// The most recently published of a link's snapshots, or null.
+const nic::TelemetrySnapshot* newest(const std::vector<nic::TelemetrySnapshot>& snaps);
 
 // The Prometheus text exposition of the given links' snapshots (exposed for tests).
 std::string prometheus_text(

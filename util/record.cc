@@ -2,15 +2,14 @@
 // Writing and reading records of a link's per-path telemetry (util/record.h).
 #include "util/record.h"
 
-#include <signal.h>
-
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+
+#include "util/operator.h"
 
 namespace metaroce::util {
 namespace {
@@ -33,9 +32,6 @@ constexpr const char* kPathFields[] = {
     "tx_packets", "tx_bytes", "retransmits", "timeouts",   "ecn_ce",  "sack_gaps",
     "failures",   "srtt_ns",  "rto_ns",      "rx_packets", "rx_bytes"};
 constexpr size_t kPathFieldCount = std::size(kPathFields);
-
-std::atomic<bool> g_record_stop{false};
-void on_record_signal(int) { g_record_stop.store(true); }
 
 json path_array(const nic::TelemetryPath& p) {
   return json::array({p.path_id, p.udp_src_port, p.plane, p.state, p.window, p.in_flight,
@@ -206,9 +202,7 @@ int record_command(const std::vector<std::string>& args, const Context& ctx, std
   }
   if (name.empty()) return usage("missing link name");
   if (out_path.empty()) return usage("missing -o FILE");
-  if (!check_name(name, nullptr) ||
-      !nic::LinkConfig::load(ctx.sysfs() + "/class/infiniband/" + name + "/" + nic::kConfigFile,
-                             why)) {
+  if (!link_exists(ctx, name)) {
     *why = "record: no link '" + name + "' in " + ctx.rundir;
     return kExitError;
   }
@@ -217,11 +211,7 @@ int record_command(const std::vector<std::string>& args, const Context& ctx, std
     *why = "record: cannot write '" + out_path + "': " + std::strerror(errno);
     return kExitError;
   }
-  struct sigaction sa = {}, old_int = {}, old_term = {};
-  sa.sa_handler = on_record_signal;
-  g_record_stop.store(false);
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
+  StopOnSignal stopper;
   const auto limit = static_cast<uint64_t>(max_mib * 1024 * 1024);
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   uint64_t written = 0, samples = 0;
@@ -233,13 +223,10 @@ int record_command(const std::vector<std::string>& args, const Context& ctx, std
   written += header.size() + 1;
   int64_t last = 0;
   bool full = false;
-  while (!g_record_stop.load() && (seconds <= 0 || std::chrono::steady_clock::now() < end)) {
+  while (!StopOnSignal::requested() && (seconds <= 0 || std::chrono::steady_clock::now() < end)) {
     std::string err;
     auto snaps = nic::read_telemetry(ctx.rundir, name, &err);
-    const nic::TelemetrySnapshot* s = nullptr;
-    if (snaps)
-      for (const auto& x : *snaps)
-        if (!s || x.updated_unix_ns > s->updated_unix_ns) s = &x;
+    const nic::TelemetrySnapshot* s = snaps ? newest(*snaps) : nullptr;
     if (s && s->updated_unix_ns != last) {
       const std::string line = record_sample(*s);
       if (written + line.size() + 1 > limit) {
@@ -254,8 +241,6 @@ int record_command(const std::vector<std::string>& args, const Context& ctx, std
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
   *ctx.err << "record: " << samples << " snapshots of " << name << ", " << written << " bytes in "
            << out_path << (full ? " (stopped at --max-size)" : "") << "\n";
   if (!out) {

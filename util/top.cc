@@ -4,13 +4,11 @@
 #include "util/top.h"
 
 #include <poll.h>
-#include <signal.h>
 #include <sys/ioctl.h>
 #include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -42,9 +40,6 @@ constexpr const char* kTopHelp =
 
 constexpr int kMinWidth = 80, kMinHeight = 24;
 constexpr size_t kEventsKept = 200;
-
-std::atomic<bool> g_top_stop{false};
-void on_top_signal(int) { g_top_stop.store(true); }
 
 const char* state_short(uint8_t s) {
   switch (s) {
@@ -120,21 +115,12 @@ std::vector<std::string> all_links(const Context& ctx) {
   return out;
 }
 
-bool link_known(const Context& ctx, const std::string& name) {
-  std::string why;
-  return check_name(name, nullptr) &&
-         nic::LinkConfig::load(ctx.sysfs() + "/class/infiniband/" + name + "/" + nic::kConfigFile,
-                               &why)
-             .has_value();
-}
-
 std::optional<nic::TelemetrySnapshot> newest_of(const Context& ctx, const std::string& link) {
   std::string err;
   auto snaps = nic::read_telemetry(ctx.rundir, link, &err);
-  if (!snaps || snaps->empty()) return std::nullopt;
-  return *std::max_element(snaps->begin(), snaps->end(), [](const auto& a, const auto& b) {
-    return a.updated_unix_ns < b.updated_unix_ns;
-  });
+  const nic::TelemetrySnapshot* s = snaps ? newest(*snaps) : nullptr;
+  if (!s) return std::nullopt;
+  return *s;
 }
 
 std::string clock_text(int64_t unix_ns) {
@@ -234,7 +220,7 @@ int parse_options(const std::vector<std::string>& args, const Context& ctx, Opti
   }
   if (!o->replay.empty() && !o->links.empty()) return usage("--replay takes no link names");
   for (const std::string& l : o->links)
-    if (!link_known(ctx, l)) {
+    if (!link_exists(ctx, l)) {
       *why = "top: no link '" + l + "' in " + ctx.rundir;
       return kExitError;
     }
@@ -349,8 +335,8 @@ std::vector<std::string> render_top(const std::vector<PathRow>& rows,
   size_t failed = 0;
   for (const PathRow& r : rows) failed += r.state != 0;
   char line[512];
-  std::snprintf(line, sizeof(line), "top  %s  %zu paths, %zu not active  sort %s%s",
-                when.c_str(), rows.size(), failed, to_string(by), color ? "  q:quit s:sort" : "");
+  std::snprintf(line, sizeof(line), "top  %s  %zu paths, %zu not active  sort %s%s", when.c_str(),
+                rows.size(), failed, to_string(by), color ? "  q:quit s:sort" : "");
   out.push_back(fit(line, w));
   std::snprintf(line, sizeof(line), " %-*s %4s %2s %5s %-8s %7s %7s %5s %5s %5s %5s",
                 static_cast<int>(conn_w), "CONNECTION", "PATH", "PL", "SPORT", "STATE", "MBIT/S",
@@ -414,21 +400,23 @@ void show(const std::vector<std::string>& lines, bool tty, std::ostream& out) {
 }
 
 // Waits the refresh out, answering keys meanwhile on a terminal (s: the next sort, at once).
-void wait_refresh(double secs, bool tty, TopSort* sort) {
+// Returns whether q was pressed.
+bool wait_refresh(double secs, bool tty, TopSort* sort) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(secs);
-  while (!g_top_stop.load() && std::chrono::steady_clock::now() < until) {
+  while (!StopOnSignal::requested() && std::chrono::steady_clock::now() < until) {
     if (!tty) {
       std::this_thread::sleep_for(std::min<std::chrono::duration<double>>(
           until - std::chrono::steady_clock::now(), std::chrono::milliseconds(50)));
       continue;
     }
     const char k = Terminal::key(50);
-    if (k == 'q' || k == 'Q') g_top_stop.store(true);
+    if (k == 'q' || k == 'Q') return true;
     if (k == 's' || k == 'S') {
       *sort = static_cast<TopSort>((static_cast<int>(*sort) + 1) % kTopSorts);
-      return;
+      return false;
     }
   }
+  return false;
 }
 
 // Takes each link's newest snapshot; false once no engine publishes any of them, having done so.
@@ -481,11 +469,7 @@ int top_command(const std::vector<std::string>& args, const Context& ctx, std::s
            " (or run it with its output not on a terminal)";
     return kExitError;
   }
-  struct sigaction sa = {}, old_int = {}, old_term = {};
-  sa.sa_handler = on_top_signal;
-  g_top_stop.store(false);
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
+  StopOnSignal stopper;
   std::optional<Terminal> term;
   if (tty) term.emplace();
   View view;
@@ -493,7 +477,9 @@ int top_command(const std::vector<std::string>& args, const Context& ctx, std::s
   size_t next = 0;  // the replay's next sample
   bool seen = false;
   uint64_t events_shown = 0;
-  for (uint64_t frame = 0; !g_top_stop.load() && (!o.frames || frame < o.frames); ++frame) {
+  bool quit = false;
+  for (uint64_t frame = 0; !quit && !StopOnSignal::requested() && (!o.frames || frame < o.frames);
+       ++frame) {
     if (rec) {
       if (next >= rec->samples.size()) break;
       // Every sample up to one delay of record time past the first unseen one.
@@ -515,11 +501,8 @@ int top_command(const std::vector<std::string>& args, const Context& ctx, std::s
                     tty ? height : 0, tty),
          tty, *ctx.out);
     if (rec && next >= rec->samples.size() && !tty) break;
-    wait_refresh(rec ? o.delay / o.speed : o.delay, tty, &o.sort);
+    quit = wait_refresh(rec ? o.delay / o.speed : o.delay, tty, &o.sort);
   }
-  term.reset();
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
   return status;
 }
 
