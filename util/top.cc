@@ -55,12 +55,6 @@ const char* state_short(uint8_t s) {
   return "?";
 }
 
-std::string ipv4(uint32_t ip) {
-  char b[16];
-  std::snprintf(b, sizeof(b), "%u.%u.%u.%u", ip >> 24, (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
-  return b;
-}
-
 std::string fit(std::string s, size_t width) {
   if (s.size() > width) s.resize(width);
   return s;
@@ -353,7 +347,7 @@ std::vector<std::string> render_top(const std::vector<PathRow>& rows,
   const size_t shown = rows.size() <= room ? rows.size() : (room ? room - 1 : 0);
   for (size_t i = 0; i < shown; ++i) {
     const PathRow& r = rows[i];
-    std::string conn = r.link + ">" + ipv4(r.peer_ip);
+    std::string conn = r.link + ">" + nic::format_ipv4(r.peer_ip);
     if (r.lane) conn += "/" + std::to_string(r.lane);
     char ratio[16] = "-";
     if (r.rtt_ratio > 0) std::snprintf(ratio, sizeof(ratio), "%.1f", r.rtt_ratio);
