@@ -18,6 +18,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "util/operator.h"
 #include "util/record.h"
