@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "datapath/nic/telemetry.h"
 
@@ -32,7 +34,11 @@ std::optional<TelemetrySnapshot> snapshot(const std::string& file) {
   if (map == MAP_FAILED) return std::nullopt;
   const auto* b = static_cast<const TelemetryBlock*>(map);
   std::optional<TelemetrySnapshot> out;
+  // A writer descheduled mid-update (odd sequence) holds readers up for as long as it is off
+  // its core, which on a loaded host outlasts any number of spins: after the first hundred,
+  // each try waits 50 us (up to 45 ms in all) rather than give up on a live engine.
   for (int attempt = 0; attempt < 1000 && !out; ++attempt) {
+    if (attempt >= 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
     const uint64_t before = b->seq.load(std::memory_order_acquire);
     if (before & 1) continue;
     if (b->magic != kTelemetryMagic || b->version != kTelemetryVersion) break;
