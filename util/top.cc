@@ -4,11 +4,13 @@
 #include "util/top.h"
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -33,10 +35,12 @@ constexpr const char* kTopHelp =
     "A live view of every connection's paths on links NAME (all links of the run dir by default):\n"
     "per path its rate, smoothed RTT and RTT against the connection's best path, ECN-marked and\n"
     "retransmitted packets per packet sent, window and state (active, failed, probing,\n"
-    "plane-down), the worst paths marked '*' (and red on a terminal), and the last path events\n"
-    "below. Refreshed every SECONDS (default 1). KEY: rate (default), rtt, ecn, retx, state,\n"
-    "path. On a terminal (80x24 at least): q quits, s changes the sort. Not on a terminal: one\n"
-    "plain frame per refresh, until FRAMES, an interrupt, or the engine going away (exit 1).\n"
+    "plane-dn, or flapped: failed and back since the last refresh), the worst paths marked '*'\n"
+    "(and red on a terminal), and the last path events below. Refreshed every SECONDS (default\n"
+    "1). KEY: rate (default), rtt, ecn, retx, state, path. On a terminal (80x24 at least): q "
+    "quits,\n"
+    "s changes the sort. Not on a terminal: one plain frame per refresh, until FRAMES, an\n"
+    "interrupt, or the engine going away (exit 1).\n"
     "--replay plays a `metaroce record` file, X times as fast as it was recorded (default 1).\n";
 
 constexpr int kMinWidth = 80, kMinHeight = 24;
@@ -289,7 +293,8 @@ std::vector<PathRow> path_rows(const std::string& link, const nic::TelemetrySnap
           r.retx_pct = 100.0 * (p.retransmits - q->retransmits) / pkts;
         }
       }
-      r.worst = p.state != 0 || r.rtt_ratio >= 2 || r.retx_pct >= 1;
+      r.flapped = p.state == 0 && q && p.failures > q->failures;
+      r.worst = p.state != 0 || r.flapped || r.rtt_ratio >= 2 || r.retx_pct >= 1;
       out.push_back(std::move(r));
     }
   }
@@ -308,7 +313,7 @@ void sort_rows(std::vector<PathRow>& rows, TopSort by) {
       case TopSort::kRetx:
         return -r.retx_pct;
       case TopSort::kState:
-        return -static_cast<double>(r.state);
+        return r.flapped ? -0.5 : -static_cast<double>(r.state);
       case TopSort::kPath:
         return 0;
     }
@@ -354,8 +359,8 @@ std::vector<std::string> render_top(const std::vector<PathRow>& rows,
     if (r.rtt_ratio > 0) std::snprintf(ratio, sizeof(ratio), "%.1f", r.rtt_ratio);
     std::snprintf(line, sizeof(line), "%c%-*s %4u %2u %5u %-8s %7.0f %7.1f %5s %5.1f %5.1f %5u",
                   r.worst ? '*' : ' ', static_cast<int>(conn_w), fit(conn, conn_w).c_str(), r.path,
-                  r.plane, r.udp_port, state_short(r.state), r.rate_mbps, r.rtt_us, ratio,
-                  r.ecn_pct, r.retx_pct, r.window);
+                  r.plane, r.udp_port, r.flapped ? "flapped" : state_short(r.state), r.rate_mbps,
+                  r.rtt_us, ratio, r.ecn_pct, r.retx_pct, r.window);
     std::string l = fit(line, w);
     if (color && r.worst) l = "\x1b[1;31m" + l + "\x1b[0m";
     out.push_back(std::move(l));
@@ -415,6 +420,8 @@ bool wait_refresh(double secs, bool tty, TopSort* sort) {
 }
 
 // Takes each link's newest snapshot; false once no engine publishes any of them, having done so.
+// A read that finds nothing while the engine last seen still runs (a block being rewritten, a
+// reader descheduled past its sequence lock's retries) is not its death: the view stays.
 bool take_live(View& view, const Options& o, const Context& ctx, bool* seen) {
   bool any = false;
   for (const std::string& l : o.links)
@@ -422,7 +429,11 @@ bool take_live(View& view, const Options& o, const Context& ctx, bool* seen) {
       view.take(l, *s);
       any = true;
     }
-  if (!any && *seen) return false;
+  if (!any && *seen) {
+    for (const auto& [link, s] : view.last)
+      if (::kill(static_cast<pid_t>(s.pid), 0) == 0 || errno == EPERM) return true;
+    return false;
+  }
   *seen |= any;
   return true;
 }

@@ -28,8 +28,11 @@ struct PathRow {
   double ecn_pct = 0;    // ECN-marked echoes per packet sent, in %
   double retx_pct = 0;   // retransmissions per packet sent, in %
   uint32_t window = 0, in_flight = 0;
-  bool worst = false;  // failed, probing, plane down, RTT >= 2x the best, or >=
-                       // 1 % resent
+  // Active, but failed since the earlier snapshot: a failed path re-picks its port and is often
+  // back before the next refresh, so its state alone would hide the failure ("flapped").
+  bool flapped = false;
+  // Failed, probing, plane down, flapped, RTT >= 2x the best, or >= 1 % resent.
+  bool worst = false;
 };
 
 enum class TopSort { kRate, kRtt, kEcn, kRetx, kState, kPath };

@@ -69,8 +69,11 @@ hold
 # again; on a loaded 2-core host other paths also fail now and then when the engine is starved
 # past their timeout), the failure is in the events below, and the traffic goes on over the
 # paths still active.
-wait_pane failed 30 '$1 == "failed" || $1 == "probing" { f++ } END { exit !(f >= 1) }'
-grep -Eq '^\*fB>.* (failed|probing) ' "$LOGDIR/pane-failed.txt" || fail "a failed path is not marked worst"
+# A failed path re-picks its port and is often back within the refresh: top shows it
+# "flapped" then.
+wait_pane failed 30 '$1 == "failed" || $1 == "probing" || $1 == "flapped" { f++ } END { exit !(f >= 1) }'
+grep -Eq '^\*fB>.* (failed|probing|flapped) ' "$LOGDIR/pane-failed.txt" ||
+  fail "a failed path is not marked worst"
 wait_pane moved 30 '$1 == "active" && $2 > 0 { a++ } END { exit !(a >= 2) }'
 grep -q 'failed (' "$LOGDIR/pane-failed.txt" "$LOGDIR/pane-moved.txt" ||
   fail "the events below do not show the failure"

@@ -69,6 +69,15 @@ TEST(TopRows, RatesComeFromTwoSnapshotsAndTheWorstPathsAreMarked) {
   EXPECT_TRUE(rows[1].worst);  // resends 5 %
   EXPECT_TRUE(rows[2].worst);  // failed
   EXPECT_TRUE(rows[3].worst);  // 4x the best RTT
+  // A path that failed since the earlier snapshot and is active again has flapped: marked.
+  auto c = snapshot(0.6, 2100, false);
+  c.conns[0].paths[0].failures = 1;
+  const auto after = path_rows("mr0", &b, c);
+  EXPECT_TRUE(after[0].flapped);
+  EXPECT_TRUE(after[0].worst);
+  EXPECT_FALSE(after[2].flapped);  // failed before, and its count did not rise since
+  EXPECT_NE(render_top(after, {}, "now", TopSort::kState, 80, 24, false)[2].find(" flapped "),
+            std::string::npos);
   // Without an earlier snapshot there is no rate yet.
   for (const auto& r : path_rows("mr0", nullptr, b)) EXPECT_EQ(r.rate_mbps, 0);
   sort_rows(rows, TopSort::kRtt);
