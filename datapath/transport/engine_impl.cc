@@ -1990,6 +1990,30 @@ bool EngineImpl::suspect(Time now, Connection& c, uint16_t path) {
   return true;
 }
 
+// Whether the silence that makes a path suspect is the whole connection's (§4.1): nothing was
+// acknowledged on any path for the path's RTT, and another busy path has been silent for its own.
+// That is the peer's or the fabric's doing (a peer engine off its CPU, every queue stalled at
+// once), and suspecting the path would fail every busy path in turn, each moving its packets onto
+// the others, all as silent: on this 2-core host a bulk transfer through the emulator failed 7 of
+// its 8 paths at once whenever the emulator's process was descheduled for an RTO. When most
+// active paths are silent so, none is suspected (a dead peer is the QP's retry limit's to find);
+// when only a few are, with others idle, only the packet's first timeout (or a tail probe) is
+// spared, so that busy paths that died together (two packets on one dead core link) still fail
+// over to the idle ones.
+bool EngineImpl::silent_together(const Connection& c, uint16_t path, const TxDesc& d,
+                                 Time now) const {
+  if (now.count() - c.last_progress_ns < srtt_ref(c, c.tx[path])) return false;
+  unsigned silent = 1, active = 0;
+  for (uint16_t q = 0; q < c.tx.size(); ++q) {
+    const TxPath& o = c.tx[q];
+    if (o.state != PathState::kActive) continue;
+    ++active;
+    if (q != path && o.in_flight && now.count() - o.last_progress_ns > srtt_ref(c, o)) ++silent;
+  }
+  if (silent < 2) return false;
+  return 2 * silent > active || d.rto_retries <= 1;
+}
+
 // The QP's retry limit (§4.5): the peer silent on every path for timeout * (retry_cnt + 1)
 // (since the message left or since the connection's last ACK progress, whichever is later),
 // what an InfiniBand requester waits before RETRY_EXC (retry_cnt resends, each after the local
@@ -2091,7 +2115,7 @@ void EngineImpl::tail_probe(Time now, Connection& c) {
     if (d.flags & (detail::kRetxQueued | detail::kRnrWait)) continue;
     ++stats_.tail_probes;
     const bool silent = now.count() - tp.last_progress_ns >= 2 * srtt_ref(c, tp);
-    if (silent && suspect(now, c, p)) {
+    if (silent && !silent_together(c, p, d, now) && suspect(now, c, p)) {
       moved = true;
       continue;
     }
@@ -2208,12 +2232,13 @@ void EngineImpl::expire(Time now, Connection& c, uint16_t path) {
   }
   if (d.rto_retries < kMaxBackoff) ++d.rto_retries;
   // Resent on another path while one is active; the path itself is probed (§4.1).
-  if (suspect(now, c, path)) return;
+  const bool together = silent_together(c, path, d, now);
+  if (!together && suspect(now, c, path)) return;
   // The timer backs off only while the peer is silent: a connection that made progress since
   // this packet last left is losing packets, not talking to a dead peer, and a resend that waits
   // twice as long each time it is unlucky again left an all-to-all at 10 % loss waiting out
   // back-offs of milliseconds (W§6.3). Its retry count grows either way (§4.5).
-  const bool answered = heard_since(c, d.sent_ts, now);
+  const bool answered = !together && heard_since(c, d.sent_ts, now);
   if (!answered && tp.backoff < kMaxBackoff) ++tp.backoff;
   if (!(d.flags & detail::kRetxQueued)) queue_retx(c, idx);
   // A timeout is a loss, not a congestion signal: a bounded quarter off the path (§2.3).

@@ -406,6 +406,7 @@ class EngineImpl final : public Engine {
   // count: a failure (telemetry); false when the path is only retired or its plane went down.
   void fail_path(Time now, Connection& c, uint16_t path, bool count = true);
   bool suspect(Time now, Connection& c, uint16_t path);
+  bool silent_together(const Connection& c, uint16_t path, const TxDesc& d, Time now) const;
   bool out_of_retries(const Connection& c, const TxDesc& d, Time now) const;
   Time stalled_since(Time since) const;
   uint16_t overflow_path(const Connection& c) const;

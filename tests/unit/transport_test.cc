@@ -1932,6 +1932,77 @@ TEST(PathFailure, OneBlackHoledPathOfEightIsDetectedWithinThreeRttsAndRePicked) 
   EXPECT_EQ(n.node[1].host->deliveries.size(), 4u * 16 + 32u * 64);
 }
 
+// The fabric holds every packet for 5 ms (on this host: the emulator's process descheduled; on a
+// real one, a peer engine off its CPU) while a bulk transfer has packets in flight on all 8
+// paths. Their timeouts are the whole connection's silence, not a path's: none is suspected,
+// each is resent in place with back-off, and everything arrives once (congestion.md §4.1).
+// Suspecting them failed 7 of the 8 paths at the first timeouts, each moving its packets onto
+// the others, just as silent, and re-picked 7 ports that were fine.
+TEST(PathFailure, AStallOfEveryPathAtOnceFailsNoPath) {
+  EngineConfig cfg = Fabric::default_config();
+  cfg.num_paths = 8;
+  cfg.num_planes = 1;
+  Fabric f(cfg);
+  f.submit(0, 1, 0, 64 * kMtu);
+  f.run();  // RTT samples on every path
+  for (uint32_t m = 1; m <= 8; ++m) f.submit(0, 1, m, 64 * kMtu);
+  const Time start = f.now;
+  while (f.now < start + 30us) ASSERT_TRUE(f.step());
+  const auto before = path_stats(*f.node[0].e, kIpB);
+  int busy = 0;
+  for (const auto& p : before) busy += p.in_flight > 0;
+  ASSERT_EQ(busy, 8);
+  const Time stall_to = f.now + 5ms;
+  f.extra_delay = [&](const Sent&) { return f.now < stall_to ? stall_to - f.now : Time{0}; };
+  f.run(stall_to + 1s);
+  expect_all_delivered_exactly(f, 0);
+  const EngineStats& st = f.node[0].e->stats();
+  EXPECT_GE(st.timeouts, 8u);  // the stall outlasted every path's RTO
+  EXPECT_EQ(st.paths_suspected, 0u);
+  EXPECT_EQ(st.paths_failed, 0u);
+  EXPECT_EQ(st.failover_resends, 0u);
+  const auto after = path_stats(*f.node[0].e, kIpB);
+  for (size_t p = 0; p < after.size(); ++p) {
+    EXPECT_EQ(after[p].udp_src_port, before[p].udp_src_port) << p;
+  }
+}
+
+// Two one-packet messages on two paths whose link is dead, the other six paths idle: the two
+// silent paths are a few of the connection's, not most of it, so the tail probe and their first
+// timeout resend in place (it might be a stall) but the second timeout suspects them, and both
+// messages get through on the idle paths long before the QP's retries run out. Never suspecting
+// paths that are silent together took 51 ms.
+TEST(PathFailure, TwoBusyPathsDeadTogetherStillFailOverToIdleOnes) {
+  EngineConfig cfg = Fabric::default_config();
+  cfg.num_paths = 8;
+  cfg.num_planes = 1;
+  cfg.tail_redundancy = false;  // its copies on a third path would recover them (§5.2)
+  Fabric f(cfg);
+  f.submit(0, 1, 0, 64 * kMtu);
+  f.run();  // RTT samples on every path
+  const size_t first = f.log.size();
+  std::set<uint16_t> dead;
+  f.fate = [&](const Sent& s) {
+    if (s.from != 0 || !wire::is_data_opcode(s.pkt.base.opcode)) return Fate::kDeliver;
+    // The link of the first two data packets' ports: dead from then on.
+    if (dead.size() < 2 && &s - f.log.data() >= static_cast<ptrdiff_t>(first)) dead.insert(s.sport);
+    return dead.count(s.sport) ? Fate::kDrop : Fate::kDeliver;
+  };
+  const Time start = f.now;
+  f.submit(0, 1, 1, 100);
+  f.submit(0, 1, 2, 100);
+  f.run(start + 1s);
+  ASSERT_EQ(dead.size(), 2u);  // sprayed on two paths
+  EXPECT_TRUE(f.node[0].host.failed.empty());
+  EXPECT_EQ(f.node[0].host.acked.size(), 3u);
+  const EngineStats& st = f.node[0].e->stats();
+  EXPECT_GE(st.timeouts, 2u);
+  EXPECT_GE(st.paths_suspected, 1u);
+  // Spared once: resent after one RTO, suspected at the next (a back-off later), each
+  // timeout far below the QP's budget.
+  EXPECT_LT(f.now - start, 10 * f.cfg.rto_initial);
+}
+
 TEST(PathFailure, CopiesOfPacketsThatHadArrivedAreNotDeliveredTwice) {
   // Path 1's ACKs are black-holed on the way back: its data arrives, the sender hears nothing,
   // declares it failed and resends its packets elsewhere. The receiver already has them.
