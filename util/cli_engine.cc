@@ -3,6 +3,7 @@
 // with the environment that makes libibverbs find the links.
 #include "util/cli_internal.h"
 #include "util/engine_client.h"
+#include "util/json_text.h"
 
 #include <unistd.h>
 
@@ -161,7 +162,7 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
     }
     EngineConnection conn(ctx.rundir);
     if (!conn.ok()) {
-      if (json) *ctx.out << "{\"running\": false}\n";
+      if (json) *ctx.out << json_text(OrderedJson{{"running", false}});
       else *ctx.out << "no engine serves " << ctx.rundir << "\n";
       return json ? ok() : fail("no engine serves " + ctx.rundir);
     }
@@ -180,22 +181,31 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
     }
     std::ostream& o = *ctx.out;
     if (json) {
-      o << "{\"running\": true, \"pid\": " << info->pid << ", \"links\": " << info->links
-        << ", \"cm_ids\": " << info->cm_ids << ", \"datapath_threads\": " << info->datapath_threads
-        << ", \"links_port_wake\": " << info->links_port_wake
-        << ", \"naps\": " << info->naps << ", \"naps_frame\": " << info->naps_frame
-        << ", \"naps_doorbell\": " << info->naps_doorbell << ", \"contexts\": [";
-      for (size_t i = 0; i < sessions.size(); ++i) {
-        const auto& x = sessions[i];
-        o << (i ? ", " : "") << "{\"pid\": " << x.pid << ", \"link\": "
-          << json_string(hostif::get_name(x.link)) << ", \"pds\": " << x.pds << ", \"mrs\": "
-          << x.mrs << ", \"cqs\": " << x.cqs << ", \"srqs\": " << x.srqs << ", \"qps\": "
-          << x.qps << ", \"mrs_shared\": " << x.mrs_shared << ", \"shared_bytes\": "
-          << x.shared_bytes << ", \"direct_accesses\": " << x.direct_accesses
-          << ", \"fallback_accesses\": " << x.fallback_accesses << ", \"memory_syscalls\": "
-          << x.memory_syscalls << "}";
+      OrderedJson contexts = OrderedJson::array();
+      for (const auto& x : sessions) {
+        contexts.push_back(OrderedJson{{"pid", x.pid},
+                                       {"link", hostif::get_name(x.link)},
+                                       {"pds", x.pds},
+                                       {"mrs", x.mrs},
+                                       {"cqs", x.cqs},
+                                       {"srqs", x.srqs},
+                                       {"qps", x.qps},
+                                       {"mrs_shared", x.mrs_shared},
+                                       {"shared_bytes", x.shared_bytes},
+                                       {"direct_accesses", x.direct_accesses},
+                                       {"fallback_accesses", x.fallback_accesses},
+                                       {"memory_syscalls", x.memory_syscalls}});
       }
-      o << "]}\n";
+      o << json_text(OrderedJson{{"running", true},
+                                 {"pid", info->pid},
+                                 {"links", info->links},
+                                 {"cm_ids", info->cm_ids},
+                                 {"datapath_threads", info->datapath_threads},
+                                 {"links_port_wake", info->links_port_wake},
+                                 {"naps", info->naps},
+                                 {"naps_frame", info->naps_frame},
+                                 {"naps_doorbell", info->naps_doorbell},
+                                 {"contexts", std::move(contexts)}});
     } else {
       o << "engine pid " << info->pid << " serves " << ctx.rundir << ": " << info->links
         << " link(s) on " << info->datapath_threads << " datapath thread(s), " << sessions.size()

@@ -33,7 +33,6 @@ bool parse_number(const std::string& s, T lo, T hi, T* out) {
 }
 
 bool is_name_char(char c);
-std::string json_string(const std::string& s);
 
 // --- the link store -------------------------------------------------------------------------
 

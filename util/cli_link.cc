@@ -3,6 +3,7 @@
 // libibverbs discovers a MetaRoCE device on a host without RDMA in the kernel.
 #include "util/cli_internal.h"
 #include "util/engine_client.h"
+#include "util/json_text.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -675,21 +676,24 @@ Outcome link_show(const std::vector<std::string>& args, const Context& ctx) {
 
   std::ostream& o = *ctx.out;
   if (json) {
-    o << "[";
-    for (size_t i = 0; i < shown.size(); ++i) {
-      const auto& l = shown[i];
-      o << (i ? ",\n " : "\n ") << "{\"name\": " << json_string(l.name)
-        << ", \"uverbs\": " << json_string(l.uverbs) << ", \"ip\": " << json_string(nic::format_ipv4(l.ip))
-        << ", \"prefix\": " << unsigned{l.prefix} << ", \"mtu\": " << l.mtu
-        << ", \"paths\": " << l.paths << ", \"planes\": " << l.planes
-        << ", \"udp_port\": " << l.udp_port << ", \"rx_capacity_mbps\": " << l.rx_capacity_mbps
-        << ", \"node_guid\": " << json_string(format_guid(l.node_guid))
-        << ", \"kernel\": " << json_string(l.kernel)
-        << ", \"limits\": " << json_string(nic::format_limits(l.limits))
-        << ", \"process_limits\": " << json_string(nic::format_limits(l.process_limits))
-        << ", \"devargs\": " << json_string(l.devargs) << "}";
+    OrderedJson all = OrderedJson::array();
+    for (const auto& l : shown) {
+      all.push_back(OrderedJson{{"name", l.name},
+                                {"uverbs", l.uverbs},
+                                {"ip", nic::format_ipv4(l.ip)},
+                                {"prefix", unsigned{l.prefix}},
+                                {"mtu", l.mtu},
+                                {"paths", l.paths},
+                                {"planes", l.planes},
+                                {"udp_port", l.udp_port},
+                                {"rx_capacity_mbps", l.rx_capacity_mbps},
+                                {"node_guid", format_guid(l.node_guid)},
+                                {"kernel", l.kernel},
+                                {"limits", nic::format_limits(l.limits)},
+                                {"process_limits", nic::format_limits(l.process_limits)},
+                                {"devargs", l.devargs}});
     }
-    o << (shown.empty() ? "]\n" : "\n]\n");
+    o << json_text(all);
   } else {
     std::vector<std::vector<std::string>> rows = {
         {"NAME", "UVERBS", "ADDRESS", "MTU", "PATHS", "UDP", "DEVARGS"}};

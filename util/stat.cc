@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "datapath/nic/telemetry.h"
+#include "util/json_text.h"
 
 namespace metaroce::util {
 namespace {
@@ -83,6 +84,52 @@ void print_text(std::ostream& o, const std::string& link,
   }
 }
 
+OrderedJson connection_json(const nic::TelemetryConn& c) {
+  OrderedJson streams = OrderedJson::array();
+  for (uint32_t j = 0; j < std::min(c.num_streams, nic::kTelemetryStreams); ++j) {
+    const auto& st = c.streams[j];
+    streams.push_back(OrderedJson{{"qpn", st.qpn},
+                                  {"remote_qpn", st.remote_qpn},
+                                  {"pid", st.pid},
+                                  {"state", unsigned{st.state}},
+                                  {"type", st.type == 1 ? "UD" : "RC"}});
+  }
+  OrderedJson paths = OrderedJson::array();
+  for (uint32_t j = 0; j < c.num_paths; ++j) {
+    const auto& p = c.paths[j];
+    paths.push_back(OrderedJson{{"path", p.path_id},
+                                {"udp_src_port", p.udp_src_port},
+                                {"plane", unsigned{p.plane}},
+                                {"state", path_state(p.state)},
+                                {"tx_packets", p.tx_packets},
+                                {"tx_bytes", p.tx_bytes},
+                                {"retransmits", p.retransmits},
+                                {"timeouts", p.timeouts},
+                                {"sack_gaps", p.sack_gaps},
+                                {"ecn_ce", p.ecn_ce_echoed},
+                                {"failures", p.failures},
+                                {"srtt_ns", p.srtt_ns},
+                                {"window", p.window},
+                                {"in_flight", p.in_flight},
+                                {"rx_packets", p.rx_packets},
+                                {"rx_bytes", p.rx_bytes},
+                                {"duplicates", p.duplicates}});
+  }
+  return OrderedJson{{"peer", nic::format_ipv4(c.peer_ip)},
+                     {"lane", c.lane},
+                     {"plane_mask", c.plane_mask},
+                     {"num_paths", c.num_paths},
+                     {"window", c.window},
+                     {"in_flight", c.in_flight},
+                     {"paths_active", c.paths_active},
+                     {"rate_hint_mbps", c.rate_hint_mbps},
+                     {"rx_rate_mbps", c.rx_rate_mbps},
+                     {"rx_hint_mbps", c.rx_hint_mbps},
+                     {"num_streams", c.num_streams},
+                     {"streams", std::move(streams)},
+                     {"paths", std::move(paths)}};
+}
+
 void print_json(std::ostream& o, const std::string& link,
                 const std::vector<nic::TelemetrySnapshot>& snaps) {
   // One engine publishes the link (a stale block of an engine that died is removed by the
@@ -90,47 +137,23 @@ void print_json(std::ostream& o, const std::string& link,
   const nic::TelemetrySnapshot* s = nullptr;
   for (const auto& x : snaps)
     if (!s || x.updated_unix_ns > s->updated_unix_ns) s = &x;
-  o << "{\"link\": \"" << link << "\"";
   if (!s) {
-    o << ", \"engine_pid\": null, \"counters\": {}, \"connections\": []}\n";
+    o << json_text(OrderedJson{{"link", link},
+                               {"engine_pid", nullptr},
+                               {"counters", OrderedJson::object()},
+                               {"connections", OrderedJson::array()}});
     return;
   }
-  o << ", \"engine_pid\": " << s->pid << ", \"planes\": " << s->planes
-    << ", \"updated_unix_ns\": " << s->updated_unix_ns << ", \"counters\": {";
-  for (size_t i = 0; i < s->counters.size(); ++i)
-    o << (i ? ", " : "") << "\"" << s->counters[i].name << "\": " << s->counters[i].value;
-  o << "}, \"connections\": [";
-  for (size_t i = 0; i < s->conns.size(); ++i) {
-    const auto& c = s->conns[i];
-    o << (i ? ", " : "") << "{\"peer\": \"" << nic::format_ipv4(c.peer_ip)
-      << "\", \"lane\": " << c.lane << ", \"plane_mask\": " << c.plane_mask
-      << ", \"num_paths\": " << c.num_paths << ", \"window\": " << c.window << ", \"in_flight\": " << c.in_flight
-      << ", \"paths_active\": " << c.paths_active << ", \"rate_hint_mbps\": "
-      << c.rate_hint_mbps << ", \"rx_rate_mbps\": " << c.rx_rate_mbps
-      << ", \"rx_hint_mbps\": " << c.rx_hint_mbps << ", \"num_streams\": " << c.num_streams
-      << ", \"streams\": [";
-    for (uint32_t j = 0; j < std::min(c.num_streams, nic::kTelemetryStreams); ++j) {
-      const auto& st = c.streams[j];
-      o << (j ? ", " : "") << "{\"qpn\": " << st.qpn << ", \"remote_qpn\": " << st.remote_qpn
-        << ", \"pid\": " << st.pid << ", \"state\": " << unsigned{st.state}
-        << ", \"type\": \"" << (st.type == 1 ? "UD" : "RC") << "\"}";
-    }
-    o << "], \"paths\": [";
-    for (uint32_t j = 0; j < c.num_paths; ++j) {
-      const auto& p = c.paths[j];
-      o << (j ? ", " : "") << "{\"path\": " << p.path_id << ", \"udp_src_port\": "
-        << p.udp_src_port << ", \"plane\": " << unsigned{p.plane} << ", \"state\": \""
-        << path_state(p.state) << "\", \"tx_packets\": " << p.tx_packets
-        << ", \"tx_bytes\": " << p.tx_bytes << ", \"retransmits\": " << p.retransmits
-        << ", \"timeouts\": " << p.timeouts << ", \"sack_gaps\": " << p.sack_gaps
-        << ", \"ecn_ce\": " << p.ecn_ce_echoed << ", \"failures\": " << p.failures
-        << ", \"srtt_ns\": " << p.srtt_ns << ", \"window\": " << p.window
-        << ", \"in_flight\": " << p.in_flight << ", \"rx_packets\": " << p.rx_packets
-        << ", \"rx_bytes\": " << p.rx_bytes << ", \"duplicates\": " << p.duplicates << "}";
-    }
-    o << "]}";
-  }
-  o << "]}\n";
+  OrderedJson counters = OrderedJson::object();
+  for (const auto& c : s->counters) counters[c.name] = c.value;
+  OrderedJson conns = OrderedJson::array();
+  for (const auto& c : s->conns) conns.push_back(connection_json(c));
+  o << json_text(OrderedJson{{"link", link},
+                             {"engine_pid", s->pid},
+                             {"planes", s->planes},
+                             {"updated_unix_ns", s->updated_unix_ns},
+                             {"counters", std::move(counters)},
+                             {"connections", std::move(conns)}});
 }
 
 }  // namespace

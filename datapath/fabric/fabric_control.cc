@@ -19,6 +19,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 namespace metaroce::fabric {
 namespace {
 
@@ -359,37 +361,52 @@ std::string stats_text(Fabric& fabric, Nanos now) {
 }
 
 std::string stats_json(Fabric& fabric, Nanos now) {
-  std::ostringstream o;
+  using nlohmann::ordered_json;
   const FabricConfig& c = fabric.config();
   const FabricStats& f = fabric.stats();
-  o << "{\"endpoints\": " << c.endpoints << ", \"planes\": " << c.planes
-    << ", \"links_per_plane\": " << c.links_per_plane << ",\n \"fabric\": {\"frames_in\": "
-    << f.frames_in << ", \"delivered\": " << f.delivered << ", \"flooded\": " << f.flooded
-    << ", \"dropped_no_route\": " << f.dropped_no_route << ", \"dropped_no_record\": "
-    << f.dropped_no_record << ", \"dropped_no_buffer\": " << f.dropped_no_buffer
-    << "},\n \"links\": [";
+  ordered_json links = ordered_json::array();
   for (uint32_t i = 0; i < fabric.link_count(); ++i) {
     const LinkStats s = fabric.link_stats(i, now);
     const LinkParams& p = fabric.params(i);
     const LinkId id = fabric.link_id(i);
-    o << (i ? ",\n  " : "\n  ") << "{\"name\": \"" << fabric.link_name(i)
-      << "\", \"plane\": " << id.plane << ", \"kind\": \""
-      << (id.kind == LinkKind::kCore ? "core" : "edge") << "\", \"index\": " << id.index
-      << ", \"up\": " << (p.up ? "true" : "false") << ", \"rate_bps\": " << p.rate_bps
-      << ", \"loss\": " << json_double(p.loss) << ", \"delay_us\": "
-      << std::chrono::duration_cast<std::chrono::microseconds>(p.delay).count()
-      << ", \"reorder\": " << json_double(p.reorder) << ", \"dup\": " << json_double(p.duplicate)
-      << ", \"queue_limit\": " << p.queue_bytes
-      << ", \"ecn_threshold\": " << p.ecn_threshold_bytes << ", \"frames_in\": " << s.frames_in
-      << ", \"bytes_in\": " << s.bytes_in << ", \"frames_out\": " << s.frames_out
-      << ", \"bytes_out\": " << s.bytes_out << ", \"drop_queue\": " << s.drop_queue
-      << ", \"drop_loss\": " << s.drop_loss << ", \"drop_down\": " << s.drop_down
-      << ", \"ce_marked\": " << s.ce_marked << ", \"reordered\": " << s.reordered
-      << ", \"duplicated\": " << s.duplicated << ", \"queue_bytes\": " << s.queue_bytes
-      << ", \"max_queue_bytes\": " << s.max_queue_bytes << "}";
+    links.push_back(ordered_json{
+        {"name", fabric.link_name(i)},
+        {"plane", id.plane},
+        {"kind", id.kind == LinkKind::kCore ? "core" : "edge"},
+        {"index", id.index},
+        {"up", p.up},
+        {"rate_bps", p.rate_bps},
+        {"loss", p.loss},
+        {"delay_us", std::chrono::duration_cast<std::chrono::microseconds>(p.delay).count()},
+        {"reorder", p.reorder},
+        {"dup", p.duplicate},
+        {"queue_limit", p.queue_bytes},
+        {"ecn_threshold", p.ecn_threshold_bytes},
+        {"frames_in", s.frames_in},
+        {"bytes_in", s.bytes_in},
+        {"frames_out", s.frames_out},
+        {"bytes_out", s.bytes_out},
+        {"drop_queue", s.drop_queue},
+        {"drop_loss", s.drop_loss},
+        {"drop_down", s.drop_down},
+        {"ce_marked", s.ce_marked},
+        {"reordered", s.reordered},
+        {"duplicated", s.duplicated},
+        {"queue_bytes", s.queue_bytes},
+        {"max_queue_bytes", s.max_queue_bytes}});
   }
-  o << "\n ]}\n";
-  return o.str();
+  const ordered_json j = {{"endpoints", c.endpoints},
+                          {"planes", c.planes},
+                          {"links_per_plane", c.links_per_plane},
+                          {"fabric",
+                           {{"frames_in", f.frames_in},
+                            {"delivered", f.delivered},
+                            {"flooded", f.flooded},
+                            {"dropped_no_route", f.dropped_no_route},
+                            {"dropped_no_record", f.dropped_no_record},
+                            {"dropped_no_buffer", f.dropped_no_buffer}}},
+                          {"links", std::move(links)}};
+  return j.dump(2) + "\n";
 }
 
 }  // namespace metaroce::fabric

@@ -22,128 +22,16 @@
 #include "datapath/nic/link_config.h"
 #include "util/cli.h"
 
+#include <nlohmann/json.hpp>
+
 namespace metaroce::util {
 namespace {
 
 namespace fs = std::filesystem;
 
-// --- a small JSON reader, enough to prove `link show --json` is well-formed ----------------
-
-struct Json {
-  enum Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = kNull;
-  std::string str;
-  double num = 0;
-  std::vector<Json> items;
-  std::map<std::string, Json> fields;
-};
-
-class JsonReader {
- public:
-  explicit JsonReader(const std::string& s) : s_(s) {}
-  // Whole-text parse: one value and nothing but whitespace after it.
-  bool read(Json* out) {
-    if (!value(out)) return false;
-    ws();
-    return i_ == s_.size();
-  }
-
- private:
-  void ws() {
-    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
-  }
-  bool lit(const char* w) {
-    size_t n = std::strlen(w);
-    if (s_.compare(i_, n, w) != 0) return false;
-    i_ += n;
-    return true;
-  }
-  bool string(std::string* out) {
-    if (i_ >= s_.size() || s_[i_] != '"') return false;
-    ++i_;
-    while (i_ < s_.size() && s_[i_] != '"') {
-      char c = s_[i_++];
-      if (static_cast<unsigned char>(c) < 0x20) return false;
-      if (c == '\\') {
-        if (i_ >= s_.size()) return false;
-        char e = s_[i_++];
-        if (e == 'u') {
-          if (i_ + 4 > s_.size()) return false;
-          c = static_cast<char>(std::stoi(s_.substr(i_, 4), nullptr, 16));
-          i_ += 4;
-        } else if (e == 'n') {
-          c = '\n';
-        } else if (e == '"' || e == '\\' || e == '/') {
-          c = e;
-        } else {
-          return false;
-        }
-      }
-      *out += c;
-    }
-    if (i_ >= s_.size()) return false;
-    ++i_;
-    return true;
-  }
-  bool value(Json* out) {
-    ws();
-    if (i_ >= s_.size()) return false;
-    char c = s_[i_];
-    if (c == '"') {
-      out->kind = Json::kString;
-      return string(&out->str);
-    }
-    if (c == '[') {
-      out->kind = Json::kArray;
-      ++i_;
-      ws();
-      if (i_ < s_.size() && s_[i_] == ']') return ++i_, true;
-      for (;;) {
-        out->items.emplace_back();
-        if (!value(&out->items.back())) return false;
-        ws();
-        if (i_ < s_.size() && s_[i_] == ',') {
-          ++i_;
-          continue;
-        }
-        return i_ < s_.size() && s_[i_++] == ']';
-      }
-    }
-    if (c == '{') {
-      out->kind = Json::kObject;
-      ++i_;
-      ws();
-      if (i_ < s_.size() && s_[i_] == '}') return ++i_, true;
-      for (;;) {
-        ws();
-        std::string key;
-        if (!string(&key)) return false;
-        ws();
-        if (i_ >= s_.size() || s_[i_++] != ':') return false;
-        if (!value(&out->fields[key])) return false;
-        ws();
-        if (i_ < s_.size() && s_[i_] == ',') {
-          ++i_;
-          continue;
-        }
-        return i_ < s_.size() && s_[i_++] == '}';
-      }
-    }
-    if (lit("true") || lit("false")) return out->kind = Json::kBool, true;
-    if (lit("null")) return true;
-    size_t used = 0;
-    try {
-      out->num = std::stod(s_.substr(i_), &used);
-    } catch (...) {
-      return false;
-    }
-    out->kind = Json::kNumber;
-    i_ += used;
-    return used > 0;
-  }
-
-  const std::string& s_;
-  size_t i_ = 0;
-};
+// `--json` output is read with the same JSON library the command writes it with; a parse error
+// (nlohmann::json::parse_error) fails the test that printed it.
+using nlohmann::json;
 
 // --- fixture ------------------------------------------------------------------------------
 
@@ -342,10 +230,9 @@ TEST_F(CliTest, AddRecordsLimitsAndRefusesBadOnes) {
 TEST_F(CliTest, ShowPrintsTableAndParsableJson) {
   if (!can_mknod()) GTEST_SKIP() << "mknod needs root";
   ASSERT_EQ(run({"link", "show", "--json"}), kExitOk);
-  Json empty;
-  ASSERT_TRUE(JsonReader(out_.str()).read(&empty)) << out_.str();
-  EXPECT_EQ(empty.kind, Json::kArray);
-  EXPECT_TRUE(empty.items.empty());
+  const json empty = json::parse(out_.str());
+  EXPECT_TRUE(empty.is_array());
+  EXPECT_TRUE(empty.empty());
 
   ASSERT_EQ(add("mr1", "10.0.0.2/24", {"--mtu", "4200"}), kExitOk) << err_.str();
   ASSERT_EQ(run({"link", "add", "mr0", "--dpdk", "net_memif1,role=client,socket=/tmp/a\"b", "--ip",
@@ -364,30 +251,41 @@ TEST_F(CliTest, ShowPrintsTableAndParsableJson) {
   EXPECT_NE(table.find("4200"), std::string::npos);
 
   ASSERT_EQ(run({"link", "show", "--json"}), kExitOk);
-  Json all;
-  ASSERT_TRUE(JsonReader(out_.str()).read(&all)) << out_.str();
-  ASSERT_EQ(all.kind, Json::kArray);
-  ASSERT_EQ(all.items.size(), 2u);
-  const Json& mr0 = all.items[0];
-  ASSERT_EQ(mr0.kind, Json::kObject);
-  EXPECT_EQ(mr0.fields.at("name").str, "mr0");
-  EXPECT_EQ(mr0.fields.at("devargs").str, "net_memif1,role=client,socket=/tmp/a\"b");
-  EXPECT_EQ(mr0.fields.at("ip").str, "10.0.0.1");
-  EXPECT_EQ(mr0.fields.at("prefix").num, 24);
-  EXPECT_EQ(mr0.fields.at("uverbs").str, "uverbs1");
-  EXPECT_EQ(mr0.fields.at("node_guid").str, "0200:0aff:fe00:0001");
-  EXPECT_EQ(all.items[1].fields.at("mtu").num, 4200);
-  EXPECT_EQ(all.items[1].fields.at("paths").num, nic::kDefaultPaths);
-  EXPECT_EQ(all.items[1].fields.at("udp_port").num, nic::kDefaultUdpPort);
+  const json all = json::parse(out_.str());
+  ASSERT_TRUE(all.is_array());
+  ASSERT_EQ(all.size(), 2u);
+  const json& mr0 = all[0];
+  ASSERT_TRUE(mr0.is_object());
+  EXPECT_EQ(mr0.at("name"), "mr0");
+  EXPECT_EQ(mr0.at("devargs"), "net_memif1,role=client,socket=/tmp/a\"b");
+  EXPECT_EQ(mr0.at("ip"), "10.0.0.1");
+  EXPECT_EQ(mr0.at("prefix"), 24);
+  EXPECT_EQ(mr0.at("uverbs"), "uverbs1");
+  EXPECT_EQ(mr0.at("node_guid"), "0200:0aff:fe00:0001");
+  EXPECT_EQ(all[1].at("mtu"), 4200);
+  EXPECT_EQ(all[1].at("paths"), nic::kDefaultPaths);
+  EXPECT_EQ(all[1].at("udp_port"), nic::kDefaultUdpPort);
 
   ASSERT_EQ(run({"link", "show", "mr1", "--json"}), kExitOk);
-  Json one;
-  ASSERT_TRUE(JsonReader(out_.str()).read(&one)) << out_.str();
-  ASSERT_EQ(one.items.size(), 1u);
-  EXPECT_EQ(one.items[0].fields.at("name").str, "mr1");
+  const json one = json::parse(out_.str());
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].at("name"), "mr1");
 
   EXPECT_EQ(run({"link", "show", "mr9"}), kExitError);
   expect_one_error_line();
+}
+
+TEST_F(CliTest, ShowJsonEscapesWhatJsonMust) {
+  // A socket path is the user's text: quotes and backslashes come back exactly.
+  ASSERT_EQ(run({"link", "add", "mr0", "--dpdk", "net_memif0,role=client,socket=/tmp/q\"\\\\.s",
+                 "--ip", "10.0.0.1/24"}),
+            kExitOk)
+      << err_.str();
+  ASSERT_EQ(run({"link", "show", "--json"}), kExitOk);
+  EXPECT_NE(out_.str().find("socket=/tmp/q\\\"\\\\\\\\.s"), std::string::npos) << out_.str();
+  const json all = json::parse(out_.str());
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].at("devargs"), "net_memif0,role=client,socket=/tmp/q\"\\\\.s");
 }
 
 TEST_F(CliTest, DelRemovesTreeAndRecordButKeepsNode) {
@@ -555,9 +453,7 @@ TEST_F(CliTest, FailureMidwayLeavesNoPartialLink) {
   for (const auto& e : fs::directory_iterator(ctx_.rundir))
     EXPECT_TRUE(e.path().filename() == "sys" || e.path().filename() == ".lock") << e.path();
   ASSERT_EQ(run({"link", "show", "--json"}), kExitOk);
-  Json all;
-  ASSERT_TRUE(JsonReader(out_.str()).read(&all));
-  EXPECT_EQ(all.items.size(), 1u);
+  EXPECT_EQ(json::parse(out_.str()).size(), 1u);
 }
 
 TEST_F(CliTest, EnvPointsAtRunDirAndAtTheProviderOnlyFromTheBuildTree) {

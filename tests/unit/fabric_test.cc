@@ -18,6 +18,8 @@
 #include "datapath/wire/bytes.h"
 #include "datapath/wire/frame.h"
 
+#include <nlohmann/json.hpp>
+
 namespace metaroce::fabric {
 namespace {
 
@@ -556,12 +558,20 @@ TEST(FabricControl, SetChangesOnlyTheNamedLinksAndStatReportsThem) {
   EXPECT_EQ(f.params(*f.link_index({0, LinkKind::kCore, 0})).loss, 0);
   EXPECT_FALSE(stop);
 
-  const std::string json = handle_request(f, "stat json", 0ns, &stop);
-  EXPECT_EQ(json.rfind("ok\n{", 0), 0u);
-  EXPECT_NE(json.find("\"name\": \"p1.core2\""), std::string::npos);
-  EXPECT_NE(json.find("\"loss\": 0.5"), std::string::npos);
-  EXPECT_NE(json.find("\"duplicated\": 0"), std::string::npos);
-  EXPECT_NE(json.find("\"duplicated\": 0"), std::string::npos);
+  const std::string reply = handle_request(f, "stat json", 0ns, &stop);
+  ASSERT_EQ(reply.rfind("ok\n{", 0), 0u);
+  const nlohmann::json stats = nlohmann::json::parse(reply.substr(3));
+  EXPECT_EQ(stats.at("planes"), 2);
+  EXPECT_EQ(stats.at("links").size(), f.link_count());
+  bool found = false;
+  for (const auto& l : stats.at("links")) {
+    if (l.at("name") != "p1.core2") continue;
+    found = true;
+    EXPECT_EQ(l.at("loss"), 0.5);
+    EXPECT_EQ(l.at("kind"), "core");
+    EXPECT_EQ(l.at("duplicated"), 0);
+  }
+  EXPECT_TRUE(found) << reply;
   const std::string text = handle_request(f, "stat", 0ns, &stop);
   EXPECT_NE(text.find("p1.edge1"), std::string::npos);
   EXPECT_EQ(handle_request(f, "stop", 0ns, &stop), "ok\n");
