@@ -2396,7 +2396,11 @@ void EngineImpl::drop_from_work(const Connection& c) {
 
 Time EngineImpl::conn_due(const Connection& c) const {
   Time t = Time::max();
-  for (const TxPath& tp : c.tx) {
+  // Only a path with packets on it (so the connection has records) or one out of service (a
+  // probe's timer) has a deadline: an idle connection with every path active skips the scan.
+  const std::span<const TxPath> paths =
+      c.in_flight || c.failed_paths ? std::span<const TxPath>(c.tx) : std::span<const TxPath>();
+  for (const TxPath& tp : paths) {
     if (tp.state == PathState::kProbing) {
       t = std::min(t, tp.deadline);
       continue;

@@ -29,15 +29,17 @@ uint16_t fold(uint32_t sum) {
 
 // The ones' complement sum of a 20-byte IPv4 header, in the host's byte order: the sum does not
 // depend on the order its 16-bit words are read in, only the result's bytes swap (RFC 1071 §2),
-// so five native 32-bit loads do what ten big-endian 16-bit ones would (every packet has one).
+// so two native 64-bit loads and a 32-bit one do what ten big-endian 16-bit ones would (every
+// packet has one), with the carry out of the 64-bit add added back in (end-around carry).
 uint16_t ip_header_sum_native(const uint8_t* ip) {
-  uint64_t sum = 0;
-  for (int i = 0; i < 5; ++i) {
-    uint32_t w;
-    std::memcpy(&w, ip + 4 * i, 4);
-    sum += w;
-  }
-  sum = (sum & 0xffffffff) + (sum >> 32);
+  uint64_t a, b;
+  uint32_t c;
+  std::memcpy(&a, ip, 8);
+  std::memcpy(&b, ip + 8, 8);
+  std::memcpy(&c, ip + 16, 4);
+  uint64_t sum = a + b;
+  sum += sum < a;  // cannot wrap: a sum that carried is at most 2^64 - 2
+  sum = (sum & 0xffffffff) + (sum >> 32) + c;
   sum = (sum & 0xffffffff) + (sum >> 32);
   return fold(static_cast<uint32_t>((sum & 0xffff) + (sum >> 16)));
 }
