@@ -4,7 +4,9 @@
 # and the same run: unmodified ib_write_bw 64 KiB and ib_write_lat 2 B between two devices of
 # each kind over one veth pair, alternated REPS times (tests/kernel/guest/bench.sh); MetaRoCE
 # once per engine idle policy of SPINS. Ratios are what counts: the guest runs under TCG (about
-# ten times slower than the host) on a shared machine.
+# ten times slower than the host) on a shared machine. A policy of SPINS may name the datapath
+# threads' nice value too: adaptive@0 is the adaptive engine with them at nice 0 (its default
+# is -10).
 #   bench/kernel_guest.sh BUILD_DIR [OUT_DIR]     (default bench/results)
 #   KG_MTU=9000 KG_DUR=5 KG_LATN=5000 KG_REPS=3 KG_SPINS=adaptive,always SMP=2
 # KG_PROFILE=1 profiles instead (tests/kernel/guest/profile.sh; needs linux-perf): where the CPU
@@ -36,7 +38,7 @@ grep -E '^(BENCH|host:)' "$log" || { tail -30 "$log"; echo "kernel_guest.sh: no 
 import json, re, statistics, sys
 text = open(sys.argv[1], errors="replace").read()
 runs = {}
-for kind, test, rest in re.findall(r"^BENCH (rxe|mr-\w+) (wbw64k|wlat2) (.*)$", text, re.M):
+for kind, test, rest in re.findall(r"^BENCH (rxe|mr-[\w@-]+) (wbw64k|wlat2) (.*)$", text, re.M):
     f = rest.split()
     if f[0] in ("FAILED", "UNCALIBRATED"):
         continue

@@ -29,14 +29,15 @@ namespace {
 
 constexpr const char* kEngineHelp =
     "Usage: metaroce engine start [--cores LIST] [--datapath-threads N] [--spin adaptive|always]\n"
-    "                             [--spin-us N] [--stall-us N]\n"
+    "                             [--spin-us N] [--stall-us N] [--nice N]\n"
     "       metaroce engine stop\n"
     "       metaroce engine status [--json]\n"
     "\n"
     "The engine (metaroced) owns the ports of every link of the run dir and serves them to every\n"
     "process on the host. `start` runs one in the background unless one already serves the run\n"
     "dir (the options go to metaroced: --cores pins its datapath threads, one per core,\n"
-    "--datapath-threads divides the links among N threads, --spin always never sleeps);\n"
+    "--datapath-threads divides the links among N threads, --spin always never sleeps, --nice\n"
+    "sets the datapath threads' nice value, -10 by default);\n"
     "`link add` does it too. `stop` closes every link's ports (applications get\n"
     "IBV_EVENT_DEVICE_FATAL); the links stay recorded and a new engine opens them again.\n"
     "`status` lists the contexts it serves: process, link, objects held.\n";
@@ -125,7 +126,7 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
         return ok();
       }
       if (a != "--cores" && a != "--spin" && a != "--spin-us" && a != "--stall-us" &&
-          a != "--datapath-threads")
+          a != "--datapath-threads" && a != "--nice")
         return usage("engine start: unknown option '" + a + "'");
       if (i + 1 >= rest.size()) return usage("engine start: option " + a + " needs a value");
       extra.push_back(a);
@@ -205,10 +206,12 @@ Outcome engine_command(const std::vector<std::string>& args, const Context& ctx)
                                  {"naps", info->naps},
                                  {"naps_frame", info->naps_frame},
                                  {"naps_doorbell", info->naps_doorbell},
+                                 {"datapath_nice", info->datapath_nice},
                                  {"contexts", std::move(contexts)}});
     } else {
       o << "engine pid " << info->pid << " serves " << ctx.rundir << ": " << info->links
-        << " link(s) on " << info->datapath_threads << " datapath thread(s), " << sessions.size()
+        << " link(s) on " << info->datapath_threads << " datapath thread(s) at nice "
+        << info->datapath_nice << ", " << sessions.size()
         << " context(s), " << info->cm_ids << " CM id(s)\n"
         << "  naps " << info->naps << " (" << info->naps_frame << " ended by a frame, "
         << info->naps_doorbell << " by a doorbell); " << info->links_port_wake << " of "

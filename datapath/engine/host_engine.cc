@@ -14,6 +14,7 @@
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -582,6 +583,19 @@ void HostEngine::pin(const Datapath& dp) {
     log("cannot pin datapath thread %u to the given cores", dp.index);
 }
 
+// The nice value the options ask of the datapath threads (EngineOptions::nice); each thread
+// sets its own, and thread 0 says what it got.
+void HostEngine::set_priority(const Datapath& dp) {
+  const auto tid = static_cast<id_t>(gettid());
+  if (setpriority(PRIO_PROCESS, tid, opt_.nice) != 0 && dp.index == 0) {
+    const int e = errno;
+    log("datapath threads stay at nice %d: nice %d needs CAP_SYS_NICE (%s)",
+        getpriority(PRIO_PROCESS, tid), opt_.nice, std::strerror(e));
+  }
+  if (dp.index == 0)
+    datapath_nice_.store(getpriority(PRIO_PROCESS, tid), std::memory_order_relaxed);
+}
+
 // One pass over the thread's links; whether any had work.
 bool HostEngine::pass(Datapath& dp, Time t, bool timers, uint64_t stalls) {
   bool work = false;
@@ -607,6 +621,7 @@ void HostEngine::datapath_main(Datapath& dp) {
   prctl(PR_SET_NAME, name.c_str(), 0, 0, 0);
   prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);  // short naps stay short
   pin(dp);
+  set_priority(dp);
   cpu_set_t mine;
   CPU_ZERO(&mine);
   const int cpus = sched_getaffinity(0, sizeof(mine), &mine) == 0 ? CPU_COUNT(&mine) : 1;
@@ -1089,6 +1104,7 @@ void HostEngine::admin(Session& s, const Message& req, Message* resp) {
       info.naps = naps_.load(std::memory_order_relaxed);
       info.naps_frame = naps_frame_.load(std::memory_order_relaxed);
       info.naps_doorbell = naps_doorbell_.load(std::memory_order_relaxed);
+      info.datapath_nice = datapath_nice_.load(std::memory_order_relaxed);
       r.set(info);
       break;
     }

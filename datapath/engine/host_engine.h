@@ -46,11 +46,17 @@ enum class SpinPolicy : uint8_t {
 using PortOpener = std::function<std::vector<std::unique_ptr<io::Port>>(const nic::LinkConfig&,
                                                                          std::string* why)>;
 
+
 struct EngineOptions {
   std::string rundir;             // links are <rundir>/sys/class/infiniband/*/metaroce.conf
   std::vector<int> cores;         // CPUs of the datapath threads (one each); empty: anywhere
   SpinPolicy spin = SpinPolicy::kAdaptive;
   transport::Time spin_before_sleep = std::chrono::microseconds(20);
+  // Nice value of the datapath threads (-20..19): ahead of the applications, so that a thread
+  // woken by a frame or a doorbell preempts one spinning on the only CPUs there are, as a NIC's
+  // interrupt would (docs/design.md, "Datapath threads run first"). Below the engine's own
+  // value needs CAP_SYS_NICE; without it they stay as they are.
+  int nice = -10;
   // A pass later than this after the previous one is a stall of the engine's own (descheduled,
   // a long command, a paused VM): timers wait while it catches up (datapath_main). 0: never.
   transport::Time stall = std::chrono::microseconds(250);
@@ -128,6 +134,7 @@ class HostEngine {
   bool make_datapaths(std::string* why);
   void datapath_main(Datapath& dp);
   void pin(const Datapath& dp);
+  void set_priority(const Datapath& dp);
   bool pass(Datapath& dp, transport::Time t, bool timers, uint64_t stalls);
   transport::Time idle_wait(Datapath& dp, transport::Time now, transport::Time idle_for);
   void note_wake(pollfd* fds, nfds_t nfds);
@@ -219,6 +226,7 @@ class HostEngine {
   std::atomic<bool> datapath_running_{false};
   // Naps of the datapath thread, and those a frame on a port or the doorbell ended (note_wake).
   std::atomic<uint64_t> naps_{0}, naps_frame_{0}, naps_doorbell_{0};
+  std::atomic<int> datapath_nice_{0};  // what thread 0 runs at (set_priority)
   std::atomic<bool> stop_{false};
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;

@@ -25,7 +25,8 @@ using metaroce::engine::SpinPolicy;
 
 constexpr const char* kUsage =
     "Usage: metaroced [--rundir DIR] [--cores LIST] [--datapath-threads N]\n"
-    "                 [--spin adaptive|always] [--spin-us N] [--stall-us N] [--hugepages]\n"
+    "                 [--spin adaptive|always] [--spin-us N] [--stall-us N] [--nice N]\n"
+    "                 [--hugepages]\n"
     "                 [--kernel-devices serve|ignore] [--daemon [--log FILE]]\n"
     "\n"
     "The MetaRoCE engine: serves every link recorded in DIR (default $METAROCE_RUNDIR or\n"
@@ -33,10 +34,12 @@ constexpr const char* kUsage =
     "one per four CPUs it may run on (at least 1, at most 8), one per core of --cores (which pins\n"
     "each to its core, e.g. 1 or 2-3), or --datapath-threads N (1..8). --spin always never\n"
     "sleeps (lowest latency, a whole core per thread), adaptive (default) spins\n"
-    "--spin-us microseconds (20) after the last work and then naps. After a pass that came\n"
-    "more than --stall-us microseconds (250; 0: never) after the one before, the transport's\n"
-    "timers wait until what arrived meanwhile is read (16 passes at most), and the QPs' retry\n"
-    "limits do not count that time as the peers' silence. --kernel-devices serve (default for\n"
+    "--spin-us microseconds (20) after the last work and then naps. The datapath threads run at\n"
+    "nice -10 (--nice N, -20..19, sets another) so that one woken by a frame runs before a\n"
+    "spinning application. After a pass that came more than --stall-us microseconds (250; 0:\n"
+    "never) after the one before, the transport's timers wait until what arrived meanwhile is\n"
+    "read (16 passes at most), and the QPs' retry limits do not count that time as the peers'\n"
+    "silence. --kernel-devices serve (default for\n"
     "/run/metaroce, where the metaroce_ib module is loaded) serves the devices\n"
     "`rdma link add NAME type metaroce netdev IF` creates. --daemon detaches once the engine\n"
     "serves, logging to FILE (default DIR/engine.log).\n";
@@ -153,6 +156,15 @@ int main(int argc, char** argv) {
         return 2;
       }
       (a == "--spin-us" ? opt.spin_before_sleep : opt.stall) = std::chrono::microseconds(us);
+    } else if (a == "--nice") {
+      const std::string v = value("--nice");
+      char* e = nullptr;
+      const long n = std::strtol(v.c_str(), &e, 10);
+      if (e == v.c_str() || *e || n < -20 || n > 19) {
+        std::fprintf(stderr, "metaroced: bad --nice '%s': expected -20..19\n", v.c_str());
+        return 2;
+      }
+      opt.nice = static_cast<int>(n);
     } else if (a == "--hugepages") {
       opt.hugepages = true;
     } else if (a == "--kernel-devices") {

@@ -491,6 +491,8 @@ struct EngineInfoResp {
   uint32_t links_port_wake = 0;
   uint32_t datapath_threads = 0;  // the links are divided among them
   uint64_t naps = 0, naps_frame = 0, naps_doorbell = 0;
+  int32_t datapath_nice = 0;  // the nice value the datapath threads run at
+  uint32_t reserved = 0;
 };
 struct SessionInfoReq {
   uint32_t index = 0;

@@ -38,6 +38,11 @@ expect 1 "$M" engine start --datapath-threads 9
 err=$("$M" engine start --datapath-threads 0 2>&1) && fail "engine start --datapath-threads 0 succeeded"
 [[ $err == *"bad --datapath-threads '0': expected 1..8"* ]] ||
   fail "engine start --datapath-threads 0 gave no reason: $err"
+for bad in -21 20 x ""; do
+  err=$("$M" engine start --nice "$bad" 2>&1) && fail "engine start --nice '$bad' succeeded"
+  [[ $err == *"bad --nice '$bad': expected -20..19"* ]] ||
+    fail "engine start --nice '$bad' gave no reason: $err"
+done
 "$M" engine status >/dev/null 2>&1 && fail "an engine started with a bad option"
 
 sock=metaroce-cli-$$

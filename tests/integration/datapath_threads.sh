@@ -27,6 +27,24 @@ for pair in "mrA mrB" "mrC mrD"; do
     fail "$1 and $2 are served by the same thread ($(thread_of "$1"))"
 done
 
+# The datapath threads' nice values, one line each (a woken thread preempts a spinning
+# application only if it runs before it: -10 by default where CAP_SYS_NICE allows; otherwise
+# what the engine inherited).
+dp_nices() {
+  local pid t
+  pid=$("$METAROCE" engine status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+  for t in /proc/"$pid"/task/*; do
+    [[ $(cat "$t/comm") == metaroce-dp* ]] && awk '{print $19}' "$t/stat"
+  done
+}
+status_nice() { "$METAROCE" engine status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["datapath_nice"])'; }
+own=$(nice)
+want=$own
+[ "$(id -u)" = 0 ] && want=-10
+[ "$(dp_nices | sort -u)" = "$want" ] && [ "$(dp_nices | wc -l)" = 3 ] ||
+  fail "datapath threads at nice $(dp_nices | tr '\n' ' '), expected 3 at $want"
+[ "$(status_nice)" = "$want" ] || fail "engine status says nice $(status_nice), expected $want"
+
 # Bulk on one pair, a checked ping-pong on the other, commands throughout.
 timeout 60 ib_write_bw -d mrA -x 0 -p 18770 -s 65536 -D 6 >"$LOGDIR/bw.server" 2>&1 &
 bw_server=$!
@@ -72,4 +90,13 @@ run_pair after_kill 18773 60 -- ibv_rc_pingpong -g 0 -d mrD -p 18773 -c -n 200 \
 "$METAROCE" engine stop
 grep -q "metaroced: stopped" "$METAROCE_RUNDIR/engine.log" ||
   fail "the engine did not stop cleanly: $(tail -n 5 "$METAROCE_RUNDIR/engine.log")"
+
+# Spinning always, the same; --nice sets another (a higher one needs no privilege).
+"$METAROCE" engine start --datapath-threads 2 --spin always
+[ "$(dp_nices | sort -u)" = "$want" ] || fail "--spin always threads at nice $(dp_nices | tr '\n' ' '), expected $want"
+"$METAROCE" engine stop
+"$METAROCE" engine start --datapath-threads 2 --spin always --nice 5
+[ "$(dp_nices | sort -u)" = 5 ] && [ "$(status_nice)" = 5 ] ||
+  fail "--nice 5 threads at nice $(dp_nices | tr '\n' ' ') (status $(status_nice))"
+"$METAROCE" engine stop
 echo "OK: 3 datapath threads carried bulk and a checked ping-pong under commands and a kill"

@@ -15,12 +15,16 @@ SPINS=$(arg kg.spins adaptive,always | tr ',' ' ')
 export METAROCE_RUNDIR=/run/metaroce
 setup_veth
 insmod "/lib/modules/$K/extra/metaroce_ib.ko"
+# engine POLICY[@NICE]: a fresh engine, e.g. adaptive@0 for adaptive with its threads at nice 0.
 engine() {
+  local nice=""
+  case "$1" in *@*) nice="--nice ${1#*@}" ;; esac
   metaroce engine stop > /dev/null 2>&1
-  metaroce engine start --spin "$1" > /dev/null || { echo "BENCH engine --spin $1 FAILED"; return 1; }
+  metaroce engine start --spin "${1%@*}" $nice > /dev/null || { echo "BENCH engine $1 FAILED"; return 1; }
   wait_port mr0 ACTIVE && wait_port mr1 ACTIVE
 }
-metaroce engine start --spin "${SPINS%% *}"
+first=${SPINS%% *}
+metaroce engine start --spin "${first%@*}"
 rxe_beside
 echo "BENCH config mtu=$MTU dur=$DUR latn=$LATN reps=$REPS spins=$(echo $SPINS | tr ' ' ',') cpus=$(nproc)"
 for d in mr0 rxe0; do
