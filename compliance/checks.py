@@ -1193,14 +1193,33 @@ def failover(ctx):
     the others. The IUT declares it failed (C§4.1) and resends its packets on other paths as
     failover copies: kFlagFailoverCopy, the silent path's id in the flag bits, orig_seq its
     sequence there, same bytes (C§4.2, W§2.2), never on the silent path again while it is
-    failed; it probes the path with PROBEs (32 bytes, path_seq its next sequence) from new
+    failed (a redundant copy of one of its packets, C§5.2, says only that the packet was resent
+    on the path, still in service); it probes the path with PROBEs (32 bytes, path_seq its next sequence) from new
     random source ports in [49152, 65535] (C§4.4, W§2.5). The WRITE completes with every byte
     right. Once the tester answers a probe (an ACK echoing it, from the probe's port), the path
     returns to service and carries data again from the probe's port (C§4.4, W§3.3)."""
-    s = "C§4.1 C§4.2 C§4.4"
     ip = ctx.new_ip()
-    dead = {}
-    orig = {}                    # (msn, offset) -> seq on the dead path
+    dead = {}                    # the silent path: its id, first port, first packet's time, msn
+    # Every probe's port, in order, from the first write to the end: a probe can leave between
+    # the phases' two receivers, and the path may come back under its port (W§3.3).
+    probe_ports = []
+
+    def watch(f, t):
+        if f.dst_ip == ip and f.mrh.opcode == w.PROBE and f.mrh.path_id == dead.get("path"):
+            probe_ports.append(f.sport)
+    ctx.port.handlers.append(watch)
+    try:
+        failover_phases(ctx, ip, dead, probe_ports)
+    finally:
+        ctx.port.handlers.remove(watch)
+
+
+def failover_phases(ctx, ip, dead, probe_ports):
+    s = "C§4.1 C§4.2 C§4.4"
+    # (msn, offset) -> its sequences on the dead path: before failing, the path may carry a
+    # packet more than once (a resend in place keeps its sequence; a redundant or failover
+    # copy of another path's packet takes a new one, C§5.2).
+    orig = {}
 
     def drop(f):
         m = f.mrh
@@ -1213,7 +1232,7 @@ def failover(ctx):
             dead["msn"] = m.msn
         if m.path_id == dead["path"] and not dead.get("answered"):
             if m.is_data():
-                orig.setdefault((m.msn, m.offset), m.path_seq)
+                orig.setdefault((m.msn, m.offset), set()).add(m.path_seq)
             return True
         return False
     rx = Receiver(ctx.port, ip, drop)
@@ -1238,19 +1257,29 @@ def failover(ctx):
     for t, f in copies:
         m = f.mrh
         expect(m.path_id != p, f"a failover copy on the failed path itself: {m!r}", "C§4.2")
-        want = orig.get((m.msn, m.offset))
-        expect(want is not None and m.orig_seq == want,
-               f"copy {m!r}: orig_seq {m.orig_seq}, the packet was sequence {want} on path {p}",
+        want = orig.get((m.msn, m.offset), set())
+        expect(m.orig_seq in want,
+               f"copy {m!r}: orig_seq {m.orig_seq}, the packet was sequence {sorted(want)} on "
+               f"path {p}",
                "C§4.2 W§2.2")
         expect(m.payload == data[m.offset:m.offset + len(m.payload)], "a copy's bytes differ", "C§4.2")
+    # A redundant copy (C§5.2, kFlagRedundant) of a path's packet says only that the packet was
+    # resent on its own path, which is still in service; the first failover copy proper says
+    # the path has failed.
+    moved = [(t, f) for t, f in copies if not f.mrh.flags & w.F_REDUNDANT]
+    expect(moved, f"only redundant copies of path {p}'s packets ({len(copies)}): it never failed "
+           f"over", "C§4.1 C§4.2")
     after_fail = [f for t, f, fate in rx.arrivals if f.mrh.is_data() and f.mrh.path_id == p and
-                  t > copies[0][0] and f.sport == dead["sport"]]
+                  t > moved[0][0] and f.sport == dead["sport"]]
     expect(not after_fail, f"data on the failed path after its copies left: "
-           f"{after_fail[0].mrh if after_fail else ''!r}", "C§4.1 C§4.2")
+           f"{after_fail[0].mrh if after_fail else ''!r} (first copy: {moved[0][1].mrh!r})",
+           "C§4.1 C§4.2")
     probes = [(t, f) for t, f, fate in rx.arrivals if fate == "probe" and f.mrh.path_id == p]
     expect(probes, f"path {p} was never probed", "C§4.4")
-    ctx.note(f"path {p}: first copy {1e3 * (copies[0][0] - dead['t']):.1f} ms after its first "
-             f"packet, first probe {1e3 * (probes[0][0] - dead['t']):.1f} ms; {len(copies)} copies, "
+    early = sum(1 for t, f in copies if t < moved[0][0])
+    ctx.note(f"path {p}: first failover copy {1e3 * (moved[0][0] - dead['t']):.1f} ms after its "
+             f"first packet, first probe {1e3 * (probes[0][0] - dead['t']):.1f} ms; {len(copies)} "
+             f"copies ({len(copies) - len(moved)} redundant, {early} before it failed), "
              f"{len(probes)} probes")
     ports = set()
     for t, f in probes:
@@ -1260,7 +1289,7 @@ def failover(ctx):
                f"{dead['sport']})", "C§4.4 W§3.3")
         expect(len(f.udp_payload) == 32, f"PROBE of {len(f.udp_payload)} bytes", "W§2.5")
         ports.add(f.sport)
-    nxt = max(orig.values()) + 1 if orig else 0
+    nxt = max(max(v) for v in orig.values()) + 1 if orig else 0
     expect(probes[-1][1].mrh.path_seq == nxt,
            f"PROBE path_seq {probes[-1][1].mrh.path_seq}: the path's next sequence is {nxt}", "W§2.5")
     # Answer the newest probe: an ACK on the path, echoing it, from its port; the path returns.
@@ -1284,8 +1313,6 @@ def failover(ctx):
     expect(back, f"path {p} carried no data after its probe was answered", "C§4.4")
     # The path keeps the port it was probed under (W§3.3): the answered probe's, or a later
     # probe's if one left before the answer arrived.
-    later = [f.sport for t, f, fate in rx.arrivals if fate.startswith("probe") and f.mrh.path_id == p]
-    probe_ports = [f.sport for _, f in probes] + later
     expect(all(f.sport in probe_ports[probe_ports.index(pf.sport):] for f in back),
            f"path {p} back in service from port {back[0].sport}: not a port it was probed under "
            f"since the answered probe ({probe_ports}; its port before failing: {dead['sport']})",
