@@ -157,9 +157,11 @@ class HostEngine {
   void accept_one();
   // One request of s and its answer; false when the session is to be dropped.
   bool handle(Session& s);
-  // The answer to one request of s (NIC operations run on the datapath thread). An operation
-  // that keeps a descriptor of the request sets its entry to -1; the rest are closed after.
+  // The answer to one object request of s (serve.h: a handler per operation, NIC operations
+  // run on the datapath thread). An operation that keeps a descriptor of the request sets its
+  // entry to -1; the rest are closed after.
   void serve(Session& s, hostif::Message& req, hostif::Message* resp);
+  friend class Server;
   // ENOMEM when one more object of `kind` (-1: none) or `ring_bytes` more ring memory would take
   // the process over its share of the link, or the link over its ring memory; else 0.
   int room(const Session& s, int kind, size_t ring_bytes) const;
@@ -176,10 +178,6 @@ class HostEngine {
   void adopt(const KernelNotice& n);
   // A kernel-backed link's device went away: the link and its record go too.
   void kernel_device_gone(int fd);
-  // kRegMr / kDeregMr of a kernel context: the region's pages mapped through the module.
-  int reg_kernel_mr(Session& s, const hostif::RegMrReq& b, hostif::RegMrResp* m);
-  // kMapPages: pieces of a region of s that it may reach in the memfd fd.
-  int map_pages(Session& s, const hostif::MapPagesReq& b, int fd);
   // The RDMA CM (docs/spec/cm.md): a channel's first message, its commands, and what the
   // links' NICs received or could not deliver for it.
   void cm_open(Session& s, hostif::Message& req, hostif::Message* resp);
