@@ -43,7 +43,6 @@ using transport::Time;
 namespace {
 
 constexpr Time kMinNap = std::chrono::microseconds(5);
-constexpr size_t kMaxWaitFds = 32;  // ports' receive descriptors one nap waits on
 constexpr Time kPublishEvery = std::chrono::milliseconds(100);  // `metaroce stat` refresh
 // Connections the transport looks at for idleness at each publication: 2,560 a second, so a
 // host that talked to 8,192 peers once forgets them within ~3 s of their conn_idle.
@@ -276,6 +275,13 @@ bool HostEngine::start(std::string* why) {
 void HostEngine::wait() {
   std::unique_lock lock(stop_mu_);
   stop_cv_.wait(lock, [&] { return stop_.load(); });
+}
+
+void HostEngine::request_stop(const std::string& why) {
+  log("%s", why.c_str());
+  std::lock_guard lock(stop_mu_);
+  stop_.store(true);
+  stop_cv_.notify_all();
 }
 
 void HostEngine::stop() {
@@ -755,10 +761,7 @@ void HostEngine::control_main() {
     if (n == 0 && !run_dir_intact()) {
       // Nobody can reach an engine whose socket is gone (its run dir was removed, or another
       // engine took it over): it would only hold its ports and spin.
-      log("%s is gone: stopping", socket_path_.c_str());
-      std::lock_guard lock(stop_mu_);
-      stop_.store(true);
-      stop_cv_.notify_all();
+      request_stop(socket_path_ + " is gone: stopping");
       break;
     }
     // Descriptors close only after the whole batch: a number reused within it would be wrong.
@@ -988,160 +991,6 @@ void HostEngine::hello(Session& s, Message& req, Message* resp) {
   r.set(h);
   // The kernel duplicates them into the driver (closed here after sending); ours stay ours.
   r.fds = {dup(link->dp->doorbell_fd), dup(status_.fd())};
-  *resp = std::move(r);
-}
-
-void HostEngine::admin(Session& s, const Message& req, Message* resp) {
-  if (s.uid() != 0 && s.uid() != geteuid()) {
-    *resp = reply_to(req, EPERM);
-    return;
-  }
-  Message r = reply_to(req, 0);
-  switch (req.header.op) {
-    case Op::kLinkOpen:
-    case Op::kLinkClose: {
-      auto body = req.as<hostif::LinkReq>();
-      if (!body) {
-        r.header.status = EINVAL;
-        break;
-      }
-      const std::string name = hostif::get_name(body->link);
-      std::string why;
-      int e = req.header.op == Op::kLinkOpen ? open_link(name, &why) : close_link(name, true);
-      r.header.status = e;
-      if (e && !why.empty()) {
-        hostif::TextResp t;
-        std::snprintf(t.text, sizeof(t.text), "%s", why.c_str());
-        r.set(t);
-      }
-      break;
-    }
-    case Op::kShutdown:
-      log("shutdown requested by pid %d", static_cast<int>(s.peer_pid()));
-      {
-        std::lock_guard lock(stop_mu_);
-        stop_.store(true);
-        stop_cv_.notify_all();
-      }
-      break;
-    case Op::kEngineInfo: {
-      hostif::EngineInfoResp info;
-      info.pid = static_cast<uint32_t>(getpid());
-      info.links = static_cast<uint32_t>(links_.size());
-      uint32_t contexts = 0;
-      for (auto& [sock, x] : sessions_) contexts += x->link() != nullptr;
-      info.sessions = contexts;
-      info.cm_ids = static_cast<uint32_t>(cm_.id_count());
-      on_datapath([&] {
-        int fds[kMaxWaitFds];
-        for (auto& dp : dps_)
-          for (Link* l : dp->links) info.links_port_wake += l->layer->rx_wait_fds(fds, kMaxWaitFds) > 0;
-      });
-      info.datapath_threads = static_cast<uint32_t>(dps_.size());
-      info.naps = naps_.load(std::memory_order_relaxed);
-      info.naps_frame = naps_frame_.load(std::memory_order_relaxed);
-      info.naps_doorbell = naps_doorbell_.load(std::memory_order_relaxed);
-      info.datapath_nice = datapath_nice_.load(std::memory_order_relaxed);
-      r.set(info);
-      break;
-    }
-    case Op::kLinkPlane: {
-      auto body = req.as<hostif::LinkPlaneReq>();
-      auto it = body ? links_.find(hostif::get_name(body->link)) : links_.end();
-      if (!body) {
-        r.header.status = EINVAL;
-      } else if (it == links_.end()) {
-        r.header.status = ENODEV;
-      } else {
-        bool ok = false;
-        Link* l = it->second.get();
-        on_datapath([&] { ok = l->layer->set_plane_admin(body->plane, body->up != 0); });
-        r.header.status = ok ? 0 : ERANGE;
-      }
-      break;
-    }
-    case Op::kLinkCapture: {
-      auto body = req.as<hostif::CaptureReq>();
-      auto it = body ? links_.find(hostif::get_name(body->link)) : links_.end();
-      if (!body || body->action > hostif::kCaptureQuery ||
-          (body->action == hostif::kCaptureStart) != (req.fds.size() == 1)) {
-        r.header.status = EINVAL;
-        break;
-      }
-      if (it == links_.end()) {
-        r.header.status = ENODEV;
-        break;
-      }
-      nic::LinkLayer& layer = *it->second->layer;
-      hostif::CaptureResp out;
-      std::unique_ptr<nic::Capture> old;
-      if (body->action == hostif::kCaptureStart) {
-        const int fd = fcntl(req.fds[0], F_DUPFD_CLOEXEC, 0);
-        if (fd < 0) {
-          r.header.status = errno;
-          break;
-        }
-        auto cap = std::make_unique<nic::Capture>(fd, body->snaplen, body->max_frames,
-                                                  body->planes);
-        bool busy = false;
-        on_datapath([&] {
-          busy = layer.capture() != nullptr;
-          if (!busy) layer.set_capture(std::move(cap));
-        });
-        if (busy) r.header.status = EBUSY;  // one capture per link at a time
-      } else {
-        on_datapath([&] {
-          if (const nic::Capture* c = layer.capture()) {
-            out.frames = c->stats().frames;
-            out.done = c->stats().done;
-            if (body->action == hostif::kCaptureStop) old = layer.set_capture(nullptr);
-          }
-        });
-      }
-      r.set(out);
-      break;  // `old`, flushed, closes its file here, off the datapath thread
-    }
-    case Op::kSessionInfo: {
-      auto body = req.as<hostif::SessionInfoReq>();
-      if (!body) {
-        r.header.status = EINVAL;
-        break;
-      }
-      // Contexts only (administrators' connections are not devices), oldest socket first.
-      std::vector<Session*> list;
-      for (auto& [sock, x] : sessions_)
-        if (x->link()) list.push_back(x.get());
-      std::sort(list.begin(), list.end(), [](Session* a, Session* b) { return a->sock() < b->sock(); });
-      if (body->index >= list.size()) {
-        r.header.status = ENOENT;
-        break;
-      }
-      Session& x = *list[body->index];
-      hostif::SessionInfoResp info;
-      info.pid = static_cast<uint32_t>(x.peer_pid());
-      // What the NIC holds for it, not a tally of requests: reclamation shows here.
-      nic::Nic::ObjectCounts n;
-      on_datapath([&] { n = x.link()->nic->owned_by(&x); });
-      info.pds = n.pds;
-      info.mrs = n.mrs;
-      info.cqs = n.cqs;
-      info.srqs = n.srqs;
-      info.qps = n.qps;
-      on_datapath([&] {
-        const MappedMemory::Stats m = x.mapped()->stats();
-        info.mrs_shared = m.shared_regions;
-        info.shared_bytes = m.shared_bytes;
-        info.direct_accesses = m.direct;
-        info.fallback_accesses = m.fallback;
-        info.memory_syscalls = x.process_memory().calls();
-      });
-      hostif::put_name(info.link, x.link()->cfg.name);
-      r.set(info);
-      break;
-    }
-    default:
-      r.header.status = EOPNOTSUPP;
-  }
   *resp = std::move(r);
 }
 

@@ -129,6 +129,8 @@ class HostEngine {
   size_t session_count() const;
 
  private:
+  static constexpr size_t kMaxWaitFds = 32;  // ports' receive descriptors one nap waits on
+
   // Datapath threads. Thread 0 leads: it runs the commands while the others are parked, and
   // leaves last.
   bool make_datapaths(std::string* why);
@@ -165,7 +167,16 @@ class HostEngine {
   // ENOMEM when one more object of `kind` (-1: none) or `ring_bytes` more ring memory would take
   // the process over its share of the link, or the link over its ring memory; else 0.
   int room(const Session& s, int kind, size_t ring_bytes) const;
+  // An administrator's request (admin.cc: `metaroce link`, `engine`, `stat`, `capture`), and
+  // the handlers of those that take more than a line: 0 or an errno, the answer's body in r.
   void admin(Session& s, const hostif::Message& req, hostif::Message* resp);
+  int admin_link(const hostif::Message& req, hostif::Message& r);
+  int engine_info(hostif::Message& r);
+  int link_plane(const hostif::Message& req);
+  int link_capture(const hostif::Message& req, hostif::Message& r);
+  int session_info(const hostif::Message& req, hostif::Message& r);
+  // Wakes wait(), saying why in the log.
+  void request_stop(const std::string& why);
   void hello(Session& s, hostif::Message& req, hostif::Message* resp);
   // Releases everything a session holds and forgets it.
   void reclaim(int sock);
