@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,17 +108,21 @@ bool parse_threads(const char* what, const std::string& v, EngineOptions* opt) {
   return true;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Args {
   EngineOptions opt;
-  const char* env = std::getenv("METAROCE_RUNDIR");
-  opt.rundir = env && *env ? env : "/run/metaroce";
   bool daemon = false;
   std::string log_file;
   std::string kernel_devices;
+};
+
+// The command line into *args; the exit status when the program ends here (--help, a bad
+// argument), nothing when it goes on.
+std::optional<int> parse_args(int argc, char** argv, Args* args) {
+  EngineOptions& opt = args->opt;
+  const char* env = std::getenv("METAROCE_RUNDIR");
+  opt.rundir = env && *env ? env : "/run/metaroce";
   for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
+    const std::string arg = argv[i];
     auto value = [&](const char* what) -> std::string {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "metaroced: %s needs a value\n%s", what, kUsage);
@@ -125,21 +130,21 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--help" || a == "-h") {
+    if (arg == "--help" || arg == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
-    } else if (a == "--rundir") {
+    } else if (arg == "--rundir") {
       opt.rundir = value("--rundir");
-    } else if (a == "--cores") {
+    } else if (arg == "--cores") {
       const std::string v = value("--cores");
       if (!parse_cores(v, &opt.cores)) {
         std::fprintf(stderr, "metaroced: bad --cores '%s': expected a list like 1 or 0,2-3\n",
                      v.c_str());
         return 2;
       }
-    } else if (a == "--datapath-threads") {
+    } else if (arg == "--datapath-threads") {
       if (!parse_threads("--datapath-threads", value("--datapath-threads"), &opt)) return 2;
-    } else if (a == "--spin") {
+    } else if (arg == "--spin") {
       const std::string v = value("--spin");
       if (v == "always") opt.spin = SpinPolicy::kAlways;
       else if (v == "adaptive") opt.spin = SpinPolicy::kAdaptive;
@@ -147,16 +152,16 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "metaroced: bad --spin '%s': expected adaptive or always\n", v.c_str());
         return 2;
       }
-    } else if (a == "--spin-us" || a == "--stall-us") {
-      const std::string v = value(a.c_str());
+    } else if (arg == "--spin-us" || arg == "--stall-us") {
+      const std::string v = value(arg.c_str());
       char* e = nullptr;
       const long us = std::strtol(v.c_str(), &e, 10);
       if (e == v.c_str() || *e || us < 0 || us > 1000000) {
-        std::fprintf(stderr, "metaroced: bad %s '%s': expected 0..1000000\n", a.c_str(), v.c_str());
+        std::fprintf(stderr, "metaroced: bad %s '%s': expected 0..1000000\n", arg.c_str(), v.c_str());
         return 2;
       }
-      (a == "--spin-us" ? opt.spin_before_sleep : opt.stall) = std::chrono::microseconds(us);
-    } else if (a == "--nice") {
+      (arg == "--spin-us" ? opt.spin_before_sleep : opt.stall) = std::chrono::microseconds(us);
+    } else if (arg == "--nice") {
       const std::string v = value("--nice");
       char* e = nullptr;
       const long n = std::strtol(v.c_str(), &e, 10);
@@ -165,21 +170,21 @@ int main(int argc, char** argv) {
         return 2;
       }
       opt.nice = static_cast<int>(n);
-    } else if (a == "--hugepages") {
+    } else if (arg == "--hugepages") {
       opt.hugepages = true;
-    } else if (a == "--kernel-devices") {
-      kernel_devices = value("--kernel-devices");
-      if (kernel_devices != "serve" && kernel_devices != "ignore") {
+    } else if (arg == "--kernel-devices") {
+      args->kernel_devices = value("--kernel-devices");
+      if (args->kernel_devices != "serve" && args->kernel_devices != "ignore") {
         std::fprintf(stderr, "metaroced: bad --kernel-devices '%s': expected serve or ignore\n",
-                     kernel_devices.c_str());
+                     args->kernel_devices.c_str());
         return 2;
       }
-    } else if (a == "--daemon") {
-      daemon = true;
-    } else if (a == "--log") {
-      log_file = value("--log");
+    } else if (arg == "--daemon") {
+      args->daemon = true;
+    } else if (arg == "--log") {
+      args->log_file = value("--log");
     } else {
-      std::fprintf(stderr, "metaroced: unknown argument '%s'\n%s", a.c_str(), kUsage);
+      std::fprintf(stderr, "metaroced: unknown argument '%s'\n%s", arg.c_str(), kUsage);
       return 2;
     }
   }
@@ -188,49 +193,65 @@ int main(int argc, char** argv) {
       n && *n && opt.datapath_threads == 0 && !parse_threads("METAROCE_DATAPATH_THREADS", n, &opt))
     return 2;
   // One engine per host serves `rdma link add`: the system's, unless told otherwise.
-  opt.serve_kernel_devices =
-      kernel_devices.empty() ? opt.rundir == "/run/metaroce" : kernel_devices == "serve";
-  if (!log_file.empty() && !daemon) {
+  opt.serve_kernel_devices = args->kernel_devices.empty() ? opt.rundir == "/run/metaroce"
+                                                          : args->kernel_devices == "serve";
+  if (!args->log_file.empty() && !args->daemon) {
     std::fprintf(stderr, "metaroced: --log only goes with --daemon\n");
     return 2;
   }
-  mkdir(opt.rundir.c_str(), 0755);
+  return std::nullopt;
+}
 
-  // Daemon: the parent waits until the child serves (or says why it cannot), then exits.
+// Detaches: the parent waits until the child serves (or says why it cannot), then exits with
+// the status returned here; the child goes on (nothing returned) with ready[1] to say which,
+// logging to log_file (default rundir/engine.log).
+std::optional<int> detach(const std::string& rundir, std::string log_file, int ready[2]) {
+  if (pipe2(ready, O_CLOEXEC) != 0) {
+    std::perror("metaroced: pipe");
+    return 1;
+  }
+  const pid_t child = fork();
+  if (child < 0) {
+    std::perror("metaroced: fork");
+    return 1;
+  }
+  if (child > 0) {
+    close(ready[1]);
+    char buf[512];
+    ssize_t n = read(ready[0], buf, sizeof(buf) - 1);
+    if (n > 0 && buf[0] == 'R') return 0;
+    if (n > 1) {
+      buf[n] = '\0';
+      std::fprintf(stderr, "metaroced: %s\n", buf + 1);
+    } else {
+      std::fprintf(stderr, "metaroced: the engine exited before serving\n");
+    }
+    return 1;
+  }
+  close(ready[0]);
+  setsid();
+  if (log_file.empty()) log_file = rundir + "/engine.log";
+  const int log = open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (null >= 0) dup2(null, 0);
+  if (log >= 0) {
+    dup2(log, 1);
+    dup2(log, 2);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  if (const auto status = parse_args(argc, argv, &args)) return *status;
+  const EngineOptions& opt = args.opt;
+  const bool daemon = args.daemon;
+  mkdir(opt.rundir.c_str(), 0755);
   int ready[2] = {-1, -1};
   if (daemon) {
-    if (pipe2(ready, O_CLOEXEC) != 0) {
-      std::perror("metaroced: pipe");
-      return 1;
-    }
-    const pid_t child = fork();
-    if (child < 0) {
-      std::perror("metaroced: fork");
-      return 1;
-    }
-    if (child > 0) {
-      close(ready[1]);
-      char buf[512];
-      ssize_t n = read(ready[0], buf, sizeof(buf) - 1);
-      if (n > 0 && buf[0] == 'R') return 0;
-      if (n > 1) {
-        buf[n] = '\0';
-        std::fprintf(stderr, "metaroced: %s\n", buf + 1);
-      } else {
-        std::fprintf(stderr, "metaroced: the engine exited before serving\n");
-      }
-      return 1;
-    }
-    close(ready[0]);
-    setsid();
-    if (log_file.empty()) log_file = opt.rundir + "/engine.log";
-    const int log = open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    const int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (null >= 0) dup2(null, 0);
-    if (log >= 0) {
-      dup2(log, 1);
-      dup2(log, 2);
-    }
+    if (const auto status = detach(opt.rundir, args.log_file, ready)) return *status;
   }
 
   if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) return 1;
