@@ -243,22 +243,14 @@ void EngineImpl::close_rate_interval(Time now) {
   interval_start_ = now;
 }
 
+// A data packet (wire.md §5): its direction found or made, its path's window consulted (a
+// duplicate is answered, a failover copy of a packet already here too), its bytes delivered to
+// the host, and the outcome recorded for the ACK that answers it.
 void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_ce, uint8_t plane,
                              const wire::Packet& pkt) {
   const wire::BaseHeader& b = pkt.base;
-  RecvDir* d = find_dir(c, b.conn_id);
-  if (!d) {
-    d = &create_dir(c, b, now);
-  } else if (d->token != b.token) {
-    ++stats_.drop_token;
-    return;
-  } else if (d->path_count < b.path_count) {
-    // The sender's lane grew (wire.md §3.4): a direction's paths never shrink; packets sent
-    // before the change still name the smaller count.
-    d->path_count = b.path_count;
-    d->paths.resize(b.path_count);
-  }
-  d->last_used_ns = now.count();
+  RecvDir* d = data_dir(now, c, b);
+  if (!d) return;
   account_rx(now, c, wire::data_headers_len(b.flags) + pkt.payload.size(), b.flags & wire::kFlagMore);
   RxPath& rp = d->paths[b.path_id];
   rp.port = sport;
@@ -282,57 +274,102 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
       break;
   }
 
-  const wire::DataHeader& h = pkt.data;
   // A failover copy is delivered only if its original has not arrived; the original's receive
   // window on its own path is the record of that (congestion.md §4.3).
-  const bool copy = wire::is_failover_copy(b.flags);
   const uint16_t opath = wire::orig_path_of(b.flags);
   bool mark_orig = false;
-  if (copy && opath < d->paths.size()) {
-    RxPath& o = d->paths[opath];
-    SackWindow::Check oc = o.win.check(h.orig_seq);
-    if (oc == SackWindow::Check::kOutOfWindow) {
-      // The original's path went on at its sender while nothing of it reached us: everything
-      // 256 before the original is resolved there (no more than 64 are ever in flight on a
-      // path, §3.1), so its window moves up to it and the original is recorded when this copy
-      // delivers it (a second copy, or the original arriving late, is then a duplicate).
-      apply_floor(o, h.orig_seq - wire::kSackBits);
-      oc = o.win.check(h.orig_seq);
-    }
-    // A redundant copy's original stays in flight at the sender: its path is acknowledged too,
-    // whichever of the two got here first (congestion.md §5.2).
-    // Flagged kFlagNoEcho: an echo of the copy could make a path the sender is probing look
-    // answered (congestion.md §4.4) when only the copy's route is, and an echo of the path's own
-    // newest packet, maybe long ago, would be an RTT sample of everything since.
-    if (wire::is_redundant_copy(b.flags) && oc != SackWindow::Check::kOutOfWindow) {
-      request_ack(c, *d, opath, o.echo_ts, false, false);
-    }
-    if (oc == SackWindow::Check::kDuplicate) {
-      ++stats_.failover_duplicates;
-      ++rp.rx_packets;
-      rp.rx_bytes += pkt.payload.size();
-      // A rejection the original earned must reach the sender through the copy too; with no
-      // room for its record, the copy is left unmarked, like an RNR (§5.3): it comes again.
-      bool recorded = true;
-      for (uint8_t i = 0; i < o.nak_count; ++i) {
-        if (o.naks[i].seq == h.orig_seq && o.naks[i].syndrome != static_cast<uint8_t>(Syndrome::kRnr)) {
-          recorded &= add_nak(rp, b.path_seq, o.naks[i].src_stream, o.naks[i].msn,
-                              static_cast<Syndrome>(o.naks[i].syndrome));
-        }
-      }
-      if (!recorded) {
-        ++stats_.drop_rnr;
-        request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
-        return;
-      }
-      rp.win.mark(b.path_seq);
-      last_answered_ = now;
-      request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
-      return;
-    }
-    mark_orig = oc == SackWindow::Check::kNew;
-  }
+  if (wire::is_failover_copy(b.flags) && opath < d->paths.size() &&
+      !take_copy(now, c, *d, pkt, ecn_ce, &mark_orig))
+    return;
 
+  const uint32_t dir_id = d->conn_id;
+  const Syndrome why = host_.deliver(segment_of(c, dir_id, pkt));
+  // deliver() may submit (a READ response); our receive state is untouched by that, but look
+  // the direction up again rather than trust a pointer across a callback.
+  d = find_dir(c, dir_id);
+  if (!d) return;
+  record_delivery(*d, pkt, why, mark_orig);
+  if (why != Syndrome::kUnreachable) last_answered_ = now;  // nothing is owed for those
+  request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
+}
+
+// The receiving direction a data packet names: made at its first packet, grown with the
+// sender's lane; nullptr (counted) when the packet carries the wrong token.
+inline EngineImpl::RecvDir* EngineImpl::data_dir(Time now, Connection& c, const wire::BaseHeader& b) {
+  RecvDir* d = find_dir(c, b.conn_id);
+  if (!d) {
+    d = &create_dir(c, b, now);
+  } else if (d->token != b.token) {
+    ++stats_.drop_token;
+    return nullptr;
+  } else if (d->path_count < b.path_count) {
+    // The sender's lane grew (wire.md §3.4): a direction's paths never shrink; packets sent
+    // before the change still name the smaller count.
+    d->path_count = b.path_count;
+    d->paths.resize(b.path_count);
+  }
+  d->last_used_ns = now.count();
+  return d;
+}
+
+// A failover copy, new on its own path: false when its original is here already (the copy is
+// answered, and a rejection the original earned goes with it); else it is to be delivered, and
+// *mark_orig says whether the original's sequence is to be marked received with it.
+inline bool EngineImpl::take_copy(Time now, Connection& c, RecvDir& d, const wire::Packet& pkt,
+                           bool ecn_ce, bool* mark_orig) {
+  const wire::BaseHeader& b = pkt.base;
+  const wire::DataHeader& h = pkt.data;
+  const uint16_t opath = wire::orig_path_of(b.flags);
+  RxPath& rp = d.paths[b.path_id];
+  RxPath& o = d.paths[opath];
+  SackWindow::Check oc = o.win.check(h.orig_seq);
+  if (oc == SackWindow::Check::kOutOfWindow) {
+    // The original's path went on at its sender while nothing of it reached us: everything
+    // 256 before the original is resolved there (no more than 64 are ever in flight on a
+    // path, §3.1), so its window moves up to it and the original is recorded when this copy
+    // delivers it (a second copy, or the original arriving late, is then a duplicate).
+    apply_floor(o, h.orig_seq - wire::kSackBits);
+    oc = o.win.check(h.orig_seq);
+  }
+  // A redundant copy's original stays in flight at the sender: its path is acknowledged too,
+  // whichever of the two got here first (congestion.md §5.2).
+  // Flagged kFlagNoEcho: an echo of the copy could make a path the sender is probing look
+  // answered (congestion.md §4.4) when only the copy's route is, and an echo of the path's own
+  // newest packet, maybe long ago, would be an RTT sample of everything since.
+  if (wire::is_redundant_copy(b.flags) && oc != SackWindow::Check::kOutOfWindow) {
+    request_ack(c, d, opath, o.echo_ts, false, false);
+  }
+  if (oc == SackWindow::Check::kDuplicate) {
+    ++stats_.failover_duplicates;
+    ++rp.rx_packets;
+    rp.rx_bytes += pkt.payload.size();
+    // A rejection the original earned must reach the sender through the copy too; with no
+    // room for its record, the copy is left unmarked, like an RNR (§5.3): it comes again.
+    bool recorded = true;
+    for (uint8_t i = 0; i < o.nak_count; ++i) {
+      if (o.naks[i].seq == h.orig_seq && o.naks[i].syndrome != static_cast<uint8_t>(Syndrome::kRnr)) {
+        recorded &= add_nak(rp, b.path_seq, o.naks[i].src_stream, o.naks[i].msn,
+                            static_cast<Syndrome>(o.naks[i].syndrome));
+      }
+    }
+    if (!recorded) {
+      ++stats_.drop_rnr;
+      request_ack(c, d, b.path_id, b.timestamp, ecn_ce);
+      return false;
+    }
+    rp.win.mark(b.path_seq);
+    last_answered_ = now;
+    request_ack(c, d, b.path_id, b.timestamp, ecn_ce);
+    return false;
+  }
+  *mark_orig = oc == SackWindow::Check::kNew;
+  return true;
+}
+
+// What a data packet gives the host to deliver (RxRef: where to answer a refusal, §5.3).
+inline Segment EngineImpl::segment_of(const Connection& c, uint32_t dir_id, const wire::Packet& pkt) {
+  const wire::BaseHeader& b = pkt.base;
+  const wire::DataHeader& h = pkt.data;
   Segment seg;
   seg.peer_ip = c.peer_ip;
   seg.op = static_cast<Op>(b.opcode);
@@ -349,21 +386,23 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
   seg.xrc = b.flags & wire::kFlagXrc;
   seg.xrc_srqn = h.xrc_srqn;
   seg.payload = pkt.payload;
-  const uint32_t dir_id = d->conn_id;
-  const uint16_t path = b.path_id;
-  seg.ref = RxRef{c.peer_ip, dir_id, b.path_seq, h.src_stream, h.msn, path};
+  seg.ref = RxRef{c.peer_ip, dir_id, b.path_seq, h.src_stream, h.msn, b.path_id};
+  return seg;
+}
 
-  const Syndrome why = host_.deliver(seg);
-  // deliver() may submit (a READ response); our receive state is untouched by that, but look
-  // the direction up again rather than trust a pointer across a callback.
-  d = find_dir(c, dir_id);
-  if (!d) return;
-  RxPath& r = d->paths[path];
+// The host's verdict on a delivered packet, in its path's receive state: marked received (with
+// its original, for a copy), or not (the sender resends it), and the NAK record it earned.
+[[gnu::always_inline]] inline void EngineImpl::record_delivery(RecvDir& d, const wire::Packet& pkt, Syndrome why,
+                                 bool mark_orig) {
+  const wire::BaseHeader& b = pkt.base;
+  const wire::DataHeader& h = pkt.data;
+  const uint16_t opath = wire::orig_path_of(b.flags);
+  RxPath& r = d.paths[b.path_id];
   ++r.rx_packets;
   r.rx_bytes += pkt.payload.size();
   if (why == Syndrome::kOk) {
     r.win.mark(b.path_seq);
-    if (mark_orig) d->paths[opath].win.mark(h.orig_seq);
+    if (mark_orig) d.paths[opath].win.mark(h.orig_seq);
   } else if (why == Syndrome::kUnreachable) {
     // No such stream here: not marked (nothing was delivered), and said in one NAK record per
     // stream and path, moved to the newest such packet, so that the sender parks the stream and
@@ -371,7 +410,7 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     ++stats_.drop_unreachable;
     note_unreachable(r, b.path_seq, h.src_stream, h.msn);
   } else if (why == Syndrome::kRnr || r.nak_count == kNakSlots ||
-             (mark_orig && d->paths[opath].nak_count == kNakSlots)) {
+             (mark_orig && d.paths[opath].nak_count == kNakSlots)) {
     // Not marked: the sender resends it. An RNR is reported (once) so that the sender backs
     // off instead of treating it as loss; a full NAK list is treated the same way, so that no
     // rejection goes unreported (spec §5.3).
@@ -390,13 +429,11 @@ void EngineImpl::handle_data(Time now, Connection& c, uint16_t sport, bool ecn_c
     if (mark_orig) {
       // The original's path is acknowledged too (and a redundant copy asked for its ACK): the
       // rejection goes with it, or the sender would take that ACK for a delivery (spec §5.3).
-      d->paths[opath].win.mark(h.orig_seq);
-      add_nak(d->paths[opath], h.orig_seq, h.src_stream, h.msn, why);
+      d.paths[opath].win.mark(h.orig_seq);
+      add_nak(d.paths[opath], h.orig_seq, h.src_stream, h.msn, why);
     }
     ++stats_.naks_sent;
   }
-  if (why != Syndrome::kUnreachable) last_answered_ = now;  // nothing is owed for those
-  request_ack(c, *d, path, b.timestamp, ecn_ce);
 }
 
 void EngineImpl::handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_ce,
@@ -423,95 +460,126 @@ void EngineImpl::handle_probe(Time now, Connection& c, uint16_t sport, bool ecn_
   request_ack(c, *d, b.path_id, b.timestamp, ecn_ce);
 }
 
+// An ACK (wire.md §2.3, congestion.md §2-§6): its connection and path checked, then in order
+// the receiver's share, its NAK records, what it acknowledges, the holes it shows, its RTT
+// sample, and the path's and the connection's progress.
 void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt) {
+  Connection* cp = ack_conn(peer_ip, pkt);
+  if (!cp) return;
+  Connection& c = *cp;
+  const wire::BaseHeader& b = pkt.base;
+  const wire::AckHeader& a = pkt.ack;
+  const uint16_t path = b.path_id;
+  TxPath& tp = c.tx[path];
+  ++stats_.acks_received;
+  detail::PathCounters& pc = c.counters[path];
+  ++pc.acks_received;
+  pc.ce_echoed += a.ecn_ce_count;
+  take_hint(now, c, a.rate_hint);
+  // NAKs before acknowledgements: a rejected packet is also marked received (spec §5.3).
+  for (size_t i = 0; i < a.nak_count; ++i) apply_nak(now, c, path, pkt.nak(i));
+  // Packets moved off this path are acknowledged by its ACKs too (the original, or a redundant
+  // copy naming it, got through): §4.3, §5.2.
+  if (tp.moved) resolve_moved(c, path, a);
+  bool rack_moved = false;
+  const uint32_t newly = acknowledge(c, path, a, b.flags, &rack_moved);
+  queue_sack_gaps(c, path);
+  if (!(b.flags & wire::kFlagNoEcho)) take_rtt_sample(now, c, path, a.echo_timestamp);
+  update_una(c, path);
+  congestion_on_ack(now, c, path, newly, a.ecn_ce_count);
+  if (newly && tp.state == PathState::kActive) path_progress(now, c, path);
+  if (rack_moved && cfg_.late_detection) detect_late(now, c);
+}
+
+// The connection an ACK from peer_ip is for, nullptr (counted) when it names none of peer_ip's,
+// carries the wrong token, or cannot be ours (a path or a sequence we never had).
+inline EngineImpl::Connection* EngineImpl::ack_conn(uint32_t peer_ip, const wire::Packet& pkt) {
   const wire::BaseHeader& b = pkt.base;
   auto it = by_id_.find(b.conn_id);
   if (it == by_id_.end() || it->second->peer_ip != peer_ip) {
     ++stats_.drop_unknown_conn;
-    return;
+    return nullptr;
   }
   Connection& c = *it->second;
   touch(c);
   if (c.token != b.token) {
     ++stats_.drop_token;
-    return;
+    return nullptr;
   }
   // An ACK of a packet sent before the lane grew names the smaller count.
   if (b.path_count > c.tx.size()) {
     ++stats_.drop_malformed;
-    return;
+    return nullptr;
   }
-  const uint16_t path = b.path_id;
-  TxPath& tp = c.tx[path];
-  const wire::AckHeader& a = pkt.ack;
   // An ACK for a sequence never sent is forged or corrupt.
-  if (seq_lt(tp.next_seq, a.cum_seq)) {
+  if (seq_lt(c.tx[b.path_id].next_seq, pkt.ack.cum_seq)) {
     ++stats_.drop_malformed;
-    return;
+    return nullptr;
   }
-  ++stats_.acks_received;
-  detail::PathCounters& pc = c.counters[path];
-  ++pc.acks_received;
-  pc.ce_echoed += a.ecn_ce_count;
+  return &c;
+}
 
-  // The receiver's fair share for us; pacing starts with a small burst of credit. A lane that
-  // does not take part in hints only records it.
-  c.last_hint_mbps = a.rate_hint;
+// The receiver's fair share for us; pacing starts with a small burst of credit. A lane that
+// does not take part in hints only records it.
+inline void EngineImpl::take_hint(Time now, Connection& c, uint32_t rate_hint) {
+  c.last_hint_mbps = rate_hint;
   // A peer that answers without a share does not divide its capacity: no start window for it.
   // (One that does gives every sender it hears a share; a zero from it only means it had not
   // heard us lately.)
-  if (a.rate_hint) c.peer_shares = detail::PeerShares::kYes;
+  if (rate_hint) c.peer_shares = detail::PeerShares::kYes;
   else if (c.peer_shares == detail::PeerShares::kUnknown) c.peer_shares = detail::PeerShares::kNo;
-  if (c.rate_hints && a.rate_hint != c.hint_mbps) {
+  if (c.rate_hints && rate_hint != c.hint_mbps) {
     if (!c.hint_mbps) {
       c.credit = int64_t{kPaceBurst} * cfg_.max_packet * 8000;
       c.credit_ns = now.count();
     } else {
       refill(c, now);
     }
-    c.hint_mbps = a.rate_hint;
+    c.hint_mbps = rate_hint;
   }
+}
 
-  // NAKs before acknowledgements: a rejected packet is also marked received (spec §5.3).
-  for (size_t i = 0; i < a.nak_count; ++i) {
-    const wire::NakRecord r = pkt.nak(i);
-    ++stats_.naks_received;
-    if (r.syndrome == static_cast<uint8_t>(Syndrome::kUnreachable)) {
-      // The record names the newest packet of the stream the receiver refused on this path:
-      // the stream is parked if some packet of it at or before that one is still in flight here
-      // (a stale record, older than everything of the stream now in flight, is not news).
-      for (uint16_t k = tp.head; k != kNil; k = c.pool[k].next) {
-        const TxDesc& d = c.pool[k];
-        if (seq_lt(r.path_seq, d.seq)) break;
-        if (slots_[d.slot].m.src_stream == r.src_stream) {
-          park(c, d.slot, now);
-          break;
-        }
+// One NAK record of an ACK on `path` (spec §5.3): an unreachable stream parks, an RNR waits
+// its timer, any other refusal fails its message.
+inline void EngineImpl::apply_nak(Time now, Connection& c, uint16_t path, const wire::NakRecord& r) {
+  TxPath& tp = c.tx[path];
+  ++stats_.naks_received;
+  if (r.syndrome == static_cast<uint8_t>(Syndrome::kUnreachable)) {
+    // The record names the newest packet of the stream the receiver refused on this path:
+    // the stream is parked if some packet of it at or before that one is still in flight here
+    // (a stale record, older than everything of the stream now in flight, is not news).
+    for (uint16_t k = tp.head; k != kNil; k = c.pool[k].next) {
+      const TxDesc& d = c.pool[k];
+      if (seq_lt(r.path_seq, d.seq)) break;
+      if (slots_[d.slot].m.src_stream == r.src_stream) {
+        park(c, d.slot, now);
+        break;
       }
-      continue;
     }
-    if (r.syndrome == static_cast<uint8_t>(Syndrome::kRnr)) {
-      const uint16_t idx = find_in_flight(c, path, r.path_seq);
-      if (idx == kNil) continue;
-      const MessageDesc& m = slots_[c.pool[idx].slot].m;
-      if (m.src_stream == r.src_stream && m.msn == r.msn) rnr_nak(now, c, idx, r.rnr_timer);
-      continue;
-    }
-    // A rejection may name a packet since moved off this path: this ACK, which also covers it,
-    // must not resolve its copies as delivered (§4.3).
-    const uint32_t slot = find_named(c, path, r.path_seq);
-    if (slot == kNoSlot) continue;
-    const MessageDesc& m = slots_[slot].m;
-    if (m.src_stream != r.src_stream || m.msn != r.msn) continue;
-    fail_message(c, slot, static_cast<Syndrome>(r.syndrome), now);
+    return;
   }
+  if (r.syndrome == static_cast<uint8_t>(Syndrome::kRnr)) {
+    const uint16_t idx = find_in_flight(c, path, r.path_seq);
+    if (idx == kNil) return;
+    const MessageDesc& m = slots_[c.pool[idx].slot].m;
+    if (m.src_stream == r.src_stream && m.msn == r.msn) rnr_nak(now, c, idx, r.rnr_timer);
+    return;
+  }
+  // A rejection may name a packet since moved off this path: this ACK, which also covers it,
+  // must not resolve its copies as delivered (§4.3).
+  const uint32_t slot = find_named(c, path, r.path_seq);
+  if (slot == kNoSlot) return;
+  const MessageDesc& m = slots_[slot].m;
+  if (m.src_stream != r.src_stream || m.msn != r.msn) return;
+  fail_message(c, slot, static_cast<Syndrome>(r.syndrome), now);
+}
 
-  // Packets moved off this path are acknowledged by its ACKs too (the original, or a redundant
-  // copy naming it, got through): §4.3, §5.2.
-  if (tp.moved) resolve_moved(c, path, a);
-
+// Resolves the path's records the ACK's cumulative sequence and SACK bits cover; how many.
+// *rack_moved: a packet sent once dated a newer delivery (late detection, §5.1).
+[[gnu::always_inline]] inline uint32_t EngineImpl::acknowledge(Connection& c, uint16_t path, const wire::AckHeader& a,
+                                 uint16_t flags, bool* rack_moved) {
+  TxPath& tp = c.tx[path];
   uint32_t newly = 0;
-  bool rack_moved = false;
   // The path's records are in sequence order: nothing at or past `end` (cum_seq, or one past
   // the highest SACK bit) can be acknowledged by this ACK.
   uint32_t end = a.cum_seq;
@@ -537,9 +605,9 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
         if (!c.rack_valid || seq_lt(c.rack_ts, d.sent_ts)) {
           c.rack_ts = d.sent_ts;
           c.rack_valid = true;
-          rack_moved = true;
+          *rack_moved = true;
         }
-      } else if ((d.flags & detail::kLate) && !(b.flags & wire::kFlagNoEcho)) {
+      } else if ((d.flags & detail::kLate) && !(flags & wire::kFlagNoEcho)) {
         judge_late(tp, d, a.echo_timestamp);  // (an ACK for a copy dates nothing)
       }
       list_remove(c, path, prev, idx);
@@ -550,11 +618,17 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
     }
     idx = next;
   }
+  return newly;
+}
 
-  // Paths are FIFO: a packet transmitted before one that arrived, and still missing, is lost.
-  // Retransmitted once; it is not suspected again until something sent after it arrives.
-  // A record sent once and after everything delivered ends the search: every later record was
-  // first sent after it (and a resend is later still).
+
+// Paths are FIFO: a packet transmitted before one that arrived, and still missing, is lost.
+// Retransmitted once; it is not suspected again until something sent after it arrives.
+// A record sent once and after everything delivered ends the search: every later record was
+// first sent after it (and a resend is later still).
+inline void EngineImpl::queue_sack_gaps(Connection& c, uint16_t path) {
+  TxPath& tp = c.tx[path];
+  detail::PathCounters& pc = c.counters[path];
   for (uint16_t idx = tp.head; idx != kNil; idx = c.pool[idx].next) {
     TxDesc& d = c.pool[idx];
     const bool lost = order_lt(d.tx_order, tp.delivered_order);
@@ -565,47 +639,54 @@ void EngineImpl::handle_ack(Time now, uint32_t peer_ip, const wire::Packet& pkt)
       ++stats_.sack_gaps;
     }
   }
+}
 
-  const uint32_t sample = ts32(now) - a.echo_timestamp;
-  if (!(b.flags & wire::kFlagNoEcho) && static_cast<int32_t>(sample) >= 0) {
-    if (tp.state == PathState::kProbing) {
-      // Only an answer to a probe (or to data sent after the failure) proves the new route.
-      if (seq_diff(static_cast<uint32_t>(tp.last_progress_ns), a.echo_timestamp) >= 0) {
-        path_recovered(now, c, path, sample);
-      }
-    } else if (tp.state == PathState::kActive) {
-      // Every echo is a sample, ACKs that acknowledge nothing new included (copies,
-      // duplicates): taking only ACKs with progress left paths' RTTs stale under heavy loss
-      // (the all-reduce at 10 % loss kept 0.80 instead of 0.84). Those flagged kFlagNoEcho
-      // (share pushes, ACKs for a redundant copy) date nothing.
-      const int64_t r = sample;
-      if (!pc.min_rtt_ns || sample < pc.min_rtt_ns) pc.min_rtt_ns = std::max<uint32_t>(sample, 1);
-      if (tp.srtt_ns == 0) {
-        tp.srtt_ns = static_cast<uint32_t>(std::max<int64_t>(r, 1));
-        tp.rttvar_ns = static_cast<uint32_t>(r / 2);
-      } else {
-        const int64_t dev = tp.srtt_ns > r ? tp.srtt_ns - r : r - tp.srtt_ns;
-        tp.rttvar_ns = static_cast<uint32_t>((3 * int64_t{tp.rttvar_ns} + dev) / 4);
-        tp.srtt_ns = static_cast<uint32_t>(std::max<int64_t>((7 * int64_t{tp.srtt_ns} + r) / 8, 1));
-      }
-      refresh_min_srtt(c);
+// The RTT an ACK's echo gives (one not flagged kFlagNoEcho): a probing path's answer brings it
+// back (§4.4); an active path's smoothed RTT takes it (W§6.3).
+inline void EngineImpl::take_rtt_sample(Time now, Connection& c, uint16_t path, uint32_t echo) {
+  TxPath& tp = c.tx[path];
+  const uint32_t sample = ts32(now) - echo;
+  if (static_cast<int32_t>(sample) < 0) return;
+  if (tp.state == PathState::kProbing) {
+    // Only an answer to a probe (or to data sent after the failure) proves the new route.
+    if (seq_diff(static_cast<uint32_t>(tp.last_progress_ns), echo) >= 0) {
+      path_recovered(now, c, path, sample);
     }
+    return;
   }
-  update_una(c, path);
-  congestion_on_ack(now, c, path, newly, a.ecn_ce_count);
-  if (newly && tp.state == PathState::kActive) {
-    tp.backoff = 0;
-    tp.deadline = tp.in_flight ? now + rto(tp) : Time::max();
-    tp.last_progress_ns = now.count();
-    // After the whole connection was silent (a stalled peer, a congested host), its paths
-    // resume one by one as the backlog drains: only silence since then counts (§4.1).
-    if (now.count() - c.last_progress_ns > 2 * srtt_ref(c, tp)) c.progress_since_ns = now.count();
-    c.last_progress_ns = now.count();
-    c.tlp_count = 0;
-    c.tlp_backoff = 0;
-    arm_tlp(now, c);
+  if (tp.state != PathState::kActive) return;
+  // Every echo is a sample, ACKs that acknowledge nothing new included (copies,
+  // duplicates): taking only ACKs with progress left paths' RTTs stale under heavy loss
+  // (the all-reduce at 10 % loss kept 0.80 instead of 0.84). Those flagged kFlagNoEcho
+  // (share pushes, ACKs for a redundant copy) date nothing.
+  detail::PathCounters& pc = c.counters[path];
+  const int64_t r = sample;
+  if (!pc.min_rtt_ns || sample < pc.min_rtt_ns) pc.min_rtt_ns = std::max<uint32_t>(sample, 1);
+  if (tp.srtt_ns == 0) {
+    tp.srtt_ns = static_cast<uint32_t>(std::max<int64_t>(r, 1));
+    tp.rttvar_ns = static_cast<uint32_t>(r / 2);
+  } else {
+    const int64_t dev = tp.srtt_ns > r ? tp.srtt_ns - r : r - tp.srtt_ns;
+    tp.rttvar_ns = static_cast<uint32_t>((3 * int64_t{tp.rttvar_ns} + dev) / 4);
+    tp.srtt_ns = static_cast<uint32_t>(std::max<int64_t>((7 * int64_t{tp.srtt_ns} + r) / 8, 1));
   }
-  if (rack_moved && cfg_.late_detection) detect_late(now, c);
+  refresh_min_srtt(c);
+}
+
+// An active path's ACK acknowledged something new: its timer restarts, and the connection has
+// made progress (failure detection, §4.1; tail probes, §5.3).
+inline void EngineImpl::path_progress(Time now, Connection& c, uint16_t path) {
+  TxPath& tp = c.tx[path];
+  tp.backoff = 0;
+  tp.deadline = tp.in_flight ? now + rto(tp) : Time::max();
+  tp.last_progress_ns = now.count();
+  // After the whole connection was silent (a stalled peer, a congested host), its paths
+  // resume one by one as the backlog drains: only silence since then counts (§4.1).
+  if (now.count() - c.last_progress_ns > 2 * srtt_ref(c, tp)) c.progress_since_ns = now.count();
+  c.last_progress_ns = now.count();
+  c.tlp_count = 0;
+  c.tlp_backoff = 0;
+  arm_tlp(now, c);
 }
 
 // The records moved off `path` (failover copies, on other paths' lists or waiting to go) whose
