@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The transport's sending side (congestion.md §2, §5): a path's timers and choice, in-flight
-// records, submission, and the packets each poll sends: ACKs, resends, failover copies, new data.
+// records and their resolution, submission, and the packets each poll sends: ACKs, resends,
+// failover copies, new data.
 #include "datapath/transport/engine_impl.h"
 
 #include <algorithm>
@@ -669,6 +670,119 @@ uint32_t EngineImpl::poll_tx(Time now, TxSink& sink) {
 uint32_t EngineImpl::finish_poll(uint32_t sent) {
   settle();
   return sent;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resolution of packets and messages
+
+void EngineImpl::ack_desc(Connection& c, uint16_t idx) {
+  const uint32_t slot = c.pool[idx].slot;
+  resolve(c, idx);
+  detail::MsgSlot& s = slots_[slot];
+  s.unreachable_ns = 0;  // the stream answered
+  if (++s.pkts_acked == s.pkts_total) {
+    done_.push_back({s.m.cookie, Syndrome::kOk});
+    unlink(c, slot);
+  }
+}
+
+// Stops tracking every packet of a message; the next packets on those paths carry the new
+// ack floor, so the receiver skips them (spec §3.1). now == Time::min(): keep the timers.
+void EngineImpl::abandon(Connection& c, uint32_t slot, Time now) {
+  for (uint16_t p = 0; p < c.tx.size(); ++p) {
+    TxPath& tp = c.tx[p];
+    bool changed = false;
+    for (uint16_t prev = kNil, idx = tp.head; idx != kNil;) {
+      const uint16_t next = c.pool[idx].next;
+      if (c.pool[idx].slot == slot) {
+        list_remove(c, p, prev, idx);
+        resolve(c, idx);
+        changed = true;
+      } else {
+        prev = idx;
+      }
+      idx = next;
+    }
+    if (!changed) continue;
+    update_una(c, p);
+    if (tp.state != PathState::kActive) continue;
+    if (tp.in_flight == 0) tp.deadline = Time::max();
+    else if (now != Time::min()) tp.deadline = now + rto(tp);
+  }
+  for (uint16_t prev = kNil, idx = c.move_head; idx != kNil;) {
+    const uint16_t next = c.pool[idx].next;
+    if (c.pool[idx].slot == slot) {
+      if (prev == kNil) c.move_head = next;
+      else c.pool[prev].next = next;
+      if (c.move_tail == idx) c.move_tail = prev;
+      resolve(c, idx);
+    } else {
+      prev = idx;
+    }
+    idx = next;
+  }
+}
+
+void EngineImpl::fail_message(Connection& c, uint32_t slot, Syndrome why, Time now) {
+  abandon(c, slot, now);
+  done_.push_back({slots_[slot].m.cookie, why});
+  unlink(c, slot);
+}
+
+void EngineImpl::unlink(Connection& c, uint32_t slot) {
+  detail::MsgSlot& s = slots_[slot];
+  if (c.cursor == slot) c.cursor = s.next;
+  if (s.prev != kNoSlot) slots_[s.prev].next = s.next;
+  else c.head = s.next;
+  if (s.next != kNoSlot) slots_[s.next].prev = s.prev;
+  else c.tail = s.prev;
+  s.prev = s.next = kNoSlot;
+  free_slots_.push_back(slot);
+}
+
+// Host callbacks run last, once our state is consistent: they may submit or drop streams.
+void EngineImpl::flush_completions() {
+  for (size_t i = 0; i < done_.size(); ++i) {
+    const Completion x = done_[i];
+    if (x.why == Syndrome::kOk) host_.message_acked(x.cookie);
+    else host_.message_failed(x.cookie, x.why);
+  }
+  done_.clear();
+}
+
+void EngineImpl::drop_stream(uint32_t src_stream) {
+  for (Connection* c : conn_list_) {
+    touch(*c);
+    for (uint32_t s = c->head; s != kNoSlot;) {
+      const uint32_t next = slots_[s].next;
+      if (slots_[s].m.src_stream == src_stream) {
+        abandon(*c, s, Time::min());
+        unlink(*c, s);
+      }
+      s = next;
+    }
+    for (size_t i = 0; i < c->parked.size();) {
+      if (slots_[c->parked[i]].m.src_stream == src_stream) {
+        free_slots_.push_back(c->parked[i]);
+        c->parked[i] = c->parked.back();
+        c->parked.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+  settle();
+}
+
+void EngineImpl::reject(const RxRef& ref, Syndrome why) {
+  Connection* c = find_conn(ref.peer_ip);
+  if (!c || why == Syndrome::kOk) return;
+  RecvDir* d = find_dir(*c, ref.dir);
+  if (!d || ref.path >= d->paths.size()) return;
+  // The packet stays marked received: the NAK, processed before the acknowledgements of the
+  // same ACK, fails its message at the sender (spec §5.3).
+  add_nak(d->paths[ref.path], ref.seq, ref.src_stream, ref.msn, why);
+  ++stats_.naks_sent;
 }
 
 }  // namespace metaroce::transport
