@@ -167,6 +167,12 @@ Server::Handler Server::handler_for(Op op) {
   }
 }
 
+int Server::new_ring(const Session& s, const char* name, size_t bytes, Segment* seg) const {
+  if (const int e = room(s, -1, bytes)) return e;
+  *seg = Segment::create(name, bytes);
+  return seg->ok() ? 0 : ENOMEM;
+}
+
 void Server::hand_over(Session& s, Message& r, char kind, uint32_t id, Segment seg) {
   r.fds.push_back(dup(seg.share(false)));
   seg.close_fd();

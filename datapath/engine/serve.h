@@ -80,6 +80,9 @@ class Server {
   int room(const Session& s, int kind, size_t ring_bytes) const {
     return engine_.room(s, kind, ring_bytes);
   }
+  // *seg: a new shared segment for an object's ring of `bytes`, within s's ring memory limits
+  // (room); 0 or ENOMEM.
+  int new_ring(const Session& s, const char* name, size_t bytes, Segment* seg) const;
   // r's descriptor of a new object's ring segment, which s keeps under (kind, id).
   static void hand_over(Session& s, hostif::Message& r, char kind, uint32_t id, Segment seg);
   // kRegMr of a kernel context: the region's pages mapped through the module.

@@ -81,9 +81,8 @@ int Server::create_qp(Session& s, Message& req, Message& r) {
   caps.max_send_wr = std::max(caps.max_send_wr, 1u);
   caps.max_recv_wr = std::max(caps.max_recv_wr, 1u);
   const hostif::QpLayout l = hostif::qp_layout(caps);
-  if (const int e = room(s, -1, l.bytes)) return e;
-  Segment seg = Segment::create("metaroce-qp", l.bytes);
-  if (!seg.ok()) return ENOMEM;
+  Segment seg;
+  if (const int e = new_ring(s, "metaroce-qp", l.bytes, &seg)) return e;
   hostif::init_qp(seg.base(), 0, b->type, caps);
   hostif::CreateQpResp c;
   int e = 0;
@@ -223,9 +222,8 @@ int Server::create_rss_qp(Session& s, Message& req, Message& r) {
   // No queues of its own (its table's WQs receive): a ring for its state.
   const hostif::QpCaps caps;
   const hostif::QpLayout l = hostif::qp_layout(caps);
-  if (const int e = room(s, -1, l.bytes)) return e;
-  Segment seg = Segment::create("metaroce-qp", l.bytes);
-  if (!seg.ok()) return ENOMEM;
+  Segment seg;
+  if (const int e = new_ring(s, "metaroce-qp", l.bytes, &seg)) return e;
   hostif::init_qp(seg.base(), 0, hostif::QpType::kRss, caps);
   hostif::CreateQpResp c;
   int e = 0;

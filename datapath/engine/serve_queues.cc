@@ -15,9 +15,8 @@ using hostif::Message;
 template <class Create>
 int Server::new_srq(Session& s, Message& r, uint32_t max_wr, uint32_t max_sge, Create create) {
   const hostif::SrqLayout l = hostif::srq_layout(max_wr, max_sge);
-  if (const int e = room(s, -1, l.bytes)) return e;
-  Segment seg = Segment::create("metaroce-srq", l.bytes);
-  if (!seg.ok()) return ENOMEM;
+  Segment seg;
+  if (const int e = new_ring(s, "metaroce-srq", l.bytes, &seg)) return e;
   hostif::init_srq(seg.base(), max_wr, max_sge);
   hostif::CreateSrqResp c;
   int e = 0;
@@ -40,9 +39,8 @@ int Server::create_cq(Session& s, Message& req, Message& r) {
        s.kernel()->check(MRIB_KIND_CQ, static_cast<uint32_t>(b->handle), s.peer_pid()) != 0))
     return EINVAL;
   const hostif::CqLayout l = hostif::cq_layout(b->cqe);
-  if (const int e = room(s, -1, l.bytes)) return e;
-  Segment seg = Segment::create("metaroce-cq", l.bytes);
-  if (!seg.ok()) return ENOMEM;
+  Segment seg;
+  if (const int e = new_ring(s, "metaroce-cq", l.bytes, &seg)) return e;
   hostif::init_cq(seg.base(), b->cqe);
   hostif::CreateCqResp c;
   int e = 0;
@@ -64,9 +62,8 @@ int Server::resize_cq(Session& s, Message& req, Message& r) {
   auto b = req.as<hostif::ResizeCqReq>();
   if (!b || b->cqe < 1 || b->cqe > nic::kMaxCqe) return EINVAL;
   const hostif::CqLayout l = hostif::cq_layout(b->cqe);
-  if (const int e = room(s, -1, l.bytes)) return e;
-  Segment seg = Segment::create("metaroce-cq", l.bytes);
-  if (!seg.ok()) return ENOMEM;
+  Segment seg;
+  if (const int e = new_ring(s, "metaroce-cq", l.bytes, &seg)) return e;
   hostif::init_cq(seg.base(), b->cqe);
   int e = 0;
   auto* ring = static_cast<hostif::CqHeader*>(seg.base());
