@@ -126,10 +126,10 @@ class CmService {
 
   Id* find(uint32_t ch, uint32_t handle);
   // librdmacm's commands that take more than a line (cm_commands.cc), as command() names them.
-  int cmd_create_id(uint32_t ch, std::span<const uint8_t> body,
-                    uint16_t out, std::vector<uint8_t>* resp);
-  int cmd_destroy_id(uint32_t ch, std::span<const uint8_t> body,
-                     uint16_t out, std::vector<uint8_t>* resp);
+  int cmd_create_id(uint32_t ch, std::span<const uint8_t> body, uint16_t out,
+                    std::vector<uint8_t>* resp);
+  int cmd_destroy_id(uint32_t ch, std::span<const uint8_t> body, uint16_t out,
+                     std::vector<uint8_t>* resp);
   int cmd_bind_ip(uint32_t ch, std::span<const uint8_t> body);
   int cmd_resolve_ip(uint32_t ch, std::span<const uint8_t> body);
   int cmd_resolve_route(uint32_t ch, std::span<const uint8_t> body);
@@ -139,8 +139,8 @@ class CmService {
   int cmd_reject(uint32_t ch, std::span<const uint8_t> body);
   int cmd_disconnect(uint32_t ch, std::span<const uint8_t> body);
   int cmd_set_option(uint32_t ch, std::span<const uint8_t> body, std::span<const uint8_t> extra);
-  int cmd_migrate_id(uint32_t ch, std::span<const uint8_t> body,
-                     uint16_t out, std::vector<uint8_t>* resp);
+  int cmd_migrate_id(uint32_t ch, std::span<const uint8_t> body, uint16_t out,
+                     std::vector<uint8_t>* resp);
   int join(uint32_t ch, uint32_t cmd, std::span<const uint8_t> body, uint16_t out,
            std::vector<uint8_t>* resp);
   int leave(uint32_t ch, std::span<const uint8_t> body, uint16_t out, std::vector<uint8_t>* resp);

@@ -23,7 +23,6 @@
 
 namespace metaroce::engine::cm_detail {
 
-
 // librdmacm's event numbers (enum rdma_cm_event_type, rdma_cma.h).
 enum : uint32_t {
   kEvAddrResolved = 0, kEvAddrError = 1, kEvRouteResolved = 2, kEvRouteError = 3,

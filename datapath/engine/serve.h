@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The answers to a driver context's object requests (hostif::Op): one handler per operation, in
 // a file per object family. HostEngine::serve (serve.cc) finds the handler in the table,
-// refuses what a kernel context may not make, applies the process's limits around it and sends
+// refuses what a kernel context may not make, applies the process's limits around it and makes
 // its answer; the handler checks the request, runs the NIC operation on the datapath
 // (HostEngine::on_datapath) and fills in what the answer carries.
 //   serve_memory.cc  protection domains, memory regions and windows
